@@ -1,0 +1,150 @@
+// CPU Adam / AdamW over host arrays: one fused, vectorized, multithreaded pass that reads the
+// gradients (fp32, fp16 or bf16), updates fp32 master weights and the moments m and v (fp32 or
+// bf16), and optionally writes a 16-bit copy of the new weights for upload to the GPU.
+//
+// Adam: Kingma & Ba, arXiv 1412.6980. AdamW (decoupled weight decay): arXiv 1711.05101.
+// ZeRO-Offload's CPU Adam: arXiv 2101.06840 §4.2.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "cpu_adam/dtype.h"
+
+namespace zo::cpu_adam {
+
+// ---- instruction-set paths --------------------------------------------------------------------
+// Chosen once at run time from cpuid (and the OS's saved-state mask), never at compile time.
+enum class Isa : std::uint8_t {
+  kScalar,      // portable C++, the reference every other path equals bit for bit
+  kAvx2,        // AVX2 + FMA + F16C
+  kAvx512,      // AVX-512 F/BW/VL (+F16C)
+  kAvx512Bf16,  // as kAvx512, with AVX512-BF16 conversions for bf16 stores
+};
+
+std::string_view isa_name(Isa isa);
+Isa parse_isa(std::string_view name);  // "scalar", "avx2", "avx512", "avx512bf16"; throws
+bool isa_supported(Isa isa);           // this CPU and OS can run it
+std::vector<Isa> supported_isas();     // ascending
+Isa best_isa();                        // the fastest supported path
+// The path to use unless told otherwise: $ZO_CPU_ADAM_ISA if set (throws if the CPU lacks it),
+// else best_isa().
+Isa default_isa();
+
+// ---- hyperparameters and state ----------------------------------------------------------------
+struct AdamConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = true;  // AdamW; false adds weight_decay * p to the gradient (L2)
+  bool bias_correction = true;
+
+  void validate() const;  // throws std::invalid_argument naming the bad field
+};
+
+// Caller-owned so that checkpoints save and restore it.
+struct AdamState {
+  std::int64_t step = 0;  // updates applied so far
+};
+
+// ---- arrays -------------------------------------------------------------------------------------
+struct ArrayView {
+  void* data = nullptr;
+  std::size_t size = 0;  // elements
+  DType dtype = DType::kF32;
+};
+struct ConstArrayView {
+  const void* data = nullptr;
+  std::size_t size = 0;  // elements
+  DType dtype = DType::kF32;
+};
+inline ArrayView view(std::span<float> s) { return {s.data(), s.size(), DType::kF32}; }
+inline ArrayView view(std::span<std::uint16_t> s, DType t) { return {s.data(), s.size(), t}; }
+inline ConstArrayView view(std::span<const float> s) { return {s.data(), s.size(), DType::kF32}; }
+inline ConstArrayView view(std::span<const std::uint16_t> s, DType t) {
+  return {s.data(), s.size(), t};
+}
+
+// Element i of every array belongs to parameter i; all sizes must be equal.
+struct AdamBuffers {
+  std::span<float> params;  // (n) fp32 master weights, updated in place
+  ArrayView exp_avg;        // (n) m: kF32 or kBF16
+  ArrayView exp_avg_sq;     // (n) v: same dtype as exp_avg
+  ConstArrayView grads;     // (n) kF32, kF16 or kBF16
+  ArrayView params_out;     // optional (n) kF16 or kBF16 copy of the new params; data == nullptr: none
+};
+
+// ---- one update ---------------------------------------------------------------------------------
+enum class NonFinitePolicy : std::uint8_t {
+  // Update in the same pass and report whether any scaled gradient was Inf/NaN. Costs nothing
+  // extra; the arrays hold whatever the non-finite values produced. For callers that already
+  // know the gradients are finite (the offload engine reduces overflow flags on the GPU).
+  kReport,
+  // Check-then-update: a read-only pre-pass over the gradients (2-4 of the update's 28 bytes per
+  // parameter); if any is non-finite nothing is written and the step is not counted.
+  kSkipStep,
+};
+
+struct StepOptions {
+  // Applied to every gradient before anything else: 1/loss_scale times the clip coefficient, so
+  // unscaling and clipping cost no extra pass. Must be finite and >= 0.
+  float grad_multiplier = 1.0f;
+  NonFinitePolicy nonfinite = NonFinitePolicy::kReport;
+};
+
+struct StepResult {
+  bool found_nonfinite = false;  // some grad * grad_multiplier was Inf or NaN
+  bool applied = false;          // the arrays were updated
+};
+
+// Elements per work item. The split never changes results (every element is independent and all
+// paths are bit-identical), it only sets parallel granularity; NUMA first touch uses the same
+// chunks so that pages land where their updating thread runs.
+inline constexpr std::size_t kChunkElements = 16384;
+
+class CpuAdam {
+ public:
+  struct Options {
+    Isa isa;          // defaults to default_isa()
+    int threads = 0;  // 0: one per available core
+    Options();
+  };
+
+  explicit CpuAdam(const AdamConfig& config, const Options& options = Options());
+  ~CpuAdam();
+  CpuAdam(CpuAdam&&) noexcept;
+  CpuAdam& operator=(CpuAdam&&) noexcept;
+  CpuAdam(const CpuAdam&) = delete;
+  CpuAdam& operator=(const CpuAdam&) = delete;
+
+  const AdamConfig& config() const { return config_; }
+  void set_config(const AdamConfig& config);  // validates; e.g. a new lr each step
+  void set_lr(float lr);
+  Isa isa() const { return isa_; }
+  int threads() const;
+
+  // Applies update number state.step + 1 and, if applied, increments state.step.
+  StepResult step(const AdamBuffers& buffers, AdamState& state, const StepOptions& options = {});
+
+  // Applies update number `t` (>= 1) to these arrays without touching any step counter: the
+  // offload engine updates a model bucket by bucket, every bucket with the same t.
+  StepResult update(const AdamBuffers& buffers, std::int64_t t,
+                    const StepOptions& options = {}) const;
+
+  // True if any grads[i] * multiplier is Inf or NaN (read-only, parallel).
+  bool has_nonfinite(ConstArrayView grads, float multiplier = 1.0f) const;
+
+ private:
+  struct Pool;
+  AdamConfig config_;
+  Isa isa_;
+  std::unique_ptr<Pool> pool_;
+};
+
+}  // namespace zo::cpu_adam

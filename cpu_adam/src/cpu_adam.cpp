@@ -1,0 +1,238 @@
+// The threaded driver: validates arguments, derives per-step constants, picks the kernel for the
+// dtype combination and runs it over fixed chunks on a oneTBB arena.
+#include "cpu_adam/cpu_adam.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "kernel_table.h"
+
+namespace zo::cpu_adam {
+namespace {
+
+[[noreturn]] void bad_argument(const std::string& what) {
+  throw std::invalid_argument("cpu_adam: " + what);
+}
+
+void check_finite_nonneg(float x, const char* name) {
+  if (!std::isfinite(x) || x < 0.0f) {
+    std::ostringstream os;
+    os << name << " = " << x << " is invalid: it must be finite and >= 0";
+    bad_argument(os.str());
+  }
+}
+
+void check_beta(float b, const char* name) {
+  if (!(b >= 0.0f && b < 1.0f)) {
+    std::ostringstream os;
+    os << name << " = " << b << " is outside [0, 1); typical values are 0.9 (beta1), 0.95-0.999 "
+       << "(beta2)";
+    bad_argument(os.str());
+  }
+}
+
+const detail::KernelTable& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return detail::kernels_scalar();
+    case Isa::kAvx2: return detail::kernels_avx2();
+    case Isa::kAvx512: return detail::kernels_avx512();
+    case Isa::kAvx512Bf16: return detail::kernels_avx512_bf16();
+  }
+  bad_argument("invalid ISA value");
+}
+
+int dtype_index(DType t) { return static_cast<int>(t); }
+
+// Runs fn(begin, end) over [0, n) in kChunkElements pieces; returns the OR of the results.
+// Static partitioning gives each thread one contiguous run of chunks, the same split a
+// static-partitioned first touch of the arrays used, so pages stay on the updating thread's node.
+template <class Fn>
+bool parallel_chunks(tbb::task_arena& arena, std::size_t n, Fn&& fn) {
+  const std::size_t chunks = (n + kChunkElements - 1) / kChunkElements;
+  if (chunks <= 1 || arena.max_concurrency() == 1) return fn(std::size_t{0}, n);
+  std::atomic<bool> any{false};
+  arena.execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<std::size_t>& r) {
+          bool found = false;
+          for (std::size_t c = r.begin(); c != r.end(); ++c) {
+            const std::size_t begin = c * kChunkElements;
+            const std::size_t end = std::min(n, begin + kChunkElements);
+            found = fn(begin, end) || found;
+          }
+          if (found) any.store(true, std::memory_order_relaxed);
+        },
+        tbb::static_partitioner());
+  });
+  return any.load(std::memory_order_relaxed);
+}
+
+void check_dtype(DType t, const char* name) {
+  if (static_cast<int>(t) > static_cast<int>(DType::kBF16)) {
+    bad_argument(std::string(name) + " has an invalid dtype value " +
+                 std::to_string(static_cast<int>(t)));
+  }
+}
+
+void validate_buffers(const AdamBuffers& b) {
+  const std::size_t n = b.params.size();
+  check_dtype(b.exp_avg.dtype, "exp_avg");
+  check_dtype(b.exp_avg_sq.dtype, "exp_avg_sq");
+  check_dtype(b.grads.dtype, "grads");
+  check_dtype(b.params_out.dtype, "params_out");
+  auto check_array = [n](const void* data, std::size_t size, const char* name) {
+    if (size != n) {
+      bad_argument(std::string(name) + " has " + std::to_string(size) +
+                   " elements but params has " + std::to_string(n) + "; all arrays must match");
+    }
+    if (n > 0 && data == nullptr) bad_argument(std::string(name) + " is a null pointer");
+  };
+  check_array(b.params.data(), n, "params");
+  check_array(b.exp_avg.data, b.exp_avg.size, "exp_avg");
+  check_array(b.exp_avg_sq.data, b.exp_avg_sq.size, "exp_avg_sq");
+  check_array(b.grads.data, b.grads.size, "grads");
+  if (b.params_out.data != nullptr) check_array(b.params_out.data, b.params_out.size, "params_out");
+
+  if (b.exp_avg.dtype != b.exp_avg_sq.dtype) {
+    bad_argument("exp_avg is " + std::string(dtype_name(b.exp_avg.dtype)) + " but exp_avg_sq is " +
+                 std::string(dtype_name(b.exp_avg_sq.dtype)) + "; both must be fp32 or both bf16");
+  }
+  if (b.exp_avg.dtype == DType::kF16) {
+    bad_argument("fp16 optimizer state is not supported (its range is too small for v): use fp32 "
+                 "or bf16");
+  }
+  if (b.params_out.data != nullptr && b.params_out.dtype == DType::kF32) {
+    bad_argument("params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
+  }
+}
+
+}  // namespace
+
+void AdamConfig::validate() const {
+  check_finite_nonneg(lr, "lr");
+  check_beta(beta1, "beta1");
+  check_beta(beta2, "beta2");
+  if (!std::isfinite(eps) || eps <= 0.0f) {
+    std::ostringstream os;
+    os << "eps = " << eps << " is invalid: it must be finite and > 0 (typically 1e-8)";
+    bad_argument(os.str());
+  }
+  check_finite_nonneg(weight_decay, "weight_decay");
+}
+
+namespace detail {
+
+AdamScalars derive_scalars(const AdamConfig& c, std::int64_t t, float grad_multiplier) {
+  const double b1 = c.beta1, b2 = c.beta2, lr = c.lr, wd = c.weight_decay;
+  const double bc1 = c.bias_correction ? 1.0 - std::pow(b1, static_cast<double>(t)) : 1.0;
+  const double bc2 = c.bias_correction ? 1.0 - std::pow(b2, static_cast<double>(t)) : 1.0;
+  AdamScalars s{};
+  s.beta1 = c.beta1;
+  s.one_minus_beta1 = static_cast<float>(1.0 - b1);
+  s.beta2 = c.beta2;
+  s.one_minus_beta2 = static_cast<float>(1.0 - b2);
+  s.neg_step_size = static_cast<float>(-lr / bc1);
+  s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.eps = c.eps;
+  s.decay = c.decoupled_weight_decay ? static_cast<float>(1.0 - lr * wd) : 1.0f;
+  s.l2 = c.decoupled_weight_decay ? 0.0f : c.weight_decay;
+  s.grad_mult = grad_multiplier;
+  return s;
+}
+
+}  // namespace detail
+
+struct CpuAdam::Pool {
+  explicit Pool(int threads) : arena(threads > 0 ? threads : tbb::task_arena::automatic) {}
+  tbb::task_arena arena;
+};
+
+CpuAdam::Options::Options() : isa(default_isa()) {}
+
+CpuAdam::CpuAdam(const AdamConfig& config, const Options& options)
+    : config_(config), isa_(options.isa) {
+  config_.validate();
+  if (!isa_supported(isa_)) {
+    bad_argument("ISA '" + std::string(isa_name(isa_)) + "' is not supported by this CPU; best "
+                 "available is '" + std::string(isa_name(best_isa())) + "'");
+  }
+  if (options.threads < 0) {
+    bad_argument("threads = " + std::to_string(options.threads) +
+                 " is invalid: use 0 (all cores) or a positive count");
+  }
+  pool_ = std::make_unique<Pool>(options.threads);
+}
+
+CpuAdam::~CpuAdam() = default;
+CpuAdam::CpuAdam(CpuAdam&&) noexcept = default;
+CpuAdam& CpuAdam::operator=(CpuAdam&&) noexcept = default;
+
+void CpuAdam::set_config(const AdamConfig& config) {
+  config.validate();
+  config_ = config;
+}
+
+void CpuAdam::set_lr(float lr) {
+  AdamConfig c = config_;
+  c.lr = lr;
+  set_config(c);
+}
+
+int CpuAdam::threads() const { return pool_->arena.max_concurrency(); }
+
+StepResult CpuAdam::step(const AdamBuffers& buffers, AdamState& state,
+                         const StepOptions& options) {
+  const StepResult r = update(buffers, state.step + 1, options);
+  if (r.applied) ++state.step;
+  return r;
+}
+
+StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t,
+                           const StepOptions& options) const {
+  if (t < 1) bad_argument("step t = " + std::to_string(t) + " is invalid: updates count from 1");
+  check_finite_nonneg(options.grad_multiplier, "grad_multiplier");
+  validate_buffers(b);
+  const std::size_t n = b.params.size();
+  if (n == 0) return {false, true};
+
+  const detail::KernelTable& table = kernels_for(isa_);
+  if (options.nonfinite == NonFinitePolicy::kSkipStep &&
+      has_nonfinite(b.grads, options.grad_multiplier)) {
+    return {true, false};
+  }
+
+  const int out = b.params_out.data == nullptr          ? detail::kOutNone
+                  : b.params_out.dtype == DType::kF16 ? detail::kOutF16
+                                                        : detail::kOutBF16;
+  const detail::AdamRangeFn fn =
+      table.adam[dtype_index(b.grads.dtype)][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out]
+                [config_.decoupled_weight_decay || config_.weight_decay == 0.0f ? 0 : 1];
+  const detail::AdamScalars scalars = detail::derive_scalars(config_, t, options.grad_multiplier);
+  const detail::AdamArrays arrays{b.params.data(), b.exp_avg.data, b.exp_avg_sq.data,
+                                  b.grads.data, b.params_out.data};
+  const bool found = parallel_chunks(pool_->arena, n, [&](std::size_t begin, std::size_t end) {
+    return fn(arrays, scalars, begin, end);
+  });
+  return {found, true};
+}
+
+bool CpuAdam::has_nonfinite(ConstArrayView grads, float multiplier) const {
+  check_finite_nonneg(multiplier, "grad multiplier");
+  if (grads.size > 0 && grads.data == nullptr) bad_argument("grads is a null pointer");
+  check_dtype(grads.dtype, "grads");
+  const detail::NonFiniteRangeFn fn = kernels_for(isa_).nonfinite[dtype_index(grads.dtype)];
+  return parallel_chunks(pool_->arena, grads.size, [&](std::size_t begin, std::size_t end) {
+    return fn(grads.data, multiplier, begin, end);
+  });
+}
+
+}  // namespace zo::cpu_adam

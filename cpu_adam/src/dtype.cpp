@@ -1,0 +1,34 @@
+#include "cpu_adam/dtype.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "convert.h"
+
+namespace zo {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "fp32";
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+  }
+  return "invalid";
+}
+
+std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+DType parse_dtype(std::string_view name) {
+  if (name == "fp32" || name == "f32" || name == "float32") return DType::kF32;
+  if (name == "fp16" || name == "f16" || name == "float16") return DType::kF16;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  throw std::invalid_argument("unknown dtype '" + std::string(name) +
+                              "': use one of fp32, fp16, bf16");
+}
+
+std::uint16_t float_to_half(float x) { return cpu_adam::f32_to_f16_bits(x); }
+float half_to_float(std::uint16_t h) { return cpu_adam::f16_bits_to_f32(h); }
+std::uint16_t float_to_bf16(float x) { return cpu_adam::f32_to_bf16_bits(x); }
+float bf16_to_float(std::uint16_t b) { return cpu_adam::bf16_bits_to_f32(b); }
+
+}  // namespace zo

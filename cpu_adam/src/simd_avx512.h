@@ -1,0 +1,94 @@
+// ISA layer: AVX-512 F/BW/VL, 16 floats, masked tails. kBf16Cvt uses AVX512-BF16's
+// vcvtneps2bf16, which flushes subnormal inputs to zero; those lanes are redone with the integer
+// rounding so results stay equal to the scalar path. Include only from a TU compiled with
+// -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mf16c.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zo::cpu_adam {
+namespace {
+
+template <bool kBf16Cvt>
+struct Avx512Isa {
+  using F = __m512;
+  using M = __mmask16;
+  struct Full {};
+  static constexpr std::size_t kWidth = 16;
+  static constexpr bool kMaskedTail = true;
+
+  static M tail_mask(std::size_t n) { return static_cast<M>((1u << n) - 1u); }  // n < 16
+
+  static F set1(float x) { return _mm512_set1_ps(x); }
+
+  static F load(const float* p, Full) { return _mm512_loadu_ps(p); }
+  static F load(const float* p, M m) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m256i load16(const std::uint16_t* p, Full) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static __m256i load16(const std::uint16_t* p, M m) { return _mm256_maskz_loadu_epi16(m, p); }
+  template <class W>
+  static F load_f16(const std::uint16_t* p, W w) {
+    return _mm512_cvtph_ps(load16(p, w));
+  }
+  template <class W>
+  static F load_bf16(const std::uint16_t* p, W w) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(p, w)), 16));
+  }
+
+  static void store(float* p, F x, Full) { _mm512_storeu_ps(p, x); }
+  static void store(float* p, F x, M m) { _mm512_mask_storeu_ps(p, m, x); }
+  static void store16(std::uint16_t* p, __m256i x, Full) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
+  }
+  static void store16(std::uint16_t* p, __m256i x, M m) { _mm256_mask_storeu_epi16(p, m, x); }
+  template <class W>
+  static void store_f16(std::uint16_t* p, F x, W w) {
+    store16(p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT), w);
+  }
+
+  // Round to nearest even with integer arithmetic; NaN becomes a quiet NaN.
+  static __m256i bf16_rne_int(F x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
+                                          _mm512_set1_epi32(0x7fff));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), hi,
+                             _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+  }
+  static __m256i bf16_rne(F x) {
+    if constexpr (kBf16Cvt) {
+      __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
+      const __m512i u = _mm512_castps_si512(x);
+      const M zero_exp =
+          _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));  // zero or subnormal
+      const M subnormal = zero_exp & _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+      if (subnormal) [[unlikely]] {
+        r = _mm256_mask_blend_epi16(subnormal, r, bf16_rne_int(x));
+      }
+      return r;
+    } else {
+      return bf16_rne_int(x);
+    }
+  }
+  template <class W>
+  static void store_bf16(std::uint16_t* p, F x, W w) {
+    store16(p, bf16_rne(x), w);
+  }
+
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static bool any_nan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
+};
+
+}  // namespace
+}  // namespace zo::cpu_adam

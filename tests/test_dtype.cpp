@@ -1,0 +1,142 @@
+// The scalar 16-bit conversions against independent references: the compiler's _Float16 (IEEE
+// conversions done by libgcc) for fp16, and a nearest-neighbour search in double for bf16.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "cpu_adam/dtype.h"
+
+namespace {
+
+std::uint16_t reference_half(float x) {
+  const _Float16 h = static_cast<_Float16>(x);
+  std::uint16_t bits;
+  std::memcpy(&bits, &h, sizeof bits);
+  return bits;
+}
+
+float reference_half_to_float(std::uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, sizeof h);
+  return static_cast<float>(h);
+}
+
+// The two bf16 neighbours of x by truncation, then the nearer in exact double arithmetic, ties to
+// the even mantissa. Rounding past the largest finite bf16 gives Inf (IEEE overflow rule).
+std::uint16_t reference_bf16(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::uint32_t lo = u & 0xffff0000u;
+  const std::uint32_t hi = lo + 0x10000u;  // next bf16 away from zero
+  const double dx = std::fabs(static_cast<double>(x));
+  const double dlo = std::fabs(static_cast<double>(std::bit_cast<float>(lo)));
+  const double dhi = (hi & 0x7fffffffu) == 0x7f800000u
+                         ? std::ldexp(1.0, 128)
+                         : std::fabs(static_cast<double>(std::bit_cast<float>(hi)));
+  const double below = dx - dlo, above = dhi - dx;
+  if (below < above) return static_cast<std::uint16_t>(lo >> 16);
+  if (above < below) return static_cast<std::uint16_t>(hi >> 16);
+  return static_cast<std::uint16_t>(((lo >> 16) & 1u) ? hi >> 16 : lo >> 16);
+}
+
+bool is_nan_half(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0; }
+bool is_nan_bf16(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
+
+// Random fp32 bit patterns, biased towards the interesting exponent ranges of the 16-bit types.
+float random_float(std::mt19937& rng) {
+  std::uniform_int_distribution<std::uint32_t> bits;
+  std::uniform_int_distribution<int> pick(0, 3);
+  const std::uint32_t u = bits(rng);
+  switch (pick(rng)) {
+    case 0: return std::bit_cast<float>(u);  // anything, NaN and Inf included
+    case 1: {  // around the fp16 range, subnormals and overflow included
+      const std::uint32_t e = 100 + (u >> 27) % 45;
+      return std::bit_cast<float>((u & 0x807fffffu) | (e << 23));
+    }
+    case 2: return std::bit_cast<float>(u & 0x807fffffu);  // fp32 subnormals
+    default: {  // exact ties for both formats: low bits 1000...0
+      const std::uint32_t base = u & 0xffffe000u;
+      return std::bit_cast<float>((u & 1u) ? (base | 0x1000u) : ((u & 0xffff0000u) | 0x8000u));
+    }
+  }
+}
+
+TEST(DType, NamesAndSizes) {
+  EXPECT_EQ(zo::dtype_size(zo::DType::kF32), 4u);
+  EXPECT_EQ(zo::dtype_size(zo::DType::kF16), 2u);
+  EXPECT_EQ(zo::dtype_size(zo::DType::kBF16), 2u);
+  EXPECT_EQ(zo::parse_dtype("bfloat16"), zo::DType::kBF16);
+  EXPECT_EQ(zo::parse_dtype(zo::dtype_name(zo::DType::kF16)), zo::DType::kF16);
+  EXPECT_THROW(zo::parse_dtype("fp8"), std::invalid_argument);
+}
+
+TEST(DType, HalfToFloatExhaustive) {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float got = zo::half_to_float(bits);
+    const float want = reference_half_to_float(bits);
+    if (is_nan_half(bits)) {
+      ASSERT_TRUE(std::isnan(got)) << h;
+      ASSERT_EQ(zo::float_to_half(got), bits | 0x0200u) << "NaN payload kept, made quiet: " << h;
+    } else {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(want)) << h;
+      ASSERT_EQ(zo::float_to_half(got), bits) << "round trip " << h;
+    }
+  }
+}
+
+TEST(DType, Bf16ToFloatExhaustive) {
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const float f = zo::bf16_to_float(bits);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(f), b << 16);
+    if (!is_nan_bf16(bits)) {
+      ASSERT_EQ(zo::float_to_bf16(f), bits) << "round trip " << b;
+    }
+  }
+}
+
+TEST(DType, FloatToHalfMatchesCompiler) {
+  std::mt19937 rng(1234);
+  const float specials[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 0x1p-24f,
+                            0x1p-25f, 0x1.000002p-25f, 0x1.8p-24f, 0x1p-14f, 0x1.ffcp-15f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::denorm_min(), 1.0f / 3.0f};
+  for (float x : specials) EXPECT_EQ(zo::float_to_half(x), reference_half(x)) << x;
+  for (int i = 0; i < 4'000'000; ++i) {
+    const float x = random_float(rng);
+    const std::uint16_t got = zo::float_to_half(x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(is_nan_half(got));
+      ASSERT_EQ(got & 0x8000u, (std::bit_cast<std::uint32_t>(x) >> 16) & 0x8000u);
+    } else {
+      ASSERT_EQ(got, reference_half(x)) << std::hexfloat << x;
+    }
+  }
+}
+
+TEST(DType, FloatToBf16MatchesNearestNeighbour) {
+  std::mt19937 rng(99);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
+                            std::bit_cast<float>(0x7f7f8000u), std::bit_cast<float>(0x7f7f7fffu)};
+  for (float x : specials) EXPECT_EQ(zo::float_to_bf16(x), reference_bf16(x)) << x;
+  for (int i = 0; i < 4'000'000; ++i) {
+    const float x = random_float(rng);
+    const std::uint16_t got = zo::float_to_bf16(x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(is_nan_bf16(got));
+    } else {
+      ASSERT_EQ(got, reference_bf16(x)) << std::hexfloat << x;
+    }
+  }
+}
+
+}  // namespace
