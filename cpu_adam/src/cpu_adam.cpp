@@ -189,6 +189,8 @@ void CpuAdam::set_lr(float lr) {
 
 int CpuAdam::threads() const { return pool_->arena.max_concurrency(); }
 
+void CpuAdam::execute(const std::function<void()>& fn) const { pool_->arena.execute(fn); }
+
 StepResult CpuAdam::step(const AdamBuffers& buffers, AdamState& state,
                          const StepOptions& options) {
   const StepResult r = update(buffers, state.step + 1, options);

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -139,6 +140,11 @@ class CpuAdam {
 
   // True if any grads[i] * multiplier is Inf or NaN (read-only, parallel).
   bool has_nonfinite(ConstArrayView grads, float multiplier = 1.0f) const;
+
+  // Runs fn inside this optimizer's thread arena, so that parallel work in fn (for example
+  // pinned::HostBuffer::first_touch with kChunkElements-sized chunks) uses the worker threads that
+  // will later update the same pages.
+  void execute(const std::function<void()>& fn) const;
 
  private:
   struct Pool;

@@ -1,0 +1,264 @@
+// CPU Adam throughput against a STREAM-style triad measured by the same program in the same run.
+//
+// Bytes per parameter (counted as useful traffic, no write-allocate):
+//   grad in (2 B for fp16/bf16, 4 B for fp32) + master read+write (8 B) + m, v read+write
+//   (16 B fp32 / 8 B bf16) + 16-bit params out (2 B)  =  28 B for fp16 grads, fp32 state.
+// Triad a[i] = b[i] + s*c[i] over doubles is counted with write-allocate: 32 B per element (read
+// b, c; read-for-ownership and write a), which is what the memory system really moves.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cpu_adam/cpu_adam.h"
+#include "pinned_memory/host_buffer.h"
+
+namespace {
+
+using zo::DType;
+using zo::cpu_adam::Isa;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Timing {
+  double best_s = 0.0, median_s = 0.0;
+};
+
+template <class Fn>
+Timing time_reps(int reps, Fn&& fn) {
+  fn();  // warm-up: page faults, caches, thread start
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return {t.front(), t[t.size() / 2]};
+}
+
+// Restrict-qualified and vectorised (-O3 on this file) so that the triad is limited by memory,
+// not by a scalar loop.
+void triad_range(double* __restrict a, const double* __restrict b, const double* __restrict c,
+                 double s, std::size_t lo, std::size_t hi) {
+  for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+}
+
+// STREAM triad with the same threads and static partitioning as the optimizer.
+double triad_gbytes_per_s(int threads, std::size_t n, int reps) {
+  tbb::task_arena arena(threads);
+  std::vector<zo::pinned::HostBuffer> bufs;
+  for (int k = 0; k < 3; ++k) {
+    bufs.push_back(zo::pinned::HostBuffer::allocate_array<double>(n));
+  }
+  double* a = bufs[0].span<double>().data();
+  double* b = bufs[1].span<double>().data();
+  double* c = bufs[2].span<double>().data();
+  auto par = [&](auto&& body) {
+    arena.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16),
+                        [&](const tbb::blocked_range<std::size_t>& r) { body(r.begin(), r.end()); },
+                        tbb::static_partitioner());
+    });
+  };
+  par([&](std::size_t lo, std::size_t hi) {  // first touch by the threads that use the pages
+    for (std::size_t i = lo; i < hi; ++i) {
+      a[i] = 0.0;
+      b[i] = 1.0 + double(i % 7);
+      c[i] = 2.0 - double(i % 5);
+    }
+  });
+  const double s = 3.0;
+  const Timing t = time_reps(reps, [&] {
+    par([&](std::size_t lo, std::size_t hi) { triad_range(a, b, c, s, lo, hi); });
+  });
+  return 32.0 * double(n) / t.best_s * 1e-9;
+}
+
+struct AdamCase {
+  std::size_t params;
+  Isa isa;
+  DType grad, state;
+  bool out;
+};
+
+std::size_t bytes_per_param(const AdamCase& c) {
+  return zo::dtype_size(c.grad) + 8 + 4 * zo::dtype_size(c.state) + (c.out ? 2 : 0);
+}
+
+struct AdamResult {
+  Timing t;
+  double gparams_per_s, gbytes_per_s;
+};
+
+AdamResult run_adam(const AdamCase& c, int threads, int reps) {
+  zo::cpu_adam::CpuAdam::Options opt;
+  opt.isa = c.isa;
+  opt.threads = threads;
+  zo::cpu_adam::AdamConfig cfg;
+  cfg.weight_decay = 0.1f;
+  zo::cpu_adam::CpuAdam adam(cfg, opt);
+
+  using zo::pinned::HostBuffer;
+  HostBuffer p, m, v, g, out;
+  adam.execute([&] {  // NUMA first touch in the optimizer's own threads and chunks
+    const std::size_t chunk = zo::cpu_adam::kChunkElements;
+    p = HostBuffer::allocate_array<float>(c.params, {}, chunk);
+    const auto state_alloc = [&] {
+      return c.state == DType::kF32 ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
+                                    : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
+    };
+    m = state_alloc();
+    v = state_alloc();
+    g = c.grad == DType::kF32 ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
+                              : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
+    out = HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
+  });
+  // Non-trivial values: params ~ U(-1, 1), gradients ~ U(-0.01, 0.01) (exactly representable).
+  auto pv = p.span<float>();
+  for (std::size_t i = 0; i < c.params; ++i) pv[i] = float(int(i % 2001) - 1000) * 1e-3f;
+  std::vector<float> gsrc(c.params);
+  for (std::size_t i = 0; i < c.params; ++i) gsrc[i] = float(int(i % 199) - 99) * 1e-4f;
+  if (c.grad == DType::kF32) {
+    std::copy(gsrc.begin(), gsrc.end(), g.span<float>().begin());
+  } else {
+    auto gs = g.span<std::uint16_t>();
+    for (std::size_t i = 0; i < c.params; ++i) {
+      gs[i] = c.grad == DType::kF16 ? zo::float_to_half(gsrc[i]) : zo::float_to_bf16(gsrc[i]);
+    }
+  }
+  gsrc = {};
+
+  zo::cpu_adam::AdamBuffers b;
+  b.params = p.span<float>();
+  const auto state_view = [&](HostBuffer& buf) {
+    return zo::cpu_adam::ArrayView{buf.data(), c.params, c.state};
+  };
+  b.exp_avg = state_view(m);
+  b.exp_avg_sq = state_view(v);
+  b.grads = {g.data(), c.params, c.grad};
+  if (c.out) b.params_out = {out.data(), c.params, DType::kF16};
+  zo::cpu_adam::AdamState st;
+  AdamResult r;
+  r.t = time_reps(reps, [&] { adam.step(b, st); });
+  r.gparams_per_s = double(c.params) / r.t.best_s * 1e-9;
+  r.gbytes_per_s = double(bytes_per_param(c) * c.params) / r.t.best_s * 1e-9;
+  return r;
+}
+
+std::size_t parse_count(const std::string& s) {
+  std::size_t pos = 0;
+  const double x = std::stod(s, &pos);
+  const std::string unit = s.substr(pos);
+  const double mult = unit.empty() ? 1.0 : unit == "K" ? 1e3 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1.0;
+  if (mult < 0 || x <= 0) throw std::invalid_argument("bad size '" + s + "': use e.g. 16M, 1G, 5000");
+  return static_cast<std::size_t>(x * mult);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"CPU Adam throughput vs. a STREAM triad measured in the same run"};
+  std::vector<std::string> sizes = {"16M", "64M", "256M"};
+  std::vector<std::string> isas;
+  std::vector<std::string> grad_dtypes = {"fp16"};
+  std::vector<std::string> state_dtypes = {"fp32", "bf16"};
+  int threads = 0, reps = 0;
+  bool json = false, no_out = false;
+  app.add_option("--sizes", sizes, "parameter counts (K = 1e3, M = 2^20, G = 2^30)")->delimiter(',');
+  app.add_option("--isa", isas, "paths to run (default: every path this CPU supports)")
+      ->delimiter(',');
+  app.add_option("--grad-dtype", grad_dtypes, "fp32, fp16, bf16")->delimiter(',');
+  app.add_option("--state-dtype", state_dtypes, "fp32, bf16")->delimiter(',');
+  app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--reps", reps, "timed repetitions per case (default: by size)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-out", no_out, "do not write 16-bit params out");
+  app.add_flag("--json", json, "one JSON object per measurement on stdout");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (threads == 0) threads = tbb::info::default_concurrency();
+    std::vector<Isa> isa_list;
+    if (isas.empty()) {
+      isa_list = zo::cpu_adam::supported_isas();
+    } else {
+      for (const auto& s : isas) {
+        const Isa isa = zo::cpu_adam::parse_isa(s);
+        if (!zo::cpu_adam::isa_supported(isa)) {
+          throw std::invalid_argument("--isa " + s + ": this CPU cannot run it");
+        }
+        isa_list.push_back(isa);
+      }
+    }
+    const std::size_t triad_n = std::size_t{1} << 25;  // 3 x 256 MiB, far beyond any cache
+    const double triad = triad_gbytes_per_s(threads, triad_n, 10);
+    if (json) {
+      std::printf("%s\n", nlohmann::json{{"name", "triad"}, {"threads", threads},
+                                          {"elements", triad_n}, {"bytes_per_element", 32},
+                                          {"triad_gbytes_per_s", triad}}
+                               .dump()
+                               .c_str());
+    } else {
+      std::printf("STREAM triad (double, %d threads, counting write-allocate, 32 B/elem): %.2f GB/s\n\n",
+                  threads, triad);
+      std::printf("%-11s %-10s %-5s %-5s %4s %10s %10s %9s %9s %7s\n", "isa", "params", "grad",
+                  "state", "B/p", "ms/step", "median", "Gparam/s", "GB/s", "/triad");
+    }
+    for (const auto& size : sizes) {
+      const std::size_t n = parse_count(size);
+      for (Isa isa : isa_list) {
+        for (const auto& gd : grad_dtypes) {
+          for (const auto& sd : state_dtypes) {
+            const AdamCase c{n, isa, zo::parse_dtype(gd), zo::parse_dtype(sd), !no_out};
+            if (c.state == DType::kF16) throw std::invalid_argument("--state-dtype: fp32 or bf16");
+            const int r_count = reps > 0 ? reps : (n >= (std::size_t{128} << 20) ? 4 : 10);
+            const AdamResult r = run_adam(c, threads, r_count);
+            const double ratio = r.gbytes_per_s / triad;
+            if (json) {
+              std::printf("%s\n",
+                          nlohmann::json{{"name", "cpu_adam"},
+                                         {"params", n},
+                                         {"isa", zo::cpu_adam::isa_name(isa)},
+                                         {"threads", threads},
+                                         {"grad_dtype", zo::dtype_name(c.grad)},
+                                         {"state_dtype", zo::dtype_name(c.state)},
+                                         {"out_dtype", c.out ? "fp16" : "none"},
+                                         {"bytes_per_param", bytes_per_param(c)},
+                                         {"ms_per_step", r.t.best_s * 1e3},
+                                         {"ms_per_step_median", r.t.median_s * 1e3},
+                                         {"gparams_per_s", r.gparams_per_s},
+                                         {"gbytes_per_s", r.gbytes_per_s},
+                                         {"triad_gbytes_per_s", triad},
+                                         {"ratio_to_triad", ratio}}
+                              .dump()
+                              .c_str());
+            } else {
+              std::printf("%-11s %-10s %-5s %-5s %4zu %10.2f %10.2f %9.3f %9.2f %7.3f\n",
+                          std::string(zo::cpu_adam::isa_name(isa)).c_str(), size.c_str(),
+                          gd.c_str(), sd.c_str(), bytes_per_param(c), r.t.best_s * 1e3,
+                          r.t.median_s * 1e3, r.gparams_per_s, r.gbytes_per_s, ratio);
+            }
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cpu_adam: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

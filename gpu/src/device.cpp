@@ -1,0 +1,147 @@
+#include "gpu/device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace zo::gpu {
+namespace {
+
+constexpr const char* kHostFallback = "use --device host to train on the CPU backend";
+
+struct DeviceCount {
+  cudaError_t status = cudaSuccess;
+  int count = 0;
+};
+
+DeviceCount count_devices() noexcept {
+  DeviceCount result;
+  result.status = cudaGetDeviceCount(&result.count);
+  if (result.status != cudaSuccess) {
+    (void)cudaGetLastError();  // not a kernel-launch failure; keep it out of later checks
+    result.count = 0;
+  }
+  return result;
+}
+
+// "cudaErrorNoDevice: no CUDA-capable device is detected".
+std::string error_clause(cudaError_t status) {
+  return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+}
+
+// Why the runtime sees no device at all, as a sentence ending in what to do.
+std::string no_devices_sentence(cudaError_t status) {
+  std::string why;
+  switch (status) {
+    case cudaSuccess:
+    case cudaErrorNoDevice:
+      why = "no CUDA device found";
+      break;
+    case cudaErrorInsufficientDriver:
+      why = "no NVIDIA driver is installed, or it is older than this build's CUDA runtime";
+      break;
+    default:
+      why = "the CUDA runtime could not be initialised";
+      break;
+  }
+  if (status != cudaSuccess) why += " (" + error_clause(status) + ")";
+  return why + "; " + kHostFallback;
+}
+
+// Fills `index`'s description. Opening the device (to read free memory and to find devices that
+// are busy or in exclusive-process mode) makes it current; `restore` switches back afterwards.
+DeviceInfo describe(int index, bool restore) {
+  DeviceInfo info;
+  info.index = index;
+
+  cudaDeviceProp prop{};
+  if (const cudaError_t status = cudaGetDeviceProperties(&prop, index); status != cudaSuccess) {
+    (void)cudaGetLastError();
+    info.unusable_reason = "its properties could not be read (" + error_clause(status) + ")";
+    return info;
+  }
+  info.name = prop.name;
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  info.total_bytes = prop.totalGlobalMem;
+  info.sm_count = prop.multiProcessorCount;
+  char bus_id[32];
+  // Lower-case hex, as in /sys/bus/pci/devices/<id>.
+  std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.0", static_cast<unsigned>(prop.pciDomainID),
+                static_cast<unsigned>(prop.pciBusID), static_cast<unsigned>(prop.pciDeviceID));
+  info.pci_bus_id = bus_id;
+
+  int previous = 0;
+  const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+  cudaError_t status = cudaSetDevice(index);
+  if (status == cudaSuccess) status = cudaMemGetInfo(&info.free_bytes, &info.total_bytes);
+  if (status != cudaSuccess) {
+    info.free_bytes = 0;
+    info.unusable_reason = "it could not be opened (" + error_clause(status) + ")";
+  }
+  if (restore && have_previous && previous != index) (void)cudaSetDevice(previous);
+  (void)cudaGetLastError();
+
+  if (info.usable() && (info.cc_major < kMinComputeMajor ||
+                        (info.cc_major == kMinComputeMajor && info.cc_minor < kMinComputeMinor))) {
+    info.unusable_reason = "compute capability " + std::to_string(info.cc_major) + "." +
+                           std::to_string(info.cc_minor) + " is below the " +
+                           std::to_string(kMinComputeMajor) + "." +
+                           std::to_string(kMinComputeMinor) + " this build supports";
+  }
+  return info;
+}
+
+std::string device_label(const DeviceInfo& info) {
+  std::string label = "device " + std::to_string(info.index);
+  if (!info.name.empty()) label += " (" + info.name + ")";
+  return label;
+}
+
+}  // namespace
+
+std::vector<DeviceInfo> query_devices() {
+  const DeviceCount found = count_devices();
+  std::vector<DeviceInfo> devices;
+  devices.reserve(static_cast<std::size_t>(found.count));
+  for (int i = 0; i < found.count; ++i)
+    devices.push_back(describe(i, /*restore=*/true));
+  return devices;
+}
+
+std::string no_device_reason() {
+  const DeviceCount found = count_devices();
+  if (found.count == 0) return no_devices_sentence(found.status);
+
+  std::string reason = "found " + std::to_string(found.count) + " CUDA device(s), none usable:";
+  for (const DeviceInfo& info : query_devices()) {
+    if (info.usable()) return {};
+    reason.append(" ").append(device_label(info)).append(": ").append(info.unusable_reason);
+    reason += ';';
+  }
+  return reason.append(" ").append(kHostFallback);
+}
+
+DeviceInfo require_device(int index) {
+  const DeviceCount found = count_devices();
+  if (found.count == 0) {
+    throw std::runtime_error("CUDA device " + std::to_string(index) + " was requested, but " +
+                             no_devices_sentence(found.status));
+  }
+  if (index < 0 || index >= found.count) {
+    throw std::out_of_range("CUDA device index " + std::to_string(index) +
+                            " is out of range: " + std::to_string(found.count) +
+                            " device(s) are visible, use 0.." + std::to_string(found.count - 1) +
+                            " (CUDA_VISIBLE_DEVICES renumbers them)");
+  }
+  DeviceInfo info = describe(index, /*restore=*/false);
+  if (!info.usable()) {
+    throw std::runtime_error("CUDA " + device_label(info) + " cannot be used: " +
+                             info.unusable_reason + "; pick another device or " + kHostFallback);
+  }
+  return info;
+}
+
+}  // namespace zo::gpu

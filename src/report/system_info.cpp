@@ -1,0 +1,75 @@
+#include "report/system_info.h"
+
+#include <sstream>
+#include <thread>
+
+#include "cpu_adam/cpu_adam.h"
+#include "pinned_memory/host_buffer.h"
+#ifdef ZO_HAVE_CUDA
+#include "gpu/device.h"
+#endif
+
+namespace zo::report {
+
+nlohmann::json system_info() {
+  nlohmann::json j;
+  nlohmann::json isas = nlohmann::json::array();
+  for (auto isa : cpu_adam::supported_isas()) isas.push_back(cpu_adam::isa_name(isa));
+  j["cpu_adam"] = {{"supported_isas", isas},
+                   {"selected_isa", cpu_adam::isa_name(cpu_adam::default_isa())},
+                   {"chunk_elements", cpu_adam::kChunkElements}};
+  j["host"] = {{"hardware_threads", std::thread::hardware_concurrency()},
+               {"mem_available_bytes", pinned::host_available_bytes()},
+               {"numa_nodes", pinned::numa_node_count()}};
+#ifdef ZO_HAVE_CUDA
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const auto& d : gpu::query_devices()) {
+    gpus.push_back({{"index", d.index},
+                    {"name", d.name},
+                    {"compute_capability", std::to_string(d.cc_major) + "." +
+                                               std::to_string(d.cc_minor)},
+                    {"total_bytes", d.total_bytes},
+                    {"free_bytes", d.free_bytes},
+                    {"sm_count", d.sm_count},
+                    {"usable", d.usable()},
+                    {"unusable_reason", d.unusable_reason}});
+  }
+  j["cuda"] = {{"built", true}, {"devices", gpus}, {"no_device_reason", gpu::no_device_reason()}};
+#else
+  j["cuda"] = {{"built", false},
+               {"devices", nlohmann::json::array()},
+               {"no_device_reason",
+                "this build has no CUDA backend (configured with ZO_CUDA=OFF or without nvcc); "
+                "use --device host"}};
+#endif
+  return j;
+}
+
+std::string format_system_info(const nlohmann::json& j) {
+  std::ostringstream os;
+  const auto gib = [](std::size_t b) { return double(b) / double(1ull << 30); };
+  os << "CPU Adam      : " << j["cpu_adam"]["selected_isa"].get<std::string>()
+     << " (supported:";
+  for (const auto& isa : j["cpu_adam"]["supported_isas"]) os << ' ' << isa.get<std::string>();
+  os << "; force with ZO_CPU_ADAM_ISA)\n";
+  os << "host threads  : " << j["host"]["hardware_threads"].get<unsigned>() << "\n";
+  os.precision(1);
+  os << std::fixed << "host memory   : " << gib(j["host"]["mem_available_bytes"].get<std::size_t>())
+     << " GiB available\n";
+  os << "NUMA nodes    : " << j["host"]["numa_nodes"].get<int>() << "\n";
+  os << "CUDA backend  : " << (j["cuda"]["built"].get<bool>() ? "built" : "not built") << "\n";
+  for (const auto& d : j["cuda"]["devices"]) {
+    os << "  GPU " << d["index"].get<int>() << ": " << d["name"].get<std::string>() << ", sm "
+       << d["compute_capability"].get<std::string>() << ", "
+       << gib(d["free_bytes"].get<std::size_t>()) << " / "
+       << gib(d["total_bytes"].get<std::size_t>()) << " GiB free, "
+       << d["sm_count"].get<int>() << " SMs"
+       << (d["usable"].get<bool>() ? "" : " (unusable: " + d["unusable_reason"].get<std::string>() + ")")
+       << "\n";
+  }
+  const auto reason = j["cuda"]["no_device_reason"].get<std::string>();
+  if (!reason.empty()) os << "  no GPU: " << reason << "\n";
+  return os.str();
+}
+
+}  // namespace zo::report
