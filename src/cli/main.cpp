@@ -1,13 +1,116 @@
-// offload_train: the one binary users run.
+// offload_train: the one binary users run. Subcommands: train, plan, export, sample, info.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
 
+#include "checkpoint/error.h"
+#include "data/token_source.h"
+#include "model/hf_weights.h"
+#include "model/layout.h"
+#include "pinned_memory/host_buffer.h"
 #include "report/system_info.h"
+#include "train/checkpoint_io.h"
+#include "train/config.h"
+#include "train/plan.h"
+#include "train/sample.h"
+#include "train/trainer.h"
 
 #ifndef ZO_VERSION
 #define ZO_VERSION "0.1.0"
 #endif
+
+namespace {
+
+std::string presets_help() {
+  std::string s = "model preset (";
+  const auto names = zo::model::preset_names();
+  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s + ") or a JSON spec with GPT-2 keys";
+}
+
+// Bytes given as text ("512MiB") on the command line.
+struct ByteSize {
+  std::string text;
+  std::size_t bytes() const { return text.empty() ? 0 : zo::train::parse_bytes(text); }
+};
+
+void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
+                       std::string& state_dtype, ByteSize& devmem) {
+  t->add_option("--model", c.model, presets_help() + "; default tiny, or the checkpoint's with --resume");
+  t->add_option("--init-from", c.init_from, "start from Hugging Face GPT-2 weights (.safetensors)");
+  t->add_option("--seed", c.seed, "seed for initialisation and data order")->capture_default_str();
+  t->add_flag("--recompute", c.recompute, "recompute each block's activations in backward (saves memory)");
+  t->add_option("--data", c.data, "token shards (file, directory, glob), text files, or 'synthetic'")
+      ->capture_default_str();
+  t->add_option("--data-format", c.data_format, "auto, shards, text or synthetic")->capture_default_str();
+  t->add_option("--val-data", c.val_data, "separate validation data (default: hold out --val-fraction)");
+  t->add_option("--val-fraction", c.val_fraction, "tail of each document held out for validation")
+      ->capture_default_str();
+  t->add_option("--micro-batch,-b", c.micro_batch, "sequences per micro-batch (B)")->capture_default_str();
+  t->add_option("--seq-len", c.seq_len, "tokens per sequence (T); default the model's block_size");
+  t->add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  t->add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
+  t->add_option("--lr", c.lr.max_lr, "peak learning rate")->capture_default_str();
+  t->add_option("--min-lr-fraction", c.lr.min_lr_fraction, "final lr as a fraction of --lr")
+      ->capture_default_str();
+  t->add_option("--warmup", c.lr.warmup_steps, "linear warmup steps")->capture_default_str();
+  t->add_option("--lr-decay", decay, "cosine, linear or constant")->capture_default_str();
+  t->add_option("--beta1", c.beta1, "Adam beta1")->capture_default_str();
+  t->add_option("--beta2", c.beta2, "Adam beta2")->capture_default_str();
+  t->add_option("--adam-eps", c.eps, "Adam epsilon")->capture_default_str();
+  t->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")
+      ->capture_default_str();
+  t->add_flag("--decay-embeddings", c.decay_embeddings, "apply weight decay to embeddings too");
+  t->add_option("--grad-clip", c.grad_clip, "global-norm gradient clipping; 0 = off")->capture_default_str();
+  t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")->capture_default_str();
+  t->add_option("--adam-threads", c.adam_threads, "CPU Adam threads; 0 = all cores");
+  t->add_option("--device", c.device, "host (CPU backend) or cuda")->capture_default_str();
+  t->add_option("--device-memory", devmem.text, "host backend memory capacity, e.g. 512MiB (default: unlimited)");
+  t->add_option("--threads", c.threads, "host backend compute threads; 0 = all cores");
+  t->add_option("--eval-every", c.eval_interval, "validation every N steps; 0 = at the end only");
+  t->add_option("--eval-batches", c.eval_batches, "micro-batches per validation")->capture_default_str();
+  t->add_option("--checkpoint-dir", c.checkpoint_dir, "where step_<N> checkpoint directories go");
+  t->add_option("--checkpoint-every", c.checkpoint_interval, "checkpoint every N steps; 0 = at the end only");
+  t->add_option("--keep", c.keep_last, "checkpoints to keep; 0 = all")->capture_default_str();
+  t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
+  t->add_option("--metrics", c.metrics, "JSONL file: one object per step");
+  t->add_option("--log-every", c.log_interval, "progress line every N steps")->capture_default_str();
+  t->add_flag("--quiet,-q", c.quiet, "no progress output");
+}
+
+int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
+              const ByteSize& devmem, bool model_given) {
+  c.lr.decay = zo::train::parse_decay(decay);
+  c.lr.total_steps = c.steps;
+  c.optimizer_state = zo::parse_dtype(state_dtype);
+  c.device_memory = devmem.bytes();
+  if (!model_given) c.model.clear();  // resume takes the checkpoint's spec
+  zo::train::Trainer trainer(c);
+  trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
+  return 0;
+}
+
+std::vector<std::int32_t> parse_token_list(const std::string& s) {
+  std::vector<std::int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t pos = 0;
+      const long v = std::stol(item, &pos);
+      if (pos != item.size()) throw std::invalid_argument("x");
+      out.push_back(static_cast<std::int32_t>(v));
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--prompt-tokens: '" + item + "' is not an integer token id");
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"offload_train " ZO_VERSION
@@ -16,6 +119,60 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", ZO_VERSION);
   app.require_subcommand(1);
 
+  // train
+  zo::train::TrainConfig tc;
+  std::string decay = "cosine", state_dtype = "fp32";
+  ByteSize devmem;
+  auto* train = app.add_subcommand("train", "Train a GPT-2-architecture model");
+  add_train_options(train, tc, decay, state_dtype, devmem);
+
+  // plan
+  auto* plan = app.add_subcommand("plan", "Print the memory plan for a model and batch, and "
+                                          "whether it fits");
+  std::string plan_model = "tiny", plan_state = "fp32", plan_precision = "fp32";
+  int plan_b = 4, plan_t = 0;
+  bool plan_recompute = false;
+  ByteSize plan_devmem;
+  plan->add_option("--model", plan_model, presets_help())->capture_default_str();
+  plan->add_option("--micro-batch,-b", plan_b, "sequences per micro-batch")->capture_default_str();
+  plan->add_option("--seq-len", plan_t, "tokens per sequence; default block_size");
+  plan->add_flag("--recompute", plan_recompute, "activation recompute");
+  plan->add_option("--precision", plan_precision, "device dtype: fp32 (host backend), bf16, fp16")
+      ->capture_default_str();
+  plan->add_option("--optimizer-state", plan_state, "fp32 or bf16")->capture_default_str();
+  plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
+
+  // export
+  auto* exp = app.add_subcommand("export", "Write a checkpoint's weights as Hugging Face GPT-2 "
+                                           "safetensors");
+  std::string exp_ckpt, exp_dir, exp_out, exp_dtype = "fp32";
+  bool exp_force = false;
+  exp->add_option("--checkpoint", exp_ckpt, "checkpoint directory, or 'latest' with --checkpoint-dir")
+      ->required();
+  exp->add_option("--checkpoint-dir", exp_dir, "where to look for 'latest'");
+  exp->add_option("--out,-o", exp_out, "output .safetensors file")->required();
+  exp->add_option("--dtype", exp_dtype, "fp32, fp16 or bf16")->capture_default_str();
+  exp->add_flag("--force", exp_force, "overwrite an existing output file");
+
+  // sample
+  auto* smp = app.add_subcommand("sample", "Generate tokens (or text, for byte-level models) from "
+                                           "a checkpoint or Hugging Face weights");
+  zo::train::SampleConfig sc;
+  std::string prompt = "\n", prompt_tokens;
+  bool print_ids = false;
+  smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
+  smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
+  smp->add_option("--init-from", sc.init_from, "Hugging Face GPT-2 .safetensors (needs --model)");
+  smp->add_option("--model", sc.model, presets_help());
+  smp->add_option("--prompt", prompt, "prompt text, as bytes (byte-level models)");
+  smp->add_option("--prompt-tokens", prompt_tokens, "prompt as comma-separated token ids");
+  smp->add_option("--tokens,-n", sc.new_tokens, "tokens to generate")->capture_default_str();
+  smp->add_option("--temperature", sc.temperature, "0 = greedy")->capture_default_str();
+  smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")->capture_default_str();
+  smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
+  smp->add_flag("--ids", print_ids, "print token ids instead of text");
+
+  // info
   auto* info = app.add_subcommand("info", "Show what this machine offers: CPU Adam ISA paths, "
                                           "threads, host memory, NUMA nodes, GPUs");
   bool info_json = false;
@@ -23,10 +180,66 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
+    if (train->parsed()) {
+      return run_train(tc, decay, state_dtype, devmem, train->count("--model") > 0);
+    }
+    if (plan->parsed()) {
+      zo::train::PlanInput pi;
+      pi.spec = zo::model::load_model_spec(plan_model);
+      if (plan_t < 0 || plan_t > pi.spec.block_size || plan_b < 1) {
+        throw std::invalid_argument("need --micro-batch >= 1 and 0 <= --seq-len <= block_size");
+      }
+      pi.shape = {plan_b, plan_t ? plan_t : pi.spec.block_size, plan_recompute};
+      pi.act_dtype = zo::parse_dtype(plan_precision);
+      pi.optimizer_state = zo::parse_dtype(plan_state);
+      pi.device_capacity = plan_devmem.bytes();
+      pi.host_available = zo::pinned::host_available_bytes();
+      const auto p = zo::train::plan_memory(pi);
+      std::fputs(p.format(pi).c_str(), stdout);
+      return p.device_fits && p.host_fits ? 0 : 3;
+    }
+    if (exp->parsed()) {
+      const zo::DType dtype = zo::parse_dtype(exp_dtype);
+      if (!exp_force && std::filesystem::exists(exp_out)) {
+        throw std::invalid_argument("'" + exp_out + "' exists; pass --force to overwrite it");
+      }
+      const auto dir = zo::train::resolve_checkpoint(exp_ckpt, exp_dir);
+      const auto spec = zo::train::checkpoint_spec(zo::train::read_trainer_state(dir));
+      const zo::model::ParameterLayout layout(spec);
+      std::vector<float> weights(layout.size());
+      zo::model::import_hf_weights(dir / "model.safetensors", layout, weights);
+      zo::model::export_hf_weights(exp_out, layout, weights, dtype);
+      std::fprintf(stderr, "wrote %s (%zu tensors, %s, model %s)\n", exp_out.c_str(),
+                   layout.tensors().size(), std::string(zo::dtype_name(dtype)).c_str(),
+                   spec.to_json().dump().c_str());
+      return 0;
+    }
+    if (smp->parsed()) {
+      if (!prompt_tokens.empty()) {
+        sc.prompt = parse_token_list(prompt_tokens);
+      } else {
+        for (unsigned char ch : prompt) sc.prompt.push_back(ch);
+      }
+      int vocab = 0;
+      const auto seq = zo::train::generate(sc, &vocab);
+      const bool as_text = !print_ids && prompt_tokens.empty() && vocab <= 256;
+      std::string out;
+      for (std::size_t i = sc.prompt.size(); i < seq.size(); ++i) {
+        if (as_text) {
+          out += static_cast<char>(seq[i]);
+        } else {
+          out += (i > sc.prompt.size() ? "," : "") + std::to_string(seq[i]);
+        }
+      }
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      std::fputc('\n', stdout);
+      return 0;
+    }
     if (info->parsed()) {
       const auto j = zo::report::system_info();
       std::fputs(info_json ? (j.dump(2) + "\n").c_str() : zo::report::format_system_info(j).c_str(),
                  stdout);
+      return 0;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "offload_train: error: %s\n", e.what());

@@ -1,0 +1,213 @@
+#include "model/gpt.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace zo::model {
+namespace {
+
+constexpr std::size_t kAlign = 64;  // bytes; every carved tensor starts on a cache line
+
+std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Walks the activation layout once; `place(bytes)` either counts or hands out memory, so that
+// the size estimate and the real allocation cannot disagree.
+template <class Place>
+void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esize, Place&& place) {
+  const std::size_t BT = std::size_t(sh.B) * sh.T, C = spec.n_embd, V = spec.vocab_size;
+  const std::size_t L = spec.n_layer, NH = spec.n_head;
+  const std::size_t sets = sh.recompute ? 1 : L;
+  place(BT * 4);                                          // tokens
+  place(BT * 4);                                          // targets
+  for (std::size_t i = 0; i <= L; ++i) place(BT * C * esize);  // residual stream, L+1 points
+  for (std::size_t l = 0; l < sets; ++l) {
+    for (std::size_t n : {C, 3 * C, C, C, C, 4 * C, 4 * C}) place(BT * n * esize);  // acts
+    for (int k = 0; k < 4; ++k) place(BT * 4);                                         // LN stats
+    place(std::size_t(sh.B) * NH * sh.T * 4);                                          // lse
+  }
+  place(BT * C * esize);                                  // attproj scratch
+  place(BT * C * esize);                                  // fcproj scratch
+  place(BT * C * esize);                                  // lnf
+  place(BT * 4);
+  place(BT * 4);                                          // lnf mean, rstd
+  place(BT * V * esize);                                  // logits / dlogits
+  place(BT * 4);                                          // losses
+  for (std::size_t n : {C, 4 * C, 4 * C, C, C, 3 * C, C}) place(BT * n * esize);  // backward
+}
+
+}  // namespace
+
+std::size_t gpt_activation_bytes(const ModelSpec& spec, const GptShape& shape,
+                                 std::size_t act_elem_bytes) {
+  std::size_t total = 0;
+  walk_activations(spec, shape, act_elem_bytes, [&](std::size_t b) { total += align_up(b); });
+  return total;
+}
+
+Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& shape)
+    : device_(device), layout_(layout), shape_(shape), esize_(dtype_size(device.act_dtype())) {
+  const ModelSpec& spec = layout.spec();
+  if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
+    throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +
+                                std::to_string(shape.T) + " is invalid: need B >= 1 and 1 <= T <= "
+                                "block_size = " + std::to_string(spec.block_size));
+  }
+  arena_ = device.alloc(gpt_activation_bytes(spec, shape, esize_), "activations");
+  std::vector<void*> ptrs;
+  walk_activations(spec, shape, esize_, [&](std::size_t b) {
+    ptrs.push_back(static_cast<char*>(arena_.data()) + arena_used_);
+    arena_used_ += align_up(b);
+  });
+  std::size_t k = 0;
+  auto next = [&] { return ptrs.at(k++); };
+  auto next_f32 = [&] { return static_cast<float*>(next()); };
+  tokens_ = static_cast<std::int32_t*>(next());
+  targets_ = static_cast<std::int32_t*>(next());
+  for (int i = 0; i <= spec.n_layer; ++i) residuals_.push_back(next());
+  layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
+  for (auto& a : layers_) {
+    a.ln1 = next(), a.qkv = next(), a.atty = next(), a.res2 = next(), a.ln2 = next();
+    a.fch = next(), a.fch_gelu = next();
+    a.ln1_mean = next_f32(), a.ln1_rstd = next_f32(), a.ln2_mean = next_f32();
+    a.ln2_rstd = next_f32(), a.lse = next_f32();
+  }
+  attproj_ = next(), fcproj_ = next(), lnf_ = next();
+  lnf_mean_ = next_f32(), lnf_rstd_ = next_f32();
+  logits_ = next();
+  losses_ = next_f32();
+  dres_ = next(), dfch_gelu_ = next(), dfch_ = next(), dln2_ = next(), datty_ = next();
+  dqkv_ = next(), dln1_ = next();
+  for (auto& e : staged_done_) e = device.create_event();
+}
+
+void* Gpt::at(const void* base, std::size_t elements) const {
+  return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
+}
+
+void Gpt::set_batch(const std::vector<std::int32_t>& tokens,
+                    const std::vector<std::int32_t>& targets, dev::Stream& s) {
+  const std::size_t BT = std::size_t(shape_.B) * shape_.T;
+  const int V = layout_.spec().vocab_size;
+  if (tokens.size() != BT || (!targets.empty() && targets.size() != BT)) {
+    throw std::invalid_argument("batch has " + std::to_string(tokens.size()) + " tokens and " +
+                                std::to_string(targets.size()) + " targets; the model expects " +
+                                std::to_string(BT) + " (B x T)");
+  }
+  for (const auto* v : {&tokens, &targets}) {
+    for (std::int32_t x : *v) {
+      if (x < 0 || x >= V) {
+        throw std::invalid_argument("token id " + std::to_string(x) + " is outside the model's "
+                                    "vocabulary [0, " + std::to_string(V) + ")");
+      }
+    }
+  }
+  // Double-buffered staging: the copy runs later on the stream, so the host vector it reads
+  // must stay untouched until then.
+  const int k = stage_;
+  stage_ ^= 1;
+  staged_done_[k]->synchronize();
+  staged_tokens_[k] = tokens;
+  staged_targets_[k] = targets;
+  device_.copy_to_device(tokens_, staged_tokens_[k].data(), BT * 4, s);
+  if (!targets.empty()) device_.copy_to_device(targets_, staged_targets_[k].data(), BT * 4, s);
+  device_.record(*staged_done_[k], s);
+}
+
+void Gpt::block_forward(const void* params, int l, int t, dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  const int N = shape_.B * t, C = spec.n_embd;
+  const std::size_t NC = std::size_t(N) * C;
+  const BlockParams& bp = layout_.block(l);
+  auto p = [&](std::size_t off) { return at(params, off); };
+  LayerActs& a = acts(l);
+  const void* in = residuals_[static_cast<std::size_t>(l)];
+  void* out = residuals_[static_cast<std::size_t>(l) + 1];
+  device_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+  device_.matmul_forward(a.qkv, a.ln1, p(bp.qkv_w), p(bp.qkv_b), {N, C, 3 * C}, s);
+  device_.attention_forward(a.atty, a.lse, a.qkv, {shape_.B, t, C, spec.n_head}, s);
+  device_.matmul_forward(attproj_, a.atty, p(bp.attproj_w), p(bp.attproj_b), {N, C, C}, s);
+  device_.residual_forward(a.res2, in, attproj_, NC, s);
+  device_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p(bp.ln2_w), p(bp.ln2_b), N, C,
+                            s);
+  device_.matmul_forward(a.fch, a.ln2, p(bp.fc_w), p(bp.fc_b), {N, C, 4 * C}, s);
+  device_.gelu_forward(a.fch_gelu, a.fch, 4 * NC, s);
+  device_.matmul_forward(fcproj_, a.fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
+  device_.residual_forward(out, a.res2, fcproj_, NC, s);
+}
+
+void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale,
+                  dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  if (t < 1 || t > shape_.T || (t < shape_.T && shape_.B != 1)) {
+    throw std::invalid_argument("forward over " + std::to_string(t) + " positions: need 1 <= t <= " +
+                                std::to_string(shape_.T) + " (t < T only with micro-batch 1)");
+  }
+  t_ = t;
+  grads_ready_ = with_targets && dloss_scale != 0.0f;
+  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
+  device_.embedding_forward(residuals_[0], tokens_, at(params, layout_.wte()),
+                            at(params, layout_.wpe()), shape_.B, t, C, s);
+  for (int l = 0; l < spec.n_layer; ++l) block_forward(params, l, t, s);
+  device_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residuals_.back(),
+                            at(params, layout_.lnf_w()), at(params, layout_.lnf_b()), N, C, s);
+  device_.matmul_forward(logits_, lnf_, at(params, layout_.wte()), nullptr, {N, C, V}, s);
+  if (with_targets) {
+    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_, N, V,
+                          dloss_scale, s);
+  }
+}
+
+void Gpt::backward(const void* params, void* grads, dev::Stream& s,
+                   const std::function<void(int)>& on_block_done) {
+  if (!grads_ready_) {
+    throw std::logic_error("Gpt::backward needs a preceding training forward (targets and a "
+                           "non-zero dloss_scale)");
+  }
+  grads_ready_ = false;
+  const ModelSpec& spec = layout_.spec();
+  const int t = t_, N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
+  const std::size_t NC = std::size_t(N) * C;
+  auto p = [&](std::size_t off) { return at(params, off); };
+  auto g = [&](std::size_t off) { return at(grads, off); };
+  auto zero = [&](void* x, std::size_t elements) { device_.fill_zero(x, elements * esize_, s); };
+
+  // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf).
+  zero(dln1_, NC);
+  device_.matmul_backward(dln1_, g(layout_.wte()), nullptr, logits_, lnf_, p(layout_.wte()),
+                          {N, C, V}, s);
+  zero(dres_, NC);
+  device_.layernorm_backward(dres_, g(layout_.lnf_w()), g(layout_.lnf_b()), dln1_,
+                             residuals_.back(), p(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, s);
+
+  // dres_ carries dL/d(residual stream) down through the blocks.
+  for (int l = spec.n_layer - 1; l >= 0; --l) {
+    if (shape_.recompute) block_forward(params, l, t, s);
+    const BlockParams& bp = layout_.block(l);
+    LayerActs& a = acts(l);
+    const void* in = residuals_[static_cast<std::size_t>(l)];
+    for (void* d : {dfch_gelu_, dfch_}) zero(d, 4 * NC);
+    for (void* d : {dln2_, datty_, dln1_}) zero(d, NC);
+    zero(dqkv_, 3 * NC);
+    device_.matmul_backward(dfch_gelu_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
+                            p(bp.fcproj_w), {N, 4 * C, C}, s);
+    device_.gelu_backward(dfch_, a.fch, dfch_gelu_, 4 * NC, s);
+    device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w),
+                            {N, C, 4 * C}, s);
+    device_.layernorm_backward(dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
+                               a.ln2_mean, a.ln2_rstd, N, C, s);
+    device_.matmul_backward(datty_, g(bp.attproj_w), g(bp.attproj_b), dres_, a.atty,
+                            p(bp.attproj_w), {N, C, C}, s);
+    device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, {shape_.B, t, C, spec.n_head},
+                               s);
+    device_.matmul_backward(dln1_, g(bp.qkv_w), g(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
+                            {N, C, 3 * C}, s);
+    device_.layernorm_backward(dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w),
+                               a.ln1_mean, a.ln1_rstd, N, C, s);
+    if (on_block_done) on_block_done(l);
+  }
+  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens_, shape_.B, t, C,
+                             s);
+  if (on_block_done) on_block_done(-1);
+}
+
+}  // namespace zo::model

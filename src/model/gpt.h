@@ -1,0 +1,90 @@
+// GPT-2 forward and backward, written once against the device interface (DESIGN.md §4). The
+// model owns its activations and token buffers on the device; parameters and gradients are flat
+// buffers in ParameterLayout order owned by the caller (trainer or offload engine).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "device/device.h"
+#include "model/layout.h"
+
+namespace zo::model {
+
+struct GptShape {
+  int B = 1;               // micro-batch
+  int T = 1;               // sequence length (<= block_size)
+  bool recompute = false;  // keep only each block's input; recompute the block in backward
+};
+
+// Bytes of device memory Gpt allocates for activations, scratch and token buffers.
+std::size_t gpt_activation_bytes(const ModelSpec& spec, const GptShape& shape,
+                                 std::size_t act_elem_bytes);
+
+class Gpt {
+ public:
+  Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& shape);
+
+  const GptShape& shape() const { return shape_; }
+  const ParameterLayout& layout() const { return layout_; }
+
+  // Copies a batch (B*T tokens and targets; targets may be empty for inference) to the device
+  // on stream s. The host vectors may be reused as soon as this returns.
+  void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                 dev::Stream& s);
+
+  // Forward over the first t <= T positions of the batch. With targets, per-position losses are
+  // computed; with dloss_scale != 0 the logits buffer is overwritten with dloss_scale * dL/dlogits
+  // for the backward pass that must follow.
+  void forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s);
+
+  // Accumulates (+=) gradients into grads (layout.size(), act dtype). Calls on_block_done(l)
+  // right after enqueueing the last op that writes block l's gradients (l = L-1 .. 0), then
+  // on_block_done(-1) after the embeddings' (wte, wpe, ln_f are then complete too).
+  void backward(const void* params, void* grads, dev::Stream& s,
+                const std::function<void(int)>& on_block_done = {});
+
+  // Device pointers for the last forward: losses (B*T fp32), logits (B*T*V act dtype; holds
+  // dlogits after a training forward).
+  const float* losses() const { return losses_; }
+  const void* logits() const { return logits_; }
+
+ private:
+  struct LayerActs {
+    void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;  // (B,T, C|3C|C|C|C|4C|4C)
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+  };
+  LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
+  void block_forward(const void* params, int l, int t, dev::Stream& s);
+  void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
+
+  dev::Device& device_;
+  const ParameterLayout& layout_;
+  GptShape shape_;
+  std::size_t esize_;  // bytes per activation element
+  dev::Buffer arena_;
+  std::size_t arena_used_ = 0;
+  int t_ = 0;                  // positions used by the last forward
+  bool grads_ready_ = false;   // the last forward was a training forward
+
+  std::int32_t *tokens_ = nullptr, *targets_ = nullptr;  // (B,T) device
+  std::vector<std::int32_t> staged_tokens_[2], staged_targets_[2];
+  std::unique_ptr<dev::Event> staged_done_[2];
+  int stage_ = 0;
+
+  std::vector<void*> residuals_;            // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
+  std::vector<LayerActs> layers_;           // L entries, or 1 with recompute
+  void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch
+  void* lnf_ = nullptr;                     // (B,T,C)
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  void* logits_ = nullptr;                  // (B,T,V)
+  float* losses_ = nullptr;                 // (B,T)
+  // Backward scratch, reused by every block.
+  void *dres_ = nullptr, *dfch_gelu_ = nullptr, *dfch_ = nullptr, *dln2_ = nullptr,
+       *datty_ = nullptr, *dqkv_ = nullptr, *dln1_ = nullptr;
+};
+
+}  // namespace zo::model

@@ -1,0 +1,138 @@
+#include "model/hf_weights.h"
+
+#include <set>
+
+#include "checkpoint/error.h"
+#include "checkpoint/safetensors.h"
+
+namespace zo::model {
+
+std::vector<std::uint64_t> hf_shape(const TensorInfo& t) {
+  std::vector<std::uint64_t> s(t.shape.begin(), t.shape.end());
+  if (t.hf_transposed) std::swap(s[0], s[1]);
+  return s;
+}
+
+template <class T>
+void to_hf(const TensorInfo& t, const T* ours, T* hf) {
+  if (!t.hf_transposed) {
+    std::copy(ours, ours + t.numel, hf);
+    return;
+  }
+  const std::size_t rows = t.shape[0], cols = t.shape[1];  // ours (out, in) -> HF (in, out)
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) hf[c * rows + r] = ours[r * cols + c];
+  }
+}
+
+template <class T>
+void from_hf(const TensorInfo& t, const T* hf, T* ours) {
+  if (!t.hf_transposed) {
+    std::copy(hf, hf + t.numel, ours);
+    return;
+  }
+  const std::size_t rows = t.shape[0], cols = t.shape[1];
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) ours[r * cols + c] = hf[c * rows + r];
+  }
+}
+
+template void to_hf<float>(const TensorInfo&, const float*, float*);
+template void to_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std::uint16_t*);
+template void from_hf<float>(const TensorInfo&, const float*, float*);
+template void from_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std::uint16_t*);
+
+namespace {
+
+bool ignorable(const std::string& name) {
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
+}
+
+std::string strip_prefix(const std::string& name) {
+  const std::string p = "transformer.";
+  return name.rfind(p, 0) == 0 ? name.substr(p.size()) : name;
+}
+
+}  // namespace
+
+void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
+                       std::span<float> params) {
+  if (params.size() != layout.size()) throw std::invalid_argument("import: params size mismatch");
+  const auto file = ckpt::SafetensorsFile::open(path);
+  std::map<std::string, std::string> by_name;  // our name -> name in the file
+  std::vector<std::string> unexpected;
+  std::set<std::string> ours;
+  for (const auto& t : layout.tensors()) ours.insert(t.name);
+  for (const auto& info : file.tensors()) {
+    const std::string n = strip_prefix(info.name);
+    if (ours.count(n)) {
+      by_name[n] = info.name;
+    } else if (!ignorable(n)) {
+      unexpected.push_back(info.name);
+    }
+  }
+  std::vector<std::string> missing, misshaped;
+  for (const auto& t : layout.tensors()) {
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      missing.push_back(t.name);
+      continue;
+    }
+    const auto& info = file.info(it->second);
+    if (info.shape != hf_shape(t)) {
+      misshaped.push_back(it->second + " is " + ckpt::shape_to_string(info.shape) + ", expected " +
+                          ckpt::shape_to_string(hf_shape(t)));
+    }
+  }
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (std::size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
+      if (v.size() > 8) s += ", ... (" + std::to_string(v.size()) + " in all)";
+      return s;
+    };
+    std::string msg = "weights " + path.string() + " do not fit model '" + layout.spec().name +
+                      "' (n_layer " + std::to_string(layout.spec().n_layer) + ", n_embd " +
+                      std::to_string(layout.spec().n_embd) + ", vocab " +
+                      std::to_string(layout.spec().vocab_size) + "):";
+    if (!missing.empty()) msg += " missing: " + list(missing) + ";";
+    if (!unexpected.empty()) msg += " unexpected: " + list(unexpected) + ";";
+    if (!misshaped.empty()) msg += " wrong shape: " + list(misshaped) + ";";
+    msg += " pass the --model spec these weights were trained with";
+    throw ckpt::CheckpointError(msg);
+  }
+  // Read everything first, so params is untouched if a read fails.
+  std::vector<float> staged(layout.size()), buf;
+  for (const auto& t : layout.tensors()) {
+    buf.resize(t.numel);
+    file.read_f32(by_name.at(t.name), buf);
+    from_hf(t, buf.data(), staged.data() + t.offset);
+  }
+  std::copy(staged.begin(), staged.end(), params.begin());
+}
+
+void add_hf_weights(ckpt::SafetensorsWriter& writer, const ParameterLayout& layout,
+                    std::span<const float> params, DType dtype, std::vector<float>& scratch) {
+  scratch.resize(layout.size());
+  for (const auto& t : layout.tensors()) {
+    to_hf(t, params.data() + t.offset, scratch.data() + t.offset);
+    writer.add(t.name, hf_shape(t), std::span<const float>(scratch.data() + t.offset, t.numel),
+               dtype);
+  }
+}
+
+void export_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
+                       std::span<const float> params, DType dtype) {
+  ckpt::SafetensorsWriter writer;
+  std::vector<float> scratch;
+  add_hf_weights(writer, layout, params, dtype, scratch);
+  writer.set_metadata("format", "pt");
+  writer.set_metadata("model", layout.spec().to_json().dump());
+  writer.write(path);
+}
+
+}  // namespace zo::model

@@ -1,0 +1,96 @@
+#include "model/layout.h"
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+namespace zo::model {
+
+ParameterLayout::ParameterLayout(const ModelSpec& spec) : spec_(spec) {
+  spec_.validate();
+  const std::size_t C = spec.n_embd, V = spec.vocab_size, T = spec.block_size;
+  wte_ = add("wte.weight", {V, C}, TensorKind::kEmbedding, -1);
+  wpe_ = add("wpe.weight", {T, C}, TensorKind::kEmbedding, -1);
+  for (int l = 0; l < spec.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    block_begin_.push_back(size_);
+    BlockParams b{};
+    b.ln1_w = add(p + "ln_1.weight", {C}, TensorKind::kLayerNormWeight, l);
+    b.ln1_b = add(p + "ln_1.bias", {C}, TensorKind::kLayerNormBias, l);
+    b.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, TensorKind::kMatrix, l, false, true);
+    b.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, TensorKind::kBias, l);
+    b.attproj_w = add(p + "attn.c_proj.weight", {C, C}, TensorKind::kMatrix, l, true, true);
+    b.attproj_b = add(p + "attn.c_proj.bias", {C}, TensorKind::kBias, l);
+    b.ln2_w = add(p + "ln_2.weight", {C}, TensorKind::kLayerNormWeight, l);
+    b.ln2_b = add(p + "ln_2.bias", {C}, TensorKind::kLayerNormBias, l);
+    b.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, TensorKind::kMatrix, l, false, true);
+    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, TensorKind::kBias, l);
+    b.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, TensorKind::kMatrix, l, true, true);
+    b.fcproj_b = add(p + "mlp.c_proj.bias", {C}, TensorKind::kBias, l);
+    blocks_.push_back(b);
+  }
+  block_begin_.push_back(size_);
+  lnf_w_ = add("ln_f.weight", {C}, TensorKind::kLayerNormWeight, -1);
+  lnf_b_ = add("ln_f.bias", {C}, TensorKind::kLayerNormBias, -1);
+  if (size_ != spec.num_parameters()) {
+    throw std::logic_error("ParameterLayout: size disagrees with ModelSpec::num_parameters");
+  }
+}
+
+std::size_t ParameterLayout::add(const std::string& name, std::vector<std::size_t> shape,
+                                 TensorKind kind, int layer, bool residual_projection,
+                                 bool hf_transposed) {
+  TensorInfo t;
+  t.name = name;
+  t.numel = 1;
+  for (std::size_t d : shape) t.numel *= d;
+  t.shape = std::move(shape);
+  t.offset = size_;
+  t.kind = kind;
+  t.layer = layer;
+  t.residual_projection = residual_projection;
+  t.hf_transposed = hf_transposed;
+  size_ += t.numel;
+  tensors_.push_back(std::move(t));
+  return tensors_.back().offset;
+}
+
+const TensorInfo& ParameterLayout::find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return t;
+  }
+  throw std::out_of_range("no parameter named '" + name + "' in this GPT-2 layout");
+}
+
+bool WeightDecayPolicy::applies_to(const TensorInfo& t) const {
+  switch (t.kind) {
+    case TensorKind::kMatrix: return matrices;
+    case TensorKind::kEmbedding: return embeddings;
+    default: return biases_and_norms;
+  }
+}
+
+void init_gpt2(const ParameterLayout& layout, std::uint64_t seed, float* params) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * layout.spec().n_layer);
+  std::uint64_t index = 0;
+  for (const auto& t : layout.tensors()) {
+    float* p = params + t.offset;
+    ++index;
+    switch (t.kind) {
+      case TensorKind::kLayerNormWeight: std::fill(p, p + t.numel, 1.0f); break;
+      case TensorKind::kLayerNormBias:
+      case TensorKind::kBias: std::fill(p, p + t.numel, 0.0f); break;
+      case TensorKind::kMatrix:
+      case TensorKind::kEmbedding: {
+        // A per-tensor stream: seed and tensor index mixed (splitmix64 constant).
+        std::mt19937_64 rng(seed ^ (index * 0x9E3779B97F4A7C15ull));
+        std::normal_distribution<float> normal(
+            0.0f, static_cast<float>(t.residual_projection ? residual_std : 0.02));
+        for (std::size_t i = 0; i < t.numel; ++i) p[i] = normal(rng);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace zo::model

@@ -1,0 +1,46 @@
+// Per-step metrics: a JSONL file (one object per step) and the live progress line.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace zo::report {
+
+struct StepMetrics {
+  std::int64_t step = 0;  // 1-based, after the update
+  double loss = 0.0;      // mean training loss over the step's micro-batches
+  float lr = 0.0f;
+  double grad_norm = 0.0;  // global L2 norm before clipping
+  bool skipped = false;    // non-finite gradients: no update
+  std::int64_t tokens = 0;  // tokens processed so far
+  double tokens_per_s = 0.0;
+  double tflops = 0.0;      // achieved model FLOP/s (6N + attention, PaLM appendix B) / 1e12
+  double step_ms = 0.0;
+  std::map<std::string, double> phase_ms;  // forward, backward, optimizer, ...
+  std::optional<double> val_loss;
+};
+
+// Model FLOPs per trained token: 6 N for the matmuls over parameters plus 12 L C T for attention
+// scores and values, forward and backward (Chowdhery et al. 2022, arXiv 2204.02311, App. B).
+double flops_per_token(std::size_t num_params, int n_layer, int n_embd, int seq_len);
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  // Truncates unless `append` (a resumed run continues the same file).
+  MetricsWriter(const std::string& path, bool append);
+  void write(const StepMetrics& m);  // one line, flushed
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+std::string progress_line(const StepMetrics& m, std::int64_t total_steps, double eta_s);
+std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"
+
+}  // namespace zo::report

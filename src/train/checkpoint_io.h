@@ -1,0 +1,42 @@
+// Training checkpoints: one directory per save, written atomically with a checksummed manifest.
+//
+//   step_00001000/
+//     model.safetensors      fp32 master weights, Hugging Face GPT-2 names and shapes
+//     optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in the optimizer-state dtype
+//     trainer_state.json     step, Adam step, tokens seen, data cursor, resolved config, spec
+//     MANIFEST.json          size and CRC-32C of every file (written last)
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "model/layout.h"
+#include "train/host_optimizer.h"
+
+namespace zo::train {
+
+inline constexpr const char* kCheckpointPrefix = "step_";
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// Writes <parent>/step_<step>; trainer_state must hold "step". Replaces an existing directory of
+// the same step. Then keeps the newest keep_last (0 = all).
+std::filesystem::path save_checkpoint(const std::filesystem::path& parent,
+                                      const model::ParameterLayout& layout, HostOptimizer& opt,
+                                      const nlohmann::json& trainer_state, int keep_last);
+
+// Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
+std::filesystem::path resolve_checkpoint(const std::string& resume,
+                                         const std::filesystem::path& parent);
+
+// Verifies checksums and reads trainer_state.json (no weights).
+nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+// The model spec a checkpoint was trained with.
+model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
+
+// Loads master weights, m, v and the Adam step into opt; returns trainer_state. Throws
+// ckpt::CheckpointError when the checkpoint is corrupt or for a different model.
+nlohmann::json load_checkpoint(const std::filesystem::path& dir,
+                               const model::ParameterLayout& layout, HostOptimizer& opt);
+
+}  // namespace zo::train

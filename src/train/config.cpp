@@ -1,0 +1,114 @@
+#include "train/config.h"
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace zo::train {
+
+void TrainConfig::validate(const model::ModelSpec& spec) const {
+  auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (micro_batch < 1) bad("--micro-batch must be >= 1");
+  if (grad_accum < 1) bad("--grad-accum must be >= 1");
+  if (steps < 1) bad("--steps must be >= 1");
+  if (seq_len < 0 || seq_len > spec.block_size) {
+    bad("--seq-len " + std::to_string(seq_len) + " exceeds the model's block_size " +
+        std::to_string(spec.block_size) + "; use --seq-len <= block_size or a larger model spec");
+  }
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) bad("--val-fraction must be in [0, 1)");
+  lr.validate();
+  for (auto [name, b] : {std::pair{"--beta1", beta1}, {"--beta2", beta2}}) {
+    if (!(b >= 0.0f && b < 1.0f)) bad(std::string(name) + " must be in [0, 1)");
+  }
+  if (!(eps > 0.0f)) bad("--adam-eps must be > 0");
+  if (!(weight_decay >= 0.0f)) bad("--weight-decay must be >= 0");
+  if (!(grad_clip >= 0.0f) || !std::isfinite(grad_clip)) bad("--grad-clip must be >= 0 (0 = off)");
+  if (device != "host" && device != "cuda") bad("--device must be host or cuda");
+  if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
+  if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
+  if (log_interval < 1) bad("--log-every must be >= 1");
+  if (!resume.empty() && !init_from.empty()) {
+    bad("--resume and --init-from conflict: a resumed run takes its weights from the checkpoint");
+  }
+  if (resume == "latest" && checkpoint_dir.empty()) {
+    bad("--resume latest needs --checkpoint-dir to look in");
+  }
+  if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
+    bad("--checkpoint-every needs --checkpoint-dir");
+  }
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  return {{"model", model},
+          {"init_from", init_from},
+          {"seed", seed},
+          {"recompute", recompute},
+          {"data", data},
+          {"data_format", data_format},
+          {"val_data", val_data},
+          {"val_fraction", val_fraction},
+          {"micro_batch", micro_batch},
+          {"seq_len", seq_len},
+          {"grad_accum", grad_accum},
+          {"steps", steps},
+          {"lr", lr.max_lr},
+          {"min_lr_fraction", lr.min_lr_fraction},
+          {"warmup", lr.warmup_steps},
+          {"lr_decay", decay_name(lr.decay)},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"adam_eps", eps},
+          {"weight_decay", weight_decay},
+          {"decay_embeddings", decay_embeddings},
+          {"grad_clip", grad_clip},
+          {"optimizer_state", dtype_name(optimizer_state)},
+          {"device", device},
+          {"device_memory", device_memory},
+          {"eval_interval", eval_interval},
+          {"eval_batches", eval_batches},
+          {"checkpoint_dir", checkpoint_dir},
+          {"checkpoint_interval", checkpoint_interval},
+          {"keep_last", keep_last}};
+}
+
+std::size_t parse_bytes(const std::string& text) {
+  std::size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  const std::string unit = text.substr(pos);
+  double mult = -1;
+  if (unit.empty() || unit == "B") mult = 1;
+  if (unit == "KiB") mult = 1024.0;
+  if (unit == "MiB") mult = 1024.0 * 1024;
+  if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (unit == "KB") mult = 1e3;
+  if (unit == "MB") mult = 1e6;
+  if (unit == "GB") mult = 1e9;
+  if (unit == "TB") mult = 1e12;
+  if (pos == 0 || mult < 0 || !(x > 0) || !std::isfinite(x * mult)) {
+    throw std::invalid_argument("cannot read size '" + text +
+                                "': use a number with an optional unit B, KiB, MiB, GiB, TiB, "
+                                "KB, MB, GB or TB (e.g. 512MiB)");
+  }
+  return static_cast<std::size_t>(x * mult);
+}
+
+std::string format_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace zo::train

@@ -1,0 +1,67 @@
+// Everything a training run is configured with, resolved and validated before any allocation.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cpu_adam/dtype.h"
+#include "model/spec.h"
+#include "train/schedule.h"
+
+namespace zo::train {
+
+struct TrainConfig {
+  // model
+  std::string model = "tiny";  // preset name or JSON spec path
+  std::string init_from;       // Hugging Face GPT-2 safetensors to start from ("" = GPT-2 init)
+  std::uint64_t seed = 1337;   // init and data order
+  bool recompute = false;
+
+  // data
+  std::string data = "synthetic";  // file, directory, glob, or "synthetic"
+  std::string data_format = "auto";
+  std::string val_data;            // separate validation data ("" = hold out val_fraction)
+  double val_fraction = 0.05;
+
+  // batch
+  int micro_batch = 4;     // B
+  int seq_len = 0;         // T; 0 = the model's block_size
+  int grad_accum = 1;      // micro-batches per optimizer step
+  std::int64_t steps = 100;
+
+  // optimizer
+  LrSchedule lr;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;
+  bool decay_embeddings = false;  // by default decay applies to matrices only
+  float grad_clip = 1.0f;         // global-norm clip; 0 = off
+  DType optimizer_state = DType::kF32;
+  int adam_threads = 0;
+
+  // device
+  std::string device = "host";     // host | cuda
+  std::size_t device_memory = 0;   // host backend capacity in bytes; 0 = unlimited
+  int threads = 0;                 // host backend compute threads; 0 = all cores
+
+  // evaluation, checkpoints, output
+  std::int64_t eval_interval = 0;  // steps; 0 = only at the end
+  int eval_batches = 8;
+  std::string checkpoint_dir;      // "" = no checkpoints
+  std::int64_t checkpoint_interval = 0;  // steps; 0 = only at the end
+  int keep_last = 3;               // checkpoints kept by rotation; 0 = all
+  std::string resume;              // checkpoint directory, or "latest" (in checkpoint_dir)
+  std::string metrics;             // JSONL path ("" = none)
+  std::int64_t log_interval = 1;   // progress line every N steps
+  bool quiet = false;
+
+  // Cross-field checks; throws std::invalid_argument naming the flags and the fix.
+  void validate(const model::ModelSpec& spec) const;
+  nlohmann::json to_json() const;
+};
+
+// Parses sizes like "512MiB", "2GiB", "1.5GB", "4096" (bytes).
+std::size_t parse_bytes(const std::string& text);
+std::string format_bytes(std::size_t bytes);  // "1.50 GiB"
+
+}  // namespace zo::train

@@ -1,0 +1,71 @@
+#include "train/plan.h"
+
+#include <sstream>
+
+#include "train/config.h"
+
+namespace zo::train {
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  MemoryPlan p;
+  const std::size_t n = in.spec.num_parameters();
+  const std::size_t esize = dtype_size(in.act_dtype);
+  p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ")", n * esize});
+  p.device.push_back({"gradients", n * esize});
+  p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
+                          std::to_string(in.shape.T) +
+                          (in.shape.recompute ? ", recompute)" : ")"),
+                      model::gpt_activation_bytes(in.spec, in.shape, esize)});
+  p.device.push_back({"norm scratch", 64});
+  const std::size_t sb = dtype_size(in.optimizer_state);
+  p.host.push_back({"fp32 master weights", n * 4});
+  p.host.push_back({"Adam m (" + std::string(dtype_name(in.optimizer_state)) + ")", n * sb});
+  p.host.push_back({"Adam v (" + std::string(dtype_name(in.optimizer_state)) + ")", n * sb});
+  p.host.push_back({"gradient copy", n * esize});
+  if (in.act_dtype != DType::kF32) p.host.push_back({"16-bit upload copy", n * esize});
+  for (const auto& l : p.device) p.device_total += l.bytes;
+  for (const auto& l : p.host) p.host_total += l.bytes;
+  p.device_fits = in.device_capacity == 0 || p.device_total <= in.device_capacity;
+  p.host_fits = in.host_available == 0 || p.host_total <= in.host_available;
+  std::ostringstream advice;
+  if (!p.device_fits) {
+    advice << "device needs " << format_bytes(p.device_total) << " but has "
+           << format_bytes(in.device_capacity) << ": ";
+    if (!in.shape.recompute) advice << "enable --recompute, ";
+    if (in.shape.B > 1) advice << "use a smaller --micro-batch (with --grad-accum to keep the batch), ";
+    advice << "shorten --seq-len, or give the device more memory (--device-memory)";
+  }
+  if (!p.host_fits) {
+    if (!p.device_fits) advice << "; ";
+    advice << "host needs " << format_bytes(p.host_total) << " but has "
+           << format_bytes(in.host_available) << " available: ";
+    if (in.optimizer_state == DType::kF32) advice << "use --optimizer-state bf16, ";
+    advice << "or a smaller model";
+  }
+  p.advice = advice.str();
+  return p;
+}
+
+std::string MemoryPlan::format(const PlanInput& in) const {
+  std::ostringstream os;
+  auto line = [&](const PlanLine& l) {
+    os << "    " << l.what << std::string(l.what.size() < 40 ? 40 - l.what.size() : 1, ' ')
+       << format_bytes(l.bytes) << "\n";
+  };
+  os << "memory plan for " << in.spec.name << " (" << in.spec.num_parameters() << " parameters)\n";
+  os << "  device:\n";
+  for (const auto& l : device) line(l);
+  os << "    total" << std::string(35, ' ') << format_bytes(device_total) << "  of "
+     << (in.device_capacity ? format_bytes(in.device_capacity) : std::string("unlimited"))
+     << (device_fits ? "  fits" : "  DOES NOT FIT") << "\n";
+  os << "  host:\n";
+  for (const auto& l : host) line(l);
+  os << "    total" << std::string(35, ' ') << format_bytes(host_total) << "  of "
+     << (in.host_available ? format_bytes(in.host_available) + " available"
+                           : std::string("unknown"))
+     << (host_fits ? "  fits" : "  DOES NOT FIT") << "\n";
+  if (!advice.empty()) os << "  advice: " << advice << "\n";
+  return os.str();
+}
+
+}  // namespace zo::train

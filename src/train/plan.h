@@ -1,0 +1,42 @@
+// The memory plan: what a run will allocate on the device and on the host, checked against the
+// capacities before anything is allocated (DESIGN.md §5).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cpu_adam/dtype.h"
+#include "model/gpt.h"
+#include "model/spec.h"
+
+namespace zo::train {
+
+struct PlanInput {
+  model::ModelSpec spec;
+  model::GptShape shape;
+  DType act_dtype = DType::kF32;        // device parameters / activations
+  DType optimizer_state = DType::kF32;  // host m, v
+  std::size_t device_capacity = 0;      // 0 = unlimited / unknown
+  std::size_t host_available = 0;       // 0 = unknown
+};
+
+struct PlanLine {
+  std::string what;
+  std::size_t bytes;
+};
+
+struct MemoryPlan {
+  std::vector<PlanLine> device, host;
+  std::size_t device_total = 0, host_total = 0;
+  bool device_fits = true, host_fits = true;
+  std::string advice;  // what to change when something does not fit
+
+  std::string format(const PlanInput& in) const;
+};
+
+// Plan for the non-offloaded trainer: the device holds parameters, a full gradient buffer and
+// activations; the host holds fp32 master, m, v and a gradient copy.
+MemoryPlan plan_memory(const PlanInput& in);
+
+}  // namespace zo::train

@@ -1,0 +1,315 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <numeric>
+#include <sstream>
+
+#include "checkpoint/error.h"
+#include "data/loader.h"
+#include "data/token_source.h"
+#include "model/gpt.h"
+#include "model/hf_weights.h"
+#include "pinned_memory/host_buffer.h"
+#include "report/metrics.h"
+#include "train/checkpoint_io.h"
+#include "train/host_optimizer.h"
+#include "train/plan.h"
+
+namespace zo::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::unique_ptr<dev::Device> make_device(const TrainConfig& config) {
+  if (config.device == "host") {
+    dev::HostDeviceOptions o;
+    o.capacity_bytes = config.device_memory;
+    o.threads = config.threads;
+    return dev::make_host_device(o);
+  }
+  throw std::runtime_error(
+      "--device cuda: GPU training is not available in this version yet (the CUDA kernels exist, "
+      "the CUDA device backend does not); use --device host");
+}
+
+struct Trainer::Impl {
+  TrainConfig cfg;
+  model::ModelSpec spec;
+  std::unique_ptr<model::ParameterLayout> layout;
+  int T = 0;
+  std::optional<nlohmann::json> resume_state;
+  std::filesystem::path resume_dir;
+  data::Loaders loaders;
+  std::unique_ptr<dev::Device> dev;
+  std::unique_ptr<dev::Stream> stream;
+  std::unique_ptr<HostOptimizer> opt;
+  std::unique_ptr<model::Gpt> gpt;
+  dev::Buffer params, grads, norm;
+  pinned::HostBuffer grads_host, params_out;
+  DType act = DType::kF32;
+  std::int64_t start_step = 0, tokens = 0;
+  std::vector<std::unique_ptr<dev::Event>> events;
+  std::vector<std::int32_t> inputs, targets;
+  std::vector<float> losses_host;
+
+  explicit Impl(const TrainConfig& c) : cfg(c) {
+    // The model: from the checkpoint when resuming without --model.
+    if (!cfg.resume.empty()) {
+      resume_dir = resolve_checkpoint(cfg.resume, cfg.checkpoint_dir);
+      resume_state = read_trainer_state(resume_dir);
+    }
+    if (cfg.model.empty()) {
+      spec = resume_state ? checkpoint_spec(*resume_state) : model::load_model_spec("tiny");
+    } else {
+      spec = model::load_model_spec(cfg.model);
+    }
+    cfg.validate(spec);
+    T = cfg.seq_len > 0 ? cfg.seq_len : spec.block_size;
+    layout = std::make_unique<model::ParameterLayout>(spec);
+
+    // Data, opened and validated before anything large is allocated.
+    data::SourceConfig sc;
+    sc.path = cfg.data;
+    sc.format = data::parse_data_format(cfg.data_format);
+    sc.vocab_size = spec.vocab_size;
+    std::shared_ptr<const data::TokenSource> train_src = data::open_token_source(sc);
+    std::shared_ptr<const data::TokenSource> val_src;
+    if (!cfg.val_data.empty()) {
+      sc.path = cfg.val_data;
+      val_src = data::open_token_source(sc);
+    }
+    data::LoaderConfig lc;
+    lc.batch_size = cfg.micro_batch;
+    lc.seq_len = T;
+    lc.seed = cfg.seed;
+    lc.val_fraction = cfg.val_fraction;
+    loaders = data::make_loaders(train_src, val_src, lc);
+
+    // The memory plan, checked before allocating.
+    dev = make_device(cfg);
+    act = dev->act_dtype();
+    PlanInput pi{spec, {cfg.micro_batch, T, cfg.recompute}, act, cfg.optimizer_state,
+                 dev->capacity_bytes(), pinned::host_available_bytes()};
+    const MemoryPlan plan = plan_memory(pi);
+    if (!plan.device_fits || !plan.host_fits) {
+      throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
+    }
+
+    OptimizerConfig oc;
+    oc.adam.beta1 = cfg.beta1;
+    oc.adam.beta2 = cfg.beta2;
+    oc.adam.eps = cfg.eps;
+    oc.adam.weight_decay = cfg.weight_decay;
+    oc.adam.lr = cfg.lr.max_lr;
+    oc.decay_policy.embeddings = cfg.decay_embeddings;
+    oc.state_dtype = cfg.optimizer_state;
+    oc.threads = cfg.adam_threads;
+    opt = std::make_unique<HostOptimizer>(*layout, oc);
+
+    stream = dev->create_stream();
+    const std::size_t n = layout->size(), esize = dtype_size(act);
+    params = dev->alloc(n * esize, "parameters");
+    grads = dev->alloc(n * esize, "gradients");
+    norm = dev->alloc(64, "gradient norm");
+    gpt = std::make_unique<model::Gpt>(*dev, *layout, model::GptShape{cfg.micro_batch, T,
+                                                                      cfg.recompute});
+    grads_host = pinned::HostBuffer(n * esize);
+    if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
+    for (int k = 0; k < 3 * cfg.grad_accum; ++k) events.push_back(dev->create_event());
+    losses_host.resize(std::size_t(cfg.grad_accum) * cfg.micro_batch * T);
+
+    if (resume_state) {
+      const nlohmann::json st = load_checkpoint(resume_dir, *layout, *opt);
+      start_step = st.at("step").get<std::int64_t>();
+      tokens = st.at("tokens").get<std::int64_t>();
+      loaders.train->restore(st.at("data"));
+    } else if (!cfg.init_from.empty()) {
+      model::import_hf_weights(cfg.init_from, *layout, opt->master());
+    } else {
+      model::init_gpt2(*layout, cfg.seed, opt->master().data());
+    }
+    upload_params();
+  }
+
+  void upload_params() {
+    const std::size_t n = layout->size();
+    if (act == DType::kF32) {
+      dev->copy_to_device(params.data(), opt->master().data(), n * 4, *stream);
+    } else {
+      auto m = opt->master();
+      auto out = params_out.span<std::uint16_t>();
+      for (std::size_t i = 0; i < n; ++i) {
+        out[i] = act == DType::kF16 ? float_to_half(m[i]) : float_to_bf16(m[i]);
+      }
+      dev->copy_to_device(params.data(), out.data(), n * 2, *stream);
+    }
+  }
+
+  double evaluate() {
+    data::DataLoader& val = *loaders.val;
+    val.reset();
+    const std::size_t BT = std::size_t(cfg.micro_batch) * T;
+    std::vector<float> l(BT * cfg.eval_batches);
+    for (int b = 0; b < cfg.eval_batches; ++b) {
+      val.next_batch(inputs, targets);
+      gpt->set_batch(inputs, targets, *stream);
+      gpt->forward(params.data(), T, true, 0.0f, *stream);
+      dev->copy_to_host(l.data() + b * BT, gpt->losses(), BT * 4, *stream);
+    }
+    stream->synchronize();
+    return std::accumulate(l.begin(), l.end(), 0.0) / double(l.size());
+  }
+
+  nlohmann::json trainer_state(std::int64_t step) const {
+    return {{"step", step},
+            {"tokens", tokens},
+            {"data", loaders.train->state()},
+            {"config", cfg.to_json()},
+            {"seed", cfg.seed}};
+  }
+};
+
+Trainer::Trainer(const TrainConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Trainer::~Trainer() = default;
+const model::ModelSpec& Trainer::spec() const { return impl_->spec; }
+
+TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
+  Impl& I = *impl_;
+  const TrainConfig& cfg = I.cfg;
+  auto say = [&](const std::string& s) {
+    if (log && !cfg.quiet) log(s);
+  };
+  const std::size_t n = I.layout->size();
+  const int B = cfg.micro_batch, T = I.T, A = cfg.grad_accum;
+  const std::size_t BT = std::size_t(B) * T;
+  const float dloss = 1.0f / float(BT * A);
+  const double fpt = report::flops_per_token(n, I.spec.n_layer, I.spec.n_embd, T);
+
+  report::MetricsWriter metrics;
+  if (!cfg.metrics.empty()) metrics = report::MetricsWriter(cfg.metrics, I.start_step > 0);
+  {
+    std::ostringstream os;
+    os << "model " << I.spec.name << ": " << n << " parameters (n_layer " << I.spec.n_layer
+       << ", n_head " << I.spec.n_head << ", n_embd " << I.spec.n_embd << ", vocab "
+       << I.spec.vocab_size << ", block " << I.spec.block_size << ")\n"
+       << "device " << I.dev->name() << "; batch " << B << " x " << T << " x " << A
+       << " accum = " << BT * A << " tokens/step; optimizer AdamW on "
+       << cpu_adam::isa_name(cpu_adam::default_isa()) << " with "
+       << dtype_name(cfg.optimizer_state) << " state\n"
+       << "data: " << I.loaders.train->describe();
+    if (I.loaders.val) os << "\n      " << I.loaders.val->describe();
+    if (I.start_step > 0) os << "\nresumed from " << I.resume_dir.string() << " at step " << I.start_step;
+    say(os.str());
+  }
+
+  TrainSummary summary;
+  summary.first_step = I.start_step;
+  double ema_step_ms = 0.0;
+  const auto run_t0 = Clock::now();
+  std::int64_t run_tokens = 0;
+  for (std::int64_t step = I.start_step; step < cfg.steps; ++step) {
+    const auto t0 = Clock::now();
+    const float lr = cfg.lr.at(step);
+    I.dev->fill_zero(I.grads.data(), I.grads.bytes(), *I.stream);
+    for (int a = 0; a < A; ++a) {
+      I.loaders.train->next_batch(I.inputs, I.targets);
+      I.gpt->set_batch(I.inputs, I.targets, *I.stream);
+      I.dev->record(*I.events[3 * a], *I.stream);
+      I.gpt->forward(I.params.data(), T, true, dloss, *I.stream);
+      I.dev->record(*I.events[3 * a + 1], *I.stream);
+      I.gpt->backward(I.params.data(), I.grads.data(), *I.stream);
+      I.dev->record(*I.events[3 * a + 2], *I.stream);
+      I.dev->copy_to_host(I.losses_host.data() + a * BT, I.gpt->losses(), BT * 4, *I.stream);
+    }
+    float sumsq = 0.0f;
+    I.dev->fill_zero(I.norm.data(), 4, *I.stream);
+    I.dev->sum_squares(I.norm.as<float>(), I.grads.data(), n, *I.stream);
+    I.dev->copy_to_host(&sumsq, I.norm.data(), 4, *I.stream);
+    I.dev->copy_to_host(I.grads_host.data(), I.grads.data(), I.grads.bytes(), *I.stream);
+    const auto wait_t0 = Clock::now();
+    I.stream->synchronize();
+    const double wait_ms = ms_since(wait_t0);
+
+    report::StepMetrics m;
+    m.step = step + 1;
+    m.lr = lr;
+    m.loss = std::accumulate(I.losses_host.begin(), I.losses_host.end(), 0.0) /
+             double(I.losses_host.size());
+    m.grad_norm = std::sqrt(double(sumsq));
+    double fwd = 0, bwd = 0;
+    for (int a = 0; a < A; ++a) {
+      fwd += I.events[3 * a + 1]->elapsed_ms_since(*I.events[3 * a]);
+      bwd += I.events[3 * a + 2]->elapsed_ms_since(*I.events[3 * a + 1]);
+    }
+    const auto opt_t0 = Clock::now();
+    if (!std::isfinite(m.grad_norm)) {
+      m.skipped = true;  // nothing changes; the next step recomputes from the same weights
+      ++summary.skipped_steps;
+    } else {
+      const float coef = cfg.grad_clip > 0.0f && m.grad_norm > cfg.grad_clip
+                             ? static_cast<float>(cfg.grad_clip / (m.grad_norm + 1e-6))
+                             : 1.0f;
+      cpu_adam::ArrayView out;
+      if (I.act != DType::kF32) out = {I.params_out.data(), n, I.act};
+      I.opt->step({I.grads_host.data(), n, I.act}, lr, coef, out);
+      if (I.act == DType::kF32) {
+        I.dev->copy_to_device(I.params.data(), I.opt->master().data(), n * 4, *I.stream);
+      } else {
+        I.dev->copy_to_device(I.params.data(), I.params_out.data(), n * 2, *I.stream);
+      }
+    }
+    const double opt_ms = ms_since(opt_t0);
+    I.tokens += std::int64_t(BT) * A;
+    run_tokens += std::int64_t(BT) * A;
+    m.tokens = I.tokens;
+    m.step_ms = ms_since(t0);
+    m.tokens_per_s = double(BT * A) / (m.step_ms * 1e-3);
+    m.tflops = fpt * m.tokens_per_s * 1e-12;
+    m.phase_ms = {{"forward", fwd}, {"backward", bwd}, {"optimizer", opt_ms}, {"wait", wait_ms}};
+
+    const bool last = step + 1 == cfg.steps;
+    if (I.loaders.val && ((cfg.eval_interval > 0 && (step + 1) % cfg.eval_interval == 0) || last)) {
+      m.val_loss = I.evaluate();
+      summary.final_val_loss = m.val_loss;
+    }
+    metrics.write(m);
+    summary.losses.push_back(m.loss);
+    if (summary.steps_done == 0) summary.first_loss = m.loss;
+    summary.final_loss = m.loss;
+    ++summary.steps_done;
+    ema_step_ms = summary.steps_done == 1 ? m.step_ms : 0.9 * ema_step_ms + 0.1 * m.step_ms;
+    if ((step + 1) % cfg.log_interval == 0 || last || m.skipped) {
+      say(report::progress_line(m, cfg.steps, double(cfg.steps - step - 1) * ema_step_ms * 1e-3));
+    }
+    if (!cfg.checkpoint_dir.empty() &&
+        ((cfg.checkpoint_interval > 0 && (step + 1) % cfg.checkpoint_interval == 0) || last)) {
+      const auto dir = save_checkpoint(cfg.checkpoint_dir, *I.layout, *I.opt,
+                                       I.trainer_state(step + 1), cfg.keep_last);
+      summary.last_checkpoint = dir.string();
+      say("checkpoint " + dir.string());
+    }
+  }
+  I.stream->synchronize();
+  const double run_s = ms_since(run_t0) * 1e-3;
+  summary.tokens_per_s = run_s > 0 ? double(run_tokens) / run_s : 0.0;
+  {
+    std::ostringstream os;
+    os.precision(4);
+    os << "done: " << summary.steps_done << " steps in " << report::format_duration(run_s) << ", "
+       << std::fixed << std::setprecision(0) << summary.tokens_per_s << " tokens/s";
+    os << std::setprecision(4) << ", loss " << summary.first_loss << " -> " << summary.final_loss;
+    if (summary.final_val_loss) os << ", val loss " << *summary.final_val_loss;
+    if (summary.skipped_steps) os << ", " << summary.skipped_steps << " skipped";
+    say(os.str());
+  }
+  return summary;
+}
+
+}  // namespace zo::train

@@ -1,0 +1,49 @@
+// The training loop (non-offloaded): forward and backward on the device, gradients copied to
+// the host once per step, AdamW on the host (cpu_adam) over fp32 master weights, parameters
+// copied back. The offload engine replaces the middle with bucketed, overlapped streaming.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "model/spec.h"
+#include "train/config.h"
+
+namespace zo::train {
+
+struct TrainSummary {
+  std::int64_t first_step = 0;  // 0, or the resumed step
+  std::int64_t steps_done = 0;  // optimizer steps taken by this run (skipped ones included)
+  std::int64_t skipped_steps = 0;
+  double first_loss = 0.0, final_loss = 0.0;
+  std::optional<double> final_val_loss;
+  double tokens_per_s = 0.0;
+  std::vector<double> losses;  // per step, for tests
+  std::string last_checkpoint;
+};
+
+// Makes the device a config asks for; throws with the reason and the fix when it cannot.
+std::unique_ptr<dev::Device> make_device(const TrainConfig& config);
+
+class Trainer {
+ public:
+  // Resolves the model spec, opens the data and checks the memory plan: bad input is refused
+  // here, before any large allocation.
+  explicit Trainer(const TrainConfig& config);
+  ~Trainer();
+
+  const model::ModelSpec& spec() const;
+  // Runs until config.steps; `log` receives progress lines (stderr in the CLI).
+  TrainSummary run(const std::function<void(const std::string&)>& log = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zo::train
