@@ -123,7 +123,8 @@ TEST(ParameterLayout, Gpt2InitStatistics) {
       s += p[t.offset + i];
       s2 += double(p[t.offset + i]) * p[t.offset + i];
     }
-    return std::sqrt(s2 / t.numel - (s / t.numel) * (s / t.numel));
+    const double count = static_cast<double>(t.numel);
+    return std::sqrt(s2 / count - (s / count) * (s / count));
   };
   EXPECT_NEAR(stddev("wte.weight"), 0.02, 0.001);
   EXPECT_NEAR(stddev("h.1.mlp.c_fc.weight"), 0.02, 0.001);

@@ -6,7 +6,21 @@
 
 namespace zo::train {
 
+void TrainConfig::validate_flags() const {
+  auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (!resume.empty() && !init_from.empty()) {
+    bad("--resume and --init-from conflict: a resumed run takes its weights from the checkpoint");
+  }
+  if (resume == "latest" && checkpoint_dir.empty()) {
+    bad("--resume latest needs --checkpoint-dir to look in");
+  }
+  if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
+    bad("--checkpoint-every needs --checkpoint-dir");
+  }
+}
+
 void TrainConfig::validate(const model::ModelSpec& spec) const {
+  validate_flags();
   auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
   if (micro_batch < 1) bad("--micro-batch must be >= 1");
   if (grad_accum < 1) bad("--grad-accum must be >= 1");
@@ -27,15 +41,6 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
   if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
   if (log_interval < 1) bad("--log-every must be >= 1");
-  if (!resume.empty() && !init_from.empty()) {
-    bad("--resume and --init-from conflict: a resumed run takes its weights from the checkpoint");
-  }
-  if (resume == "latest" && checkpoint_dir.empty()) {
-    bad("--resume latest needs --checkpoint-dir to look in");
-  }
-  if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
-    bad("--checkpoint-every needs --checkpoint-dir");
-  }
 }
 
 nlohmann::json TrainConfig::to_json() const {

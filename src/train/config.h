@@ -55,7 +55,9 @@ struct TrainConfig {
   std::int64_t log_interval = 1;   // progress line every N steps
   bool quiet = false;
 
-  // Cross-field checks; throws std::invalid_argument naming the flags and the fix.
+  // Cross-field checks; throw std::invalid_argument naming the flags and the fix. The first
+  // needs no model spec and runs before anything is opened.
+  void validate_flags() const;
   void validate(const model::ModelSpec& spec) const;
   nlohmann::json to_json() const;
 };

@@ -60,6 +60,7 @@ struct Trainer::Impl {
   std::vector<float> losses_host;
 
   explicit Impl(const TrainConfig& c) : cfg(c) {
+    cfg.validate_flags();
     // The model: from the checkpoint when resuming without --model.
     if (!cfg.resume.empty()) {
       resume_dir = resolve_checkpoint(cfg.resume, cfg.checkpoint_dir);
@@ -136,6 +137,16 @@ struct Trainer::Impl {
       model::init_gpt2(*layout, cfg.seed, opt->master().data());
     }
     upload_params();
+  }
+
+  // Work still queued on the stream reads and writes the buffers below: finish it first.
+  ~Impl() {
+    if (!stream) return;
+    try {
+      stream->synchronize();
+    } catch (const std::exception&) {
+      // The error was (or will be) reported by whoever failed; nothing to add while unwinding.
+    }
   }
 
   void upload_params() {
