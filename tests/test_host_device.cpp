@@ -1,0 +1,1192 @@
+// Host backend of zo::dev::Device. This file is the numerical reference for the CUDA backend:
+// every op forward against an independent float64 scalar reference, every backward against the
+// float64 analytic gradient and against central finite differences (float64) of a random scalar
+// objective L = sum(w * out), on random data of odd sizes; plus streams, events, task errors,
+// argument checks, capacity and bit-identical results across thread counts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu_adam/dtype.h"
+#include "device/device.h"
+#include "device/host_stream.h"
+
+namespace {
+
+using zo::DType;
+using zo::dev::AttentionArgs;
+using zo::dev::Buffer;
+using zo::dev::Device;
+using zo::dev::Event;
+using zo::dev::HostDeviceOptions;
+using zo::dev::HostStream;
+using zo::dev::MatmulArgs;
+using zo::dev::OutOfMemoryError;
+using zo::dev::Stream;
+using Vec = std::vector<double>;
+
+// ---- data and comparisons ------------------------------------------------------------------
+
+std::vector<float> uniform(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v)
+    x = dist(rng);
+  return v;
+}
+
+std::vector<std::int32_t> random_ids(std::size_t n, int limit, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(0, limit - 1);
+  std::vector<std::int32_t> v(n);
+  for (auto& x : v)
+    x = dist(rng);
+  return v;
+}
+
+Vec to_double(const std::vector<float>& v) {
+  return Vec(v.begin(), v.end());
+}
+
+Vec minus(const std::vector<float>& a, const std::vector<float>& b) {
+  Vec d(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    d[i] = double{a[i]} - double{b[i]};
+  return d;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    s += a[i] * b[i];
+  return s;
+}
+
+// Passes when |got - want| <= rtol * (|want| + max|want|) everywhere: relative for large values,
+// normwise for values that come out of cancellation.
+void expect_close(const Vec& got, const Vec& want, double rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0.0;
+  for (double w : want)
+    scale = std::max(scale, std::fabs(w));
+  std::size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    const double ratio = err / (rtol * (std::fabs(want[i]) + scale) + 1e-300);
+    if (!(ratio <= 1.0)) ++bad;
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
+                     << " elements out of tolerance; worst at " << worst << ": got " << got[worst]
+                     << ", want " << want[worst] << " (error " << worst_ratio
+                     << "x the tolerance, rtol " << rtol << ", scale " << scale << ")";
+}
+void expect_close(const std::vector<float>& got, const Vec& want, double rtol,
+                  const std::string& what) {
+  expect_close(to_double(got), want, rtol, what);
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Central differences in float64 of the scalar f at x, one coordinate at a time.
+Vec numeric_grad(Vec x, const std::function<double(const Vec&)>& f) {
+  Vec g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i], h = 1e-6 * std::max(1.0, std::fabs(xi));
+    x[i] = xi + h;
+    const double fp = f(x);
+    x[i] = xi - h;
+    const double fm = f(x);
+    x[i] = xi;
+    g[i] = (fp - fm) / (2.0 * h);
+  }
+  return g;
+}
+
+constexpr double kFwdTol = 1e-5;   // fp32 op vs float64 reference
+constexpr double kGradTol = 1e-5;  // fp32 backward vs float64 analytic gradient
+constexpr double kFdTol = 1e-4;    // fp32 backward vs float64 central differences
+
+// ---- a device, a stream and transfer helpers -------------------------------------------------
+
+struct Env {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Stream> stream;
+
+  explicit Env(int threads = 2, std::size_t capacity = 0)
+      : dev(zo::dev::make_host_device(HostDeviceOptions{capacity, threads})),
+        stream(dev->create_stream()) {}
+  Stream& s() { return *stream; }
+
+  template <class T>
+  Buffer up(const std::vector<T>& v) {
+    Buffer b = dev->alloc(v.size() * sizeof(T), "test input");
+    dev->copy_to_device(b.data(), v.data(), v.size() * sizeof(T), s());
+    stream->synchronize();
+    return b;
+  }
+  template <class T = float>
+  Buffer empty(std::size_t n) {
+    return dev->alloc(n * sizeof(T), "test output");
+  }
+  template <class T = float>
+  std::vector<T> down(const Buffer& b) {
+    std::vector<T> v(b.bytes() / sizeof(T));
+    dev->copy_to_host(v.data(), b.data(), b.bytes(), s());
+    stream->synchronize();
+    return v;
+  }
+};
+
+// ---- float64 references ------------------------------------------------------------------------
+
+Vec ref_embedding(const std::vector<std::int32_t>& tok, const Vec& wte, const Vec& wpe, int B,
+                  int T, int C) {
+  Vec out(std::size_t(B) * T * C);
+  for (int n = 0; n < B * T; ++n) {
+    for (int c = 0; c < C; ++c)
+      out[n * C + c] = wte[tok[n] * C + c] + wpe[(n % T) * C + c];
+  }
+  return out;
+}
+
+struct LnRef {
+  Vec out, mean, rstd;
+};
+LnRef ref_layernorm(const Vec& x, const Vec& w, const Vec& b, int N, int C) {
+  LnRef r{Vec(x.size()), Vec(N), Vec(N)};
+  for (int n = 0; n < N; ++n) {
+    double m = 0.0, v = 0.0;
+    for (int c = 0; c < C; ++c)
+      m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c)
+      v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    v /= C;
+    const double rs = 1.0 / std::sqrt(v + 1e-5);
+    for (int c = 0; c < C; ++c)
+      r.out[n * C + c] = (x[n * C + c] - m) * rs * w[c] + b[c];
+    r.mean[n] = m;
+    r.rstd[n] = rs;
+  }
+  return r;
+}
+
+// Full Jacobian of the normalisation, d xhat_i / d x_k = rstd (delta_ik - 1/C) - xhat_i xhat_k
+// rstd / C, so this does not share the shortcut formula the op uses.
+void ref_layernorm_backward(const Vec& dout, const Vec& x, const Vec& w, int N, int C, Vec& dx,
+                            Vec& dw, Vec& db) {
+  const LnRef f = ref_layernorm(x, w, Vec(C, 0.0), N, C);
+  for (int n = 0; n < N; ++n) {
+    const double rs = f.rstd[n];
+    auto xhat = [&](int c) { return (x[n * C + c] - f.mean[n]) * rs; };
+    for (int k = 0; k < C; ++k) {
+      double s = 0.0;
+      for (int i = 0; i < C; ++i) {
+        const double jac = rs * ((i == k ? 1.0 : 0.0) - 1.0 / C) - xhat(i) * xhat(k) * rs / C;
+        s += dout[n * C + i] * w[i] * jac;
+      }
+      dx[n * C + k] += s;
+    }
+    for (int c = 0; c < C; ++c) {
+      dw[c] += dout[n * C + c] * xhat(c);
+      db[c] += dout[n * C + c];
+    }
+  }
+}
+
+Vec ref_matmul(const Vec& x, const Vec& w, const Vec* bias, int N, int C, int OC) {
+  Vec out(std::size_t(N) * OC);
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double s = bias != nullptr ? (*bias)[o] : 0.0;
+      for (int c = 0; c < C; ++c)
+        s += x[n * C + c] * w[o * C + c];
+      out[n * OC + o] = s;
+    }
+  }
+  return out;
+}
+
+void ref_matmul_backward(const Vec& dout, const Vec& x, const Vec& w, int N, int C, int OC, Vec& dx,
+                         Vec& dw, Vec* db) {
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      const double g = dout[n * OC + o];
+      for (int c = 0; c < C; ++c) {
+        dx[n * C + c] += g * w[o * C + c];
+        dw[o * C + c] += g * x[n * C + c];
+      }
+      if (db != nullptr) (*db)[o] += g;
+    }
+  }
+}
+
+const double kSqrt2OverPi = std::sqrt(2.0 / 3.14159265358979323846);
+double ref_gelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+}
+double ref_gelu_grad(double x) {
+  const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
+  const double du = kSqrt2OverPi * (1.0 + 3.0 * 0.044715 * x * x);
+  const double th = std::tanh(u);
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+}
+
+// Naive causal attention: materialises the full (T,T) probability matrix per (b,h).
+struct AttnRef {
+  Vec out, lse;
+};
+AttnRef ref_attention(const Vec& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  AttnRef r{Vec(std::size_t(B) * T * C, 0.0), Vec(std::size_t(B) * NH * T)};
+  auto at = [&](int b, int t, int part, int h, int d) {
+    return qkv[(std::size_t(b) * T + t) * 3 * C + part * C + h * hs + d];
+  };
+  Vec s(T);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int i = 0; i < T; ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j <= i; ++j) {
+          double dotp = 0.0;
+          for (int d = 0; d < hs; ++d)
+            dotp += at(b, i, 0, h, d) * at(b, j, 1, h, d);
+          s[j] = dotp * scale;
+          m = std::max(m, s[j]);
+        }
+        double l = 0.0;
+        for (int j = 0; j <= i; ++j)
+          l += std::exp(s[j] - m);
+        const double lse = m + std::log(l);
+        r.lse[(std::size_t(b) * NH + h) * T + i] = lse;
+        for (int j = 0; j <= i; ++j) {
+          const double p = std::exp(s[j] - lse);
+          for (int d = 0; d < hs; ++d) {
+            r.out[(std::size_t(b) * T + i) * C + h * hs + d] += p * at(b, j, 2, h, d);
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Backprop through softmax: dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik), with the sum taken over the
+// probabilities (the op uses dout . out instead).
+void ref_attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int NH,
+                            Vec& dqkv) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  auto idx = [&](int b, int t, int part, int h, int d) {
+    return (std::size_t(b) * T + t) * 3 * C + part * C + h * hs + d;
+  };
+  Vec p(T), dp(T);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int i = 0; i < T; ++i) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j <= i; ++j) {
+          double s = 0.0;
+          for (int d = 0; d < hs; ++d)
+            s += qkv[idx(b, i, 0, h, d)] * qkv[idx(b, j, 1, h, d)];
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        double l = 0.0;
+        for (int j = 0; j <= i; ++j)
+          l += std::exp(p[j] - m);
+        double pdp = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - m) / l;
+          dp[j] = 0.0;
+          for (int d = 0; d < hs; ++d) {
+            dp[j] += dout[(std::size_t(b) * T + i) * C + h * hs + d] * qkv[idx(b, j, 2, h, d)];
+          }
+          pdp += p[j] * dp[j];
+        }
+        for (int j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - pdp);
+          for (int d = 0; d < hs; ++d) {
+            const double g = dout[(std::size_t(b) * T + i) * C + h * hs + d];
+            dqkv[idx(b, i, 0, h, d)] += scale * ds * qkv[idx(b, j, 1, h, d)];
+            dqkv[idx(b, j, 1, h, d)] += scale * ds * qkv[idx(b, i, 0, h, d)];
+            dqkv[idx(b, j, 2, h, d)] += p[j] * g;
+          }
+        }
+      }
+    }
+  }
+}
+
+Vec ref_cross_entropy(const Vec& logits, const std::vector<std::int32_t>& tgt, int N, int V,
+                      Vec* probs) {
+  Vec loss(N);
+  for (int n = 0; n < N; ++n) {
+    double m = logits[n * V];
+    for (int j = 1; j < V; ++j)
+      m = std::max(m, logits[n * V + j]);
+    double l = 0.0;
+    for (int j = 0; j < V; ++j)
+      l += std::exp(logits[n * V + j] - m);
+    const double lse = m + std::log(l);
+    loss[n] = lse - logits[n * V + tgt[n]];
+    if (probs != nullptr) {
+      for (int j = 0; j < V; ++j)
+        (*probs)[n * V + j] = std::exp(logits[n * V + j] - lse);
+    }
+  }
+  return loss;
+}
+
+// ---- independent 16-bit conversions (the library's own are tested in test_dtype.cpp) -----------
+
+std::uint16_t ref_to_f16(float x) {
+  const _Float16 h = static_cast<_Float16>(x);
+  return std::bit_cast<std::uint16_t>(h);
+}
+float ref_from_f16(std::uint16_t b) {
+  return static_cast<float>(std::bit_cast<_Float16>(b));
+}
+std::uint16_t ref_to_bf16(float x) {  // finite x: the nearer truncation neighbour, ties to even
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::uint32_t lo = u & 0xffff0000u;
+  const std::uint32_t hi = lo + 0x10000u;
+  const double d_lo = std::fabs(double{x} - double{std::bit_cast<float>(lo)});
+  const double d_hi = (hi & 0x7f800000u) == 0x7f800000u  // rounding up reaches infinity
+                          ? std::ldexp(1.0, 128) - std::fabs(double{x})
+                          : std::fabs(double{std::bit_cast<float>(hi)} - double{x});
+  if (d_lo != d_hi) return static_cast<std::uint16_t>((d_lo < d_hi ? lo : hi) >> 16);
+  return static_cast<std::uint16_t>(((lo >> 16) & 1u ? hi : lo) >> 16);
+}
+
+// ======================================================================================
+// Memory
+// ======================================================================================
+
+TEST(HostDeviceMemory, BasicsAndAlignment) {
+  Env env(3);
+  EXPECT_EQ(env.dev->backend(), zo::dev::Backend::kHost);
+  EXPECT_EQ(env.dev->act_dtype(), DType::kF32);
+  EXPECT_EQ(env.dev->name().rfind("host (fp32, ", 0), 0u) << env.dev->name();
+  EXPECT_EQ(env.dev->capacity_bytes(), 0u);
+  std::vector<Buffer> bufs;
+  std::size_t total = 0;
+  for (std::size_t bytes : {0, 1, 3, 63, 64, 65, 1000, 4097}) {
+    bufs.push_back(env.dev->alloc(bytes, "odd"));
+    total += bytes;
+    EXPECT_NE(bufs.back().data(), nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(bufs.back().data()) % 64, 0u) << bytes;
+    EXPECT_EQ(bufs.back().bytes(), bytes);
+  }
+  EXPECT_EQ(env.dev->used_bytes(), total);
+  bufs.clear();
+  EXPECT_EQ(env.dev->used_bytes(), 0u);
+  auto dflt = zo::dev::make_host_device({});
+  EXPECT_NE(dflt->name().find("host"), std::string::npos);
+  EXPECT_THROW(zo::dev::make_host_device(HostDeviceOptions{0, -1}), std::invalid_argument);
+}
+
+TEST(HostDeviceMemory, CapacityIsEnforcedAndFreed) {
+  constexpr std::size_t kMiB = 1u << 20;
+  Env env(1, 3 * kMiB);
+  EXPECT_EQ(env.dev->capacity_bytes(), 3 * kMiB);
+  Buffer a = env.dev->alloc(2 * kMiB, "activations");
+  EXPECT_EQ(env.dev->used_bytes(), 2 * kMiB);
+  try {
+    Buffer b = env.dev->alloc(3 * kMiB / 2, "layer 7 weights");
+    FAIL() << "allocation past capacity succeeded";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), 3 * kMiB / 2);
+    EXPECT_EQ(e.in_use(), 2 * kMiB);
+    EXPECT_EQ(e.capacity(), 3 * kMiB);
+    const std::string msg = e.what();
+    for (const char* part : {"layer 7 weights", "1.50 MiB", "2.00 MiB", "3.00 MiB", "--micro-batch",
+                             "--recompute", "--device-memory"}) {
+      EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
+    }
+  }
+  EXPECT_EQ(env.dev->used_bytes(), 2 * kMiB) << "a failed allocation must not count";
+  Buffer exact = env.dev->alloc(kMiB, "fills the rest exactly");
+  EXPECT_EQ(env.dev->used_bytes(), 3 * kMiB);
+  EXPECT_THROW(env.dev->alloc(1, "one more byte"), OutOfMemoryError);
+  a.reset();
+  EXPECT_EQ(env.dev->used_bytes(), kMiB);
+  Buffer c = env.dev->alloc(2 * kMiB, "after free");  // freeing returned the capacity
+  EXPECT_EQ(env.dev->used_bytes(), 3 * kMiB);
+  EXPECT_THROW(env.dev->alloc(std::numeric_limits<std::size_t>::max(), "huge"), OutOfMemoryError);
+}
+
+TEST(HostDeviceMemory, BufferMoveSemantics) {
+  Env env;
+  Buffer a = env.dev->alloc(100, "a");
+  void* pa = a.data();
+  Buffer b(std::move(a));
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(a.bytes(), 0u);
+  EXPECT_EQ(b.data(), pa);
+  Buffer c = env.dev->alloc(50, "c");
+  EXPECT_EQ(env.dev->used_bytes(), 150u);
+  c = std::move(b);  // releases c's old 50 bytes
+  EXPECT_EQ(env.dev->used_bytes(), 100u);
+  EXPECT_EQ(c.data(), pa);
+  c = std::move(c);  // self-move keeps the allocation
+  EXPECT_EQ(c.data(), pa);
+  c.reset();
+  c.reset();
+  EXPECT_EQ(env.dev->used_bytes(), 0u);
+}
+
+// ======================================================================================
+// Streams, events, copies, errors
+// ======================================================================================
+
+TEST(HostStreams, CopiesAndFillZero) {
+  Env env;
+  const std::vector<float> src = uniform(1001, 1);
+  Buffer a = env.up(src);
+  Buffer b = env.empty(1001);
+  env.dev->copy_on_device(b.data(), a.data(), a.bytes(), env.s());
+  EXPECT_TRUE(same_bits(env.down(b), src));
+  env.dev->fill_zero(b.as<float>() + 10, 20 * sizeof(float), env.s());
+  const std::vector<float> z = env.down(b);
+  for (std::size_t i = 0; i < z.size(); ++i)
+    EXPECT_EQ(z[i], i >= 10 && i < 30 ? 0.0f : src[i]);
+  // Zero-byte transfers are valid no-ops, even with null pointers.
+  env.dev->copy_to_device(nullptr, nullptr, 0, env.s());
+  env.dev->fill_zero(nullptr, 0, env.s());
+  env.stream->synchronize();
+}
+
+TEST(HostStreams, TasksRunInFifoOrder) {
+  Env env;
+  auto& hs = dynamic_cast<HostStream&>(env.s());
+  std::vector<int> order;  // touched only by the worker until synchronize()
+  for (int i = 0; i < 200; ++i)
+    hs.enqueue([&order, i] { order.push_back(i); });
+  env.stream->synchronize();
+  ASSERT_EQ(order.size(), 200u);
+  for (int i = 0; i < 200; ++i)
+    EXPECT_EQ(order[i], i);
+
+  // The same through ops: each copy overwrites one value, each accumulate adds one.
+  std::vector<float> values(50);
+  for (int i = 0; i < 50; ++i)
+    values[i] = float(i) + 0.5f;
+  Buffer x = env.empty(1);
+  for (const float& v : values)
+    env.dev->copy_to_device(x.data(), &v, sizeof(float), env.s());
+  const std::vector<float> one{1.0f};
+  Buffer ones = env.up(one);
+  for (int i = 0; i < 10; ++i)
+    env.dev->accumulate(x.data(), ones.data(), 1, env.s());
+  EXPECT_EQ(env.down(x)[0], 49.5f + 10.0f);
+}
+
+TEST(HostStreams, StreamsRunConcurrently) {
+  Env env;
+  auto s2 = env.dev->create_stream();
+  std::promise<void> from_b;
+  std::future<void> at_a = from_b.get_future();
+  std::atomic<bool> a_saw_b{false};
+  // A blocks until B's task runs: this only finishes quickly if the streams overlap.
+  dynamic_cast<HostStream&>(env.s()).enqueue(
+      [&] { a_saw_b = at_a.wait_for(std::chrono::seconds(20)) == std::future_status::ready; });
+  dynamic_cast<HostStream&>(*s2).enqueue([&] { from_b.set_value(); });
+  env.stream->synchronize();
+  s2->synchronize();
+  EXPECT_TRUE(a_saw_b);
+}
+
+TEST(HostEvents, WaitOrdersAnotherStream) {
+  Env env;
+  auto sb = env.dev->create_stream();
+  auto e = env.dev->create_event();
+  auto& a = dynamic_cast<HostStream&>(env.s());
+  auto& b = dynamic_cast<HostStream&>(*sb);
+  int value = 0, seen = -1;  // plain ints: ThreadSanitizer checks the event edge
+  a.enqueue([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    value = 42;
+  });
+  env.dev->record(*e, a);
+  env.dev->wait(b, *e);
+  b.enqueue([&] { seen = value; });
+  sb->synchronize();
+  EXPECT_EQ(seen, 42);
+  env.stream->synchronize();
+
+  // Public API only: a large device copy on A, then B reads the destination after the event.
+  const std::size_t n = std::size_t{4} << 20;  // 16 MiB: slow enough to race without the wait
+  std::vector<float> src(n);
+  for (std::size_t i = 0; i < n; ++i)
+    src[i] = float(i % 9973) + 0.25f;
+  Buffer d_src = env.up(src), d_dst = env.empty(n);
+  env.dev->fill_zero(d_dst.data(), d_dst.bytes(), *sb);
+  sb->synchronize();
+  std::vector<float> back(n, -1.0f);
+  env.dev->copy_on_device(d_dst.data(), d_src.data(), d_src.bytes(), a);
+  env.dev->record(*e, a);  // re-recording the same event
+  env.dev->wait(b, *e);
+  env.dev->copy_to_host(back.data(), d_dst.data(), d_dst.bytes(), b);
+  sb->synchronize();
+  EXPECT_TRUE(same_bits(back, src));
+}
+
+TEST(HostEvents, NeverRecordedEventIsANoOp) {
+  Env env;
+  auto e = env.dev->create_event();
+  EXPECT_TRUE(e->query());
+  e->synchronize();  // returns at once
+  env.dev->wait(env.s(), *e);
+  bool ran = false;
+  dynamic_cast<HostStream&>(env.s()).enqueue([&] { ran = true; });
+  env.stream->synchronize();
+  EXPECT_TRUE(ran);
+  auto e2 = env.dev->create_event();
+  EXPECT_THROW(e->elapsed_ms_since(*e2), std::logic_error);
+}
+
+TEST(HostEvents, QuerySynchronizeAndElapsed) {
+  Env env;
+  auto& a = dynamic_cast<HostStream&>(env.s());
+  auto start = env.dev->create_event(), stop = env.dev->create_event();
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  env.dev->record(*start, a);
+  a.enqueue([opened] { opened.wait(); });
+  a.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+  env.dev->record(*stop, a);
+  EXPECT_FALSE(stop->query());
+  EXPECT_THROW(stop->elapsed_ms_since(*start), std::logic_error);  // not completed yet
+  gate.set_value();
+  stop->synchronize();
+  EXPECT_TRUE(stop->query());
+  EXPECT_TRUE(start->query());
+  const double ms = stop->elapsed_ms_since(*start);
+  EXPECT_GE(ms, 19.0);  // at least the 20 ms sleep between the markers
+  EXPECT_LE(start->elapsed_ms_since(*start), 0.0);
+  EXPECT_GE(start->elapsed_ms_since(*start), 0.0);
+}
+
+TEST(HostEvents, WaitUsesTheLatestRecording) {
+  Env env;
+  auto sb = env.dev->create_stream();
+  auto& a = dynamic_cast<HostStream&>(env.s());
+  auto& b = dynamic_cast<HostStream&>(*sb);
+  auto e = env.dev->create_event();
+  env.dev->record(*e, a);
+  env.stream->synchronize();  // generation 1 done
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  a.enqueue([opened] { opened.wait(); });
+  env.dev->record(*e, a);  // generation 2, blocked behind the gate
+  env.dev->wait(b, *e);
+  std::atomic<bool> b_ran{false};
+  b.enqueue([&] { b_ran = true; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(b_ran) << "B ran before the latest recording of the event completed";
+  EXPECT_FALSE(e->query());
+  gate.set_value();
+  sb->synchronize();
+  EXPECT_TRUE(b_ran);
+  EXPECT_TRUE(e->query());
+}
+
+TEST(HostStreams, TaskErrorSurfacesAtSynchronizeOnce) {
+  Env env;
+  auto sb = env.dev->create_stream();
+  auto e = env.dev->create_event();
+  const std::vector<std::int32_t> tokens{3, -1, 2};  // -1 is only visible inside the task
+  const std::vector<float> wte = uniform(4 * 5, 2), wpe = uniform(3 * 5, 3);
+  Buffer d_tok = env.up(tokens), d_wte = env.up(wte), d_wpe = env.up(wpe), out = env.empty(15);
+  Buffer flag = env.up(std::vector<float>{7.0f});
+  const std::vector<float> sentinel{123.0f};
+  env.dev->embedding_forward(out.data(), d_tok.as<std::int32_t>(), d_wte.data(), d_wpe.data(), 1, 3,
+                             5, env.s());  // returns: the error is in the data
+  env.dev->copy_to_device(flag.data(), sentinel.data(), sizeof(float), env.s());  // skipped
+  env.dev->record(*e, env.s());  // markers still complete after an error
+  env.dev->wait(*sb, *e);
+  sb->synchronize();  // would hang if the marker had been skipped
+  try {
+    env.stream->synchronize();
+    FAIL() << "the task's exception was not rethrown";
+  } catch (const std::out_of_range& err) {
+    EXPECT_NE(std::string(err.what()).find("token id -1 at row 1"), std::string::npos)
+        << err.what();
+  }
+  EXPECT_NO_THROW(env.stream->synchronize());  // reported once
+  EXPECT_EQ(env.down(flag)[0], 7.0f) << "a task after the failing one ran";
+  env.dev->copy_to_device(flag.data(), sentinel.data(), sizeof(float), env.s());
+  EXPECT_EQ(env.down(flag)[0], 123.0f) << "the stream did not recover after reporting";
+
+  // Any exception type from any task, and a bad cross-entropy target.
+  dynamic_cast<HostStream&>(env.s()).enqueue([] { throw std::runtime_error("boom"); });
+  EXPECT_THROW(env.stream->synchronize(), std::runtime_error);
+  const std::vector<std::int32_t> targets{0, 5};
+  Buffer d_tgt = env.up(targets), logits = env.up(uniform(10, 4)), losses = env.empty(2);
+  env.dev->cross_entropy(losses.as<float>(), nullptr, logits.data(), d_tgt.as<std::int32_t>(), 2, 5,
+                         1.0f, env.s());
+  EXPECT_THROW(env.stream->synchronize(), std::out_of_range);
+}
+
+TEST(HostStreams, DestructorSwallowsUnreportedErrors) {
+  Env env;
+  auto s = env.dev->create_stream();
+  bool later_ran = false;
+  dynamic_cast<HostStream&>(*s).enqueue([] { throw std::runtime_error("never synchronized"); });
+  dynamic_cast<HostStream&>(*s).enqueue([&] { later_ran = true; });
+  EXPECT_NO_THROW(s.reset());  // drains, joins, prints a warning
+  EXPECT_FALSE(later_ran);
+}
+
+TEST(HostDeviceArgs, InvalidArgumentsThrowAtTheCall) {
+  Env env;
+  Buffer a = env.empty(64), b = env.empty(64), c = env.empty(64);
+  float* f = a.as<float>();
+  auto& s = env.s();
+  EXPECT_THROW(env.dev->matmul_forward(f, f, f, nullptr, MatmulArgs{0, 4, 4}, s),
+               std::invalid_argument);
+  EXPECT_THROW(env.dev->matmul_forward(f, nullptr, f, nullptr, MatmulArgs{2, 4, 4}, s),
+               std::invalid_argument);
+  EXPECT_THROW(env.dev->matmul_backward(f, nullptr, f, f, f, f, MatmulArgs{2, 4, 4}, s),
+               std::invalid_argument);
+  try {
+    env.dev->attention_forward(f, f, f, AttentionArgs{1, 2, 10, 3}, s);
+    FAIL() << "C % NH != 0 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("NH = 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(env.dev->layernorm_forward(f, f, f, f, f, f, 3, -1, s), std::invalid_argument);
+  EXPECT_THROW(env.dev->embedding_forward(f, nullptr, f, f, 1, 1, 1, s), std::invalid_argument);
+  EXPECT_THROW(env.dev->cross_entropy(f, nullptr, f, nullptr, 1, 3, 1.0f, s),
+               std::invalid_argument);
+  EXPECT_THROW(env.dev->gelu_forward(nullptr, f, 3, s), std::invalid_argument);
+  EXPECT_THROW(env.dev->cast(f, static_cast<DType>(9), f, DType::kF32, 3, s),
+               std::invalid_argument);
+  EXPECT_THROW(env.dev->copy_on_device(nullptr, f, 4, s), std::invalid_argument);
+  // A stream or event from another backend is rejected, not dereferenced.
+  struct ForeignStream : Stream {
+    void synchronize() override {}
+  } foreign;
+  EXPECT_THROW(env.dev->fill_zero(f, 4, foreign), std::invalid_argument);
+  EXPECT_NO_THROW(env.stream->synchronize());  // nothing bad was enqueued
+  (void)b;
+  (void)c;
+}
+
+// ======================================================================================
+// Ops against float64 references and finite differences
+// ======================================================================================
+
+TEST(HostOps, EmbeddingForward) {
+  constexpr int B = 2, T = 7, C = 12, V = 37;
+  Env env;
+  std::vector<std::int32_t> tok = random_ids(B * T, V, 10);
+  tok[5] = tok[0];
+  tok[T + 2] = tok[0];  // repeated tokens
+  const std::vector<float> wte = uniform(V * C, 11), wpe = uniform(T * C, 12);
+  Buffer d_tok = env.up(tok), d_wte = env.up(wte), d_wpe = env.up(wpe), out = env.empty(B * T * C);
+  env.dev->embedding_forward(out.data(), d_tok.as<std::int32_t>(), d_wte.data(), d_wpe.data(), B, T,
+                             C, env.s());
+  // One fp32 addition of two floats: exactly the rounded float64 sum.
+  const Vec want = ref_embedding(tok, to_double(wte), to_double(wpe), B, T, C);
+  const std::vector<float> got = env.down(out);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], static_cast<float>(want[i])) << i;
+}
+
+TEST(HostOps, EmbeddingBackward) {
+  constexpr int B = 2, T = 7, C = 12, V = 37;
+  Env env;
+  std::vector<std::int32_t> tok = random_ids(B * T, V, 20);
+  tok[3] = tok[1];
+  tok[T + 4] = tok[1];
+  tok[T + 6] = tok[1];
+  const std::vector<float> w = uniform(B * T * C, 21);  // dout = dL/dout for L = sum(w * out)
+  const std::vector<float> dwte0 = uniform(V * C, 22), dwpe0 = uniform(T * C, 23);
+  Buffer d_tok = env.up(tok), d_w = env.up(w), dwte = env.up(dwte0), dwpe = env.up(dwpe0);
+  env.dev->embedding_backward(dwte.data(), dwpe.data(), d_w.data(), d_tok.as<std::int32_t>(), B, T,
+                              C, env.s());
+  const Vec got_wte = minus(env.down(dwte), dwte0), got_wpe = minus(env.down(dwpe), dwpe0);
+
+  Vec ref_wte(V * C, 0.0), ref_wpe(T * C, 0.0);
+  for (int n = 0; n < B * T; ++n) {
+    for (int c = 0; c < C; ++c) {
+      ref_wte[tok[n] * C + c] += w[n * C + c];
+      ref_wpe[(n % T) * C + c] += w[n * C + c];
+    }
+  }
+  expect_close(got_wte, ref_wte, kGradTol, "dwte vs analytic");
+  expect_close(got_wpe, ref_wpe, kGradTol, "dwpe vs analytic");
+
+  const Vec wd = to_double(w), wte = to_double(uniform(V * C, 24)),
+            wpe = to_double(uniform(T * C, 25));
+  expect_close(
+      got_wte,
+      numeric_grad(wte, [&](const Vec& x) { return dot(wd, ref_embedding(tok, x, wpe, B, T, C)); }),
+      kFdTol, "dwte vs finite differences");
+  expect_close(
+      got_wpe,
+      numeric_grad(wpe, [&](const Vec& x) { return dot(wd, ref_embedding(tok, wte, x, B, T, C)); }),
+      kFdTol, "dwpe vs finite differences");
+}
+
+TEST(HostOps, LayerNormForward) {
+  constexpr int N = 15, C = 13;
+  Env env;
+  const std::vector<float> x = uniform(N * C, 30, -1.5f, 2.5f);  // nonzero row means
+  const std::vector<float> w = uniform(C, 31, 0.5f, 1.5f), b = uniform(C, 32);
+  Buffer dx = env.up(x), dw = env.up(w), db = env.up(b), out = env.empty(N * C),
+         mean = env.empty(N), rstd = env.empty(N);
+  env.dev->layernorm_forward(out.data(), mean.as<float>(), rstd.as<float>(), dx.data(), dw.data(),
+                             db.data(), N, C, env.s());
+  const LnRef ref = ref_layernorm(to_double(x), to_double(w), to_double(b), N, C);
+  expect_close(env.down(out), ref.out, kFwdTol, "layernorm out");
+  expect_close(env.down(mean), ref.mean, kFwdTol, "layernorm mean");
+  expect_close(env.down(rstd), ref.rstd, kFwdTol, "layernorm rstd");
+}
+
+TEST(HostOps, LayerNormBackward) {
+  constexpr int N = 15, C = 13;
+  Env env;
+  const std::vector<float> x = uniform(N * C, 40, -1.5f, 2.5f);
+  const std::vector<float> w = uniform(C, 41, 0.5f, 1.5f), b = uniform(C, 42);
+  const std::vector<float> dout = uniform(N * C, 43);
+  const std::vector<float> dx0 = uniform(N * C, 44), dw0 = uniform(C, 45), db0 = uniform(C, 46);
+  Buffer d_x = env.up(x), d_w = env.up(w), d_b = env.up(b), d_dout = env.up(dout),
+         out = env.empty(N * C), mean = env.empty(N), rstd = env.empty(N);
+  env.dev->layernorm_forward(out.data(), mean.as<float>(), rstd.as<float>(), d_x.data(), d_w.data(),
+                             d_b.data(), N, C, env.s());
+  Buffer dx = env.up(dx0), dw = env.up(dw0), db = env.up(db0);
+  env.dev->layernorm_backward(dx.data(), dw.data(), db.data(), d_dout.data(), d_x.data(),
+                              d_w.data(), mean.as<float>(), rstd.as<float>(), N, C, env.s());
+  const Vec got_x = minus(env.down(dx), dx0), got_w = minus(env.down(dw), dw0),
+            got_b = minus(env.down(db), db0);
+
+  const Vec xd = to_double(x), wd = to_double(w), bd = to_double(b), g = to_double(dout);
+  Vec ref_x(N * C, 0.0), ref_w(C, 0.0), ref_b(C, 0.0);
+  ref_layernorm_backward(g, xd, wd, N, C, ref_x, ref_w, ref_b);
+  expect_close(got_x, ref_x, kGradTol, "layernorm dinp vs analytic");
+  expect_close(got_w, ref_w, kGradTol, "layernorm dweight vs analytic");
+  expect_close(got_b, ref_b, kGradTol, "layernorm dbias vs analytic");
+
+  auto loss = [&](const Vec& xx, const Vec& ww, const Vec& bb) {
+    return dot(g, ref_layernorm(xx, ww, bb, N, C).out);
+  };
+  expect_close(got_x, numeric_grad(xd, [&](const Vec& v) { return loss(v, wd, bd); }), kFdTol,
+               "layernorm dinp vs finite differences");
+  expect_close(got_w, numeric_grad(wd, [&](const Vec& v) { return loss(xd, v, bd); }), kFdTol,
+               "layernorm dweight vs finite differences");
+  expect_close(got_b, numeric_grad(bd, [&](const Vec& v) { return loss(xd, wd, v); }), kFdTol,
+               "layernorm dbias vs finite differences");
+}
+
+void check_matmul_forward(int N, int C, int OC, bool with_bias, int threads) {
+  Env env(threads);
+  const std::vector<float> x = uniform(N * C, 50), w = uniform(OC * C, 51), b = uniform(OC, 52);
+  Buffer d_x = env.up(x), d_w = env.up(w), d_b = env.up(b), out = env.empty(N * OC);
+  env.dev->matmul_forward(out.data(), d_x.data(), d_w.data(), with_bias ? d_b.data() : nullptr,
+                          MatmulArgs{N, C, OC}, env.s());
+  const Vec bd = to_double(b);
+  expect_close(env.down(out),
+               ref_matmul(to_double(x), to_double(w), with_bias ? &bd : nullptr, N, C, OC), kFwdTol,
+               with_bias ? "matmul out (bias)" : "matmul out (no bias)");
+}
+
+TEST(HostOps, MatmulForward) {
+  check_matmul_forward(15, 13, 9, true, 2);
+  check_matmul_forward(15, 13, 9, false, 2);
+  check_matmul_forward(1, 1, 1, true, 2);
+  check_matmul_forward(130, 33, 70, true, 3);  // several row blocks and a partial one
+}
+
+void check_matmul_backward(int N, int C, int OC, bool with_bias, bool with_fd, int threads) {
+  Env env(threads);
+  const std::vector<float> x = uniform(N * C, 60), w = uniform(OC * C, 61), b = uniform(OC, 62);
+  const std::vector<float> dout = uniform(N * OC, 63);
+  const std::vector<float> dx0 = uniform(N * C, 64), dw0 = uniform(OC * C, 65),
+                           db0 = uniform(OC, 66);
+  Buffer d_x = env.up(x), d_w = env.up(w), d_dout = env.up(dout);
+  Buffer dx = env.up(dx0), dw = env.up(dw0), db = env.up(db0);
+  env.dev->matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, d_dout.data(),
+                           d_x.data(), d_w.data(), MatmulArgs{N, C, OC}, env.s());
+  const Vec got_x = minus(env.down(dx), dx0), got_w = minus(env.down(dw), dw0),
+            got_b = minus(env.down(db), db0);
+
+  const Vec xd = to_double(x), wd = to_double(w), bd = to_double(b), g = to_double(dout);
+  Vec ref_x(N * C, 0.0), ref_w(OC * C, 0.0), ref_b(OC, 0.0);
+  ref_matmul_backward(g, xd, wd, N, C, OC, ref_x, ref_w, &ref_b);
+  expect_close(got_x, ref_x, kGradTol, "matmul dinp vs analytic");
+  expect_close(got_w, ref_w, kGradTol, "matmul dweight vs analytic");
+  if (with_bias) {
+    expect_close(got_b, ref_b, kGradTol, "matmul dbias vs analytic");
+  } else {
+    EXPECT_EQ(got_b, Vec(OC, 0.0)) << "dbias written although null was passed";
+  }
+  if (!with_fd) return;
+  auto loss = [&](const Vec& xx, const Vec& ww, const Vec& bb) {
+    return dot(g, ref_matmul(xx, ww, &bb, N, C, OC));
+  };
+  expect_close(got_x, numeric_grad(xd, [&](const Vec& v) { return loss(v, wd, bd); }), kFdTol,
+               "matmul dinp vs finite differences");
+  expect_close(got_w, numeric_grad(wd, [&](const Vec& v) { return loss(xd, v, bd); }), kFdTol,
+               "matmul dweight vs finite differences");
+  expect_close(got_b, numeric_grad(bd, [&](const Vec& v) { return loss(xd, wd, v); }), kFdTol,
+               "matmul dbias vs finite differences");
+}
+
+TEST(HostOps, MatmulBackward) {
+  check_matmul_backward(15, 13, 9, true, true, 2);
+  check_matmul_backward(15, 13, 9, false, false, 2);
+  check_matmul_backward(130, 33, 70, true, false, 3);  // several row and channel blocks
+}
+
+TEST(HostOps, GeluForwardAndBackward) {
+  constexpr std::size_t n = 1001;
+  Env env;
+  std::vector<float> x = uniform(n, 70, -4.0f, 4.0f);
+  x[0] = -12.0f;  // saturated tails
+  x[1] = 12.0f;
+  x[2] = 1e-4f;
+  const std::vector<float> dout = uniform(n, 71), dx0 = uniform(n, 72);
+  Buffer d_x = env.up(x), out = env.empty(n), d_dout = env.up(dout), dx = env.up(dx0);
+  env.dev->gelu_forward(out.data(), d_x.data(), n, env.s());
+  env.dev->gelu_backward(dx.data(), d_x.data(), d_dout.data(), n, env.s());
+  const std::vector<float> got = env.down(out);
+  const Vec got_dx = minus(env.down(dx), dx0);
+  Vec want(n), want_dx(n), fd(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    want[i] = ref_gelu(x[i]);
+    want_dx[i] = ref_gelu_grad(x[i]) * dout[i];
+    const double h = 1e-6 * std::max(1.0, std::fabs(double{x[i]}));
+    fd[i] = (ref_gelu(x[i] + h) - ref_gelu(x[i] - h)) / (2.0 * h) * dout[i];
+  }
+  expect_close(got, want, kFwdTol, "gelu out");
+  expect_close(got_dx, want_dx, kGradTol, "gelu dinp vs analytic");
+  expect_close(got_dx, fd, kFdTol, "gelu dinp vs finite differences");
+}
+
+TEST(HostOps, ResidualAndAccumulate) {
+  constexpr std::size_t n = 40001;  // several blocks and a tail
+  Env env(3);
+  const std::vector<float> a = uniform(n, 80), b = uniform(n, 81, -3.0f, 3.0f);
+  Buffer d_a = env.up(a), d_b = env.up(b), out = env.empty(n), acc = env.up(a);
+  env.dev->residual_forward(out.data(), d_a.data(), d_b.data(), n, env.s());
+  env.dev->accumulate(acc.data(), d_b.data(), n, env.s());
+  env.dev->residual_forward(d_a.data(), d_a.data(), d_b.data(), n, env.s());  // in place
+  const std::vector<float> r = env.down(out), s = env.down(acc), in_place = env.down(d_a);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float want = static_cast<float>(double{a[i]} + double{b[i]});  // exact, then rounded
+    ASSERT_EQ(r[i], want) << i;
+    ASSERT_EQ(s[i], want) << i;
+    ASSERT_EQ(in_place[i], want) << i;
+  }
+}
+
+void check_attention(int B, int T, int C, int NH, bool with_fd, int threads) {
+  Env env(threads);
+  const AttentionArgs args{B, T, C, NH};
+  const std::vector<float> qkv = uniform(std::size_t(B) * T * 3 * C, 90, -1.5f, 1.5f);
+  const std::vector<float> dout = uniform(std::size_t(B) * T * C, 91);
+  const std::vector<float> dqkv0 = uniform(qkv.size(), 92);
+  Buffer d_qkv = env.up(qkv), out = env.empty(B * T * C), lse = env.empty(B * NH * T);
+  Buffer d_dout = env.up(dout), dqkv = env.up(dqkv0);
+  env.dev->attention_forward(out.data(), lse.as<float>(), d_qkv.data(), args, env.s());
+  env.dev->attention_backward(dqkv.data(), d_dout.data(), d_qkv.data(), out.data(), lse.as<float>(),
+                              args, env.s());
+  const Vec qd = to_double(qkv), g = to_double(dout);
+  const AttnRef ref = ref_attention(qd, B, T, C, NH);
+  expect_close(env.down(out), ref.out, kFwdTol, "attention out");
+  expect_close(env.down(lse), ref.lse, kFwdTol, "attention lse");
+
+  const Vec got = minus(env.down(dqkv), dqkv0);
+  Vec want(qkv.size(), 0.0);
+  ref_attention_backward(g, qd, B, T, C, NH, want);
+  expect_close(got, want, kGradTol, "attention dqkv vs analytic");
+  if (with_fd) {
+    expect_close(
+        got,
+        numeric_grad(qd, [&](const Vec& v) { return dot(g, ref_attention(v, B, T, C, NH).out); }),
+        kFdTol, "attention dqkv vs finite differences");
+  }
+}
+
+TEST(HostOps, Attention) {
+  check_attention(2, 7, 12, 3, true, 2);
+}
+TEST(HostOps, AttentionSingleTokenAndHead) {
+  check_attention(3, 1, 5, 1, true, 2);
+}
+TEST(HostOps, AttentionSeveralQueryBlocks) {
+  check_attention(2, 150, 32, 2, false, 3);
+}
+
+TEST(HostOps, CrossEntropy) {
+  constexpr int N = 15, V = 37;
+  constexpr float kScale = 0.37f;
+  Env env;
+  const std::vector<float> logits = uniform(N * V, 100, -4.0f, 4.0f);
+  const std::vector<std::int32_t> tgt = random_ids(N, V, 101);
+  Buffer d_logits = env.up(logits), d_tgt = env.up(tgt), losses = env.empty(N),
+         dlogits = env.empty(N * V);
+  env.dev->cross_entropy(losses.as<float>(), dlogits.data(), d_logits.data(),
+                         d_tgt.as<std::int32_t>(), N, V, kScale, env.s());
+  const Vec ld = to_double(logits);
+  Vec probs(N * V);
+  const Vec want_loss = ref_cross_entropy(ld, tgt, N, V, &probs);
+  const std::vector<float> got_loss = env.down(losses), got_d = env.down(dlogits);
+  expect_close(got_loss, want_loss, kFwdTol, "losses");
+  Vec want_d(N * V);
+  for (int n = 0; n < N; ++n) {
+    for (int j = 0; j < V; ++j) {
+      want_d[n * V + j] = double{kScale} * (probs[n * V + j] - (j == tgt[n] ? 1.0 : 0.0));
+    }
+  }
+  expect_close(got_d, want_d, kGradTol, "dlogits vs analytic");
+  const Vec fd = numeric_grad(ld, [&](const Vec& v) {
+    const Vec l = ref_cross_entropy(v, tgt, N, V, nullptr);
+    return double{kScale} * dot(l, Vec(N, 1.0));
+  });
+  expect_close(got_d, fd, kFdTol, "dlogits vs finite differences");
+
+  // dlogits aliasing logits gives the same bits; losses alone leave nothing else written.
+  Buffer in_place = env.up(logits), losses2 = env.empty(N), losses3 = env.empty(N);
+  env.dev->cross_entropy(losses2.as<float>(), in_place.data(), in_place.data(),
+                         d_tgt.as<std::int32_t>(), N, V, kScale, env.s());
+  EXPECT_TRUE(same_bits(env.down(in_place), got_d));
+  EXPECT_TRUE(same_bits(env.down(losses2), got_loss));
+  env.dev->cross_entropy(losses3.as<float>(), nullptr, d_logits.data(), d_tgt.as<std::int32_t>(), N,
+                         V, kScale, env.s());
+  EXPECT_TRUE(same_bits(env.down(losses3), got_loss));
+  EXPECT_TRUE(same_bits(env.down(d_logits), logits));
+}
+
+TEST(HostOps, CrossEntropyIsStableForLargeLogits) {
+  constexpr int N = 3, V = 11;
+  Env env;
+  std::vector<float> logits = uniform(N * V, 110, -2.0f, 2.0f);
+  for (int j = 0; j < V; ++j)
+    logits[j] += 1000.0f;  // row 0 shifted up
+  for (int j = 0; j < V; ++j)
+    logits[V + j] -= 1000.0f;  // row 1 shifted down
+  logits[2 * V + 4] = 200.0f;  // row 2 one dominant class
+  const std::vector<std::int32_t> tgt{3, 7, 5};
+  Buffer d_logits = env.up(logits), d_tgt = env.up(tgt), losses = env.empty(N),
+         dlogits = env.empty(N * V);
+  env.dev->cross_entropy(losses.as<float>(), dlogits.data(), d_logits.data(),
+                         d_tgt.as<std::int32_t>(), N, V, 1.0f, env.s());
+  const std::vector<float> got = env.down(losses), d = env.down(dlogits);
+  for (float x : got)
+    EXPECT_TRUE(std::isfinite(x));
+  for (float x : d)
+    EXPECT_TRUE(std::isfinite(x));
+  const Vec want = ref_cross_entropy(to_double(logits), tgt, N, V, nullptr);
+  expect_close(got, want, 1e-4, "losses with large logits");  // inputs near 1000 carry 6e-5 ulps
+  EXPECT_NEAR(d[2 * V + 4], 1.0f, 1e-6f);  // softmax ~ one-hot on class 4, target 5
+  EXPECT_NEAR(d[2 * V + 5], -1.0f, 1e-6f);
+  EXPECT_NEAR(d[2 * V + 6], 0.0f, 1e-30f);
+}
+
+TEST(HostOps, SumSquares) {
+  constexpr std::size_t n = 100003;
+  Env env(3);
+  const std::vector<float> x = uniform(n, 120, -2.0f, 2.0f);
+  Buffer d_x = env.up(x), out = env.up(std::vector<float>{1.25f});
+  env.dev->sum_squares(out.as<float>(), d_x.data(), n, env.s());
+  env.dev->sum_squares(out.as<float>(), d_x.data(), 5, env.s());  // accumulates, short tail
+  double want = 1.25;
+  for (float v : x)
+    want += double{v} * v;
+  for (std::size_t i = 0; i < 5; ++i)
+    want += double{x[i]} * x[i];
+  expect_close(env.down(out), Vec{want}, 1e-6, "sum of squares");
+}
+
+TEST(HostOps, NonfiniteFlag) {
+  constexpr std::size_t n = 50001;
+  Env env(3);
+  std::vector<float> x = uniform(n, 130, -1e30f, 1e30f);
+  Buffer d_x = env.up(x), flag = env.up(std::vector<float>{0.0f});
+  env.dev->nonfinite_flag(flag.as<float>(), d_x.data(), n, env.s());
+  EXPECT_EQ(env.down(flag)[0], 0.0f) << "finite data raised the flag";
+  Buffer raised = env.up(std::vector<float>{1.0f});
+  env.dev->nonfinite_flag(raised.as<float>(), d_x.data(), n, env.s());
+  EXPECT_EQ(env.down(raised)[0], 1.0f) << "the flag must be left as is, not cleared";
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    for (std::size_t pos : {std::size_t{0}, std::size_t{20000}, n - 1}) {
+      std::vector<float> y = x;
+      y[pos] = bad;
+      Buffer d_y = env.up(y), f = env.up(std::vector<float>{0.0f});
+      env.dev->nonfinite_flag(f.as<float>(), d_y.data(), n, env.s());
+      EXPECT_EQ(env.down(f)[0], 1.0f) << bad << " at " << pos;
+    }
+  }
+}
+
+TEST(HostOps, Cast) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  Env env;
+  std::vector<float> x = uniform(1001, 140, -70000.0f, 70000.0f);
+  const std::vector<float> small = uniform(200, 141, -1e-3f, 1e-3f);
+  std::copy(small.begin(), small.end(), x.begin() + 100);
+  x[0] = kInf;
+  x[1] = -kInf;
+  x[2] = 1e-7f;                              // fp16 subnormal
+  x[3] = 65520.0f;                           // rounds to fp16 infinity
+  x[4] = 1.0f + 1.0f / 2048.0f;              // fp16 tie: to even
+  x[5] = std::bit_cast<float>(0x3f808000u);  // bf16 tie: to even
+  x[6] = 3.0e38f;                            // near float max
+  x[7] = -0.0f;
+  const std::size_t n = x.size();
+  Buffer d_x = env.up(x), h = env.empty<std::uint16_t>(n), bf = env.empty<std::uint16_t>(n),
+         back_h = env.empty(n), back_bf = env.empty(n), copy = env.empty(n);
+  env.dev->cast(h.data(), DType::kF16, d_x.data(), DType::kF32, n, env.s());
+  env.dev->cast(bf.data(), DType::kBF16, d_x.data(), DType::kF32, n, env.s());
+  env.dev->cast(back_h.data(), DType::kF32, h.data(), DType::kF16, n, env.s());
+  env.dev->cast(back_bf.data(), DType::kF32, bf.data(), DType::kBF16, n, env.s());
+  env.dev->cast(copy.data(), DType::kF32, d_x.data(), DType::kF32, n, env.s());
+  const auto got_h = env.down<std::uint16_t>(h), got_bf = env.down<std::uint16_t>(bf);
+  const auto got_back_h = env.down(back_h), got_back_bf = env.down(back_bf);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got_h[i], ref_to_f16(x[i])) << i << ": " << x[i];
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got_back_h[i]),
+              std::bit_cast<std::uint32_t>(ref_from_f16(got_h[i])));
+    if (std::isfinite(x[i])) {
+      ASSERT_EQ(got_bf[i], ref_to_bf16(x[i])) << i << ": " << x[i];
+    }
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got_back_bf[i]), std::uint32_t{got_bf[i]} << 16);
+  }
+  EXPECT_EQ(got_bf[0], 0x7f80u);
+  EXPECT_EQ(got_bf[1], 0xff80u);
+  EXPECT_TRUE(same_bits(env.down(copy), x));
+  // NaN stays NaN both ways.
+  Buffer nan = env.up(std::vector<float>{std::numeric_limits<float>::quiet_NaN()});
+  Buffer nan16 = env.empty<std::uint16_t>(1), nan_back = env.empty(1);
+  env.dev->cast(nan16.data(), DType::kBF16, nan.data(), DType::kF32, 1, env.s());
+  env.dev->cast(nan_back.data(), DType::kF32, nan16.data(), DType::kBF16, 1, env.s());
+  EXPECT_TRUE(std::isnan(env.down(nan_back)[0]));
+}
+
+// ======================================================================================
+// Determinism: 1 thread and 3 threads give the same bits
+// ======================================================================================
+
+template <class Run>
+void expect_same_bits_for_thread_counts(const Run& run, const char* what) {
+  const std::vector<std::vector<float>> one = run(1), three = run(3);
+  ASSERT_EQ(one.size(), three.size());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_TRUE(same_bits(one[i], three[i])) << what << ": output " << i << " differs";
+  }
+}
+
+TEST(HostDeterminism, MatmulBackward) {
+  constexpr int N = 200, C = 80, OC = 150;
+  expect_same_bits_for_thread_counts(
+      [&](int threads) {
+        Env env(threads);
+        Buffer x = env.up(uniform(N * C, 150)), w = env.up(uniform(OC * C, 151)),
+               g = env.up(uniform(N * OC, 152)), dx = env.up(uniform(N * C, 153)),
+               dw = env.up(uniform(OC * C, 154)), db = env.up(uniform(OC, 155)),
+               out = env.empty(N * OC);
+        env.dev->matmul_forward(out.data(), x.data(), w.data(), db.data(), {N, C, OC}, env.s());
+        env.dev->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                                 {N, C, OC}, env.s());
+        return std::vector<std::vector<float>>{env.down(out), env.down(dx), env.down(dw),
+                                               env.down(db)};
+      },
+      "matmul");
+}
+
+TEST(HostDeterminism, EmbeddingBackward) {
+  constexpr int B = 4, T = 64, C = 200, V = 50;  // many repeats of every token
+  expect_same_bits_for_thread_counts(
+      [&](int threads) {
+        Env env(threads);
+        Buffer tok = env.up(random_ids(B * T, V, 160)), g = env.up(uniform(B * T * C, 161)),
+               dwte = env.up(uniform(V * C, 162)), dwpe = env.up(uniform(T * C, 163));
+        env.dev->embedding_backward(dwte.data(), dwpe.data(), g.data(), tok.as<std::int32_t>(), B,
+                                    T, C, env.s());
+        return std::vector<std::vector<float>>{env.down(dwte), env.down(dwpe)};
+      },
+      "embedding_backward");
+}
+
+TEST(HostDeterminism, LayerNormAndCrossEntropy) {
+  constexpr int N = 300, C = 200, V = 301;
+  expect_same_bits_for_thread_counts(
+      [&](int threads) {
+        Env env(threads);
+        Buffer x = env.up(uniform(N * C, 170)), w = env.up(uniform(C, 171)),
+               b = env.up(uniform(C, 172)), g = env.up(uniform(N * C, 173)),
+               dx = env.up(uniform(N * C, 174)), dw = env.up(uniform(C, 175)),
+               db = env.up(uniform(C, 176)), out = env.empty(N * C), mean = env.empty(N),
+               rstd = env.empty(N), logits = env.up(uniform(N * V, 177, -5.0f, 5.0f)),
+               tgt = env.up(random_ids(N, V, 178)), losses = env.empty(N);
+        env.dev->layernorm_forward(out.data(), mean.as<float>(), rstd.as<float>(), x.data(),
+                                   w.data(), b.data(), N, C, env.s());
+        env.dev->layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                                    mean.as<float>(), rstd.as<float>(), N, C, env.s());
+        env.dev->cross_entropy(losses.as<float>(), logits.data(), logits.data(),
+                               tgt.as<std::int32_t>(), N, V, 1.0f / N, env.s());
+        return std::vector<std::vector<float>>{env.down(out), env.down(dx),     env.down(dw),
+                                               env.down(db),  env.down(losses), env.down(logits)};
+      },
+      "layernorm / cross_entropy");
+}
+
+TEST(HostDeterminism, SumSquares) {
+  constexpr std::size_t n = 200003;
+  expect_same_bits_for_thread_counts(
+      [&](int threads) {
+        Env env(threads);
+        Buffer x = env.up(uniform(n, 180, -3.0f, 3.0f)), out = env.up(std::vector<float>{0.5f});
+        env.dev->sum_squares(out.as<float>(), x.data(), n, env.s());
+        return std::vector<std::vector<float>>{env.down(out)};
+      },
+      "sum_squares");
+}
+
+TEST(HostDeterminism, Attention) {
+  constexpr int B = 2, T = 150, C = 32, NH = 2;
+  expect_same_bits_for_thread_counts(
+      [&](int threads) {
+        Env env(threads);
+        const AttentionArgs a{B, T, C, NH};
+        Buffer qkv = env.up(uniform(B * T * 3 * C, 190, -2.0f, 2.0f)),
+               g = env.up(uniform(B * T * C, 191)), dqkv = env.up(uniform(B * T * 3 * C, 192)),
+               out = env.empty(B * T * C), lse = env.empty(B * NH * T);
+        env.dev->attention_forward(out.data(), lse.as<float>(), qkv.data(), a, env.s());
+        env.dev->attention_backward(dqkv.data(), g.data(), qkv.data(), out.data(), lse.as<float>(),
+                                    a, env.s());
+        return std::vector<std::vector<float>>{env.down(out), env.down(lse), env.down(dqkv)};
+      },
+      "attention");
+}
+
+}  // namespace
