@@ -292,6 +292,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     }
     metrics.write(m);
     summary.losses.push_back(m.loss);
+    summary.step_ms.push_back(m.step_ms);
     if (summary.steps_done == 0) summary.first_loss = m.loss;
     summary.final_loss = m.loss;
     ++summary.steps_done;

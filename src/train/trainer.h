@@ -23,7 +23,8 @@ struct TrainSummary {
   double first_loss = 0.0, final_loss = 0.0;
   std::optional<double> final_val_loss;
   double tokens_per_s = 0.0;
-  std::vector<double> losses;  // per step, for tests
+  std::vector<double> losses;   // per step, for tests
+  std::vector<double> step_ms;  // per step, wall time
   std::string last_checkpoint;
 };
 

@@ -1,0 +1,110 @@
+// Host-backend training throughput (tokens/s) for GPT configs, next to the host backend's own
+// matmul throughput measured in the same run (the roofline for a GEMM-dominated step).
+//
+// Model FLOPs per token: 6 N + 12 L C T (PaLM, arXiv 2204.02311 App. B); MFU-like ratio =
+// achieved model FLOP/s / matmul FLOP/s of a (B*T, C) x (C, 4C) product on the same device.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "report/metrics.h"
+#include "train/trainer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double matmul_gflops(int threads, int N, int C, int OC, int reps) {
+  zo::dev::HostDeviceOptions o;
+  o.threads = threads;
+  auto dev = zo::dev::make_host_device(o);
+  auto s = dev->create_stream();
+  auto inp = dev->alloc(std::size_t(N) * C * 4, "inp");
+  auto w = dev->alloc(std::size_t(OC) * C * 4, "w");
+  auto b = dev->alloc(std::size_t(OC) * 4, "b");
+  auto out = dev->alloc(std::size_t(N) * OC * 4, "out");
+  std::vector<float> host(std::size_t(OC) * C);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = float(i % 17) * 0.01f - 0.08f;
+  dev->copy_to_device(w.data(), host.data(), host.size() * 4, *s);
+  host.assign(std::size_t(N) * C, 0.5f);
+  dev->copy_to_device(inp.data(), host.data(), host.size() * 4, *s);
+  dev->fill_zero(b.data(), b.bytes(), *s);
+  s->synchronize();
+  double best = 1e30;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto t0 = Clock::now();
+    dev->matmul_forward(out.data(), inp.data(), w.data(), b.data(), {N, C, OC}, *s);
+    s->synchronize();
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r > 0) best = std::min(best, sec);
+  }
+  return 2.0 * N * double(C) * OC / best * 1e-9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Host-backend training throughput vs. the host matmul measured in the same run"};
+  std::vector<std::string> models = {"tiny", "small-test"};
+  int steps = 12, batch = 4, threads = 0;
+  bool json = false;
+  app.add_option("--models", models, "presets or spec files")->delimiter(',');
+  app.add_option("--steps", steps, "timed steps (after 2 warm-up steps)");
+  app.add_option("--micro-batch", batch, "B");
+  app.add_option("--threads", threads, "host backend threads (0 = all)");
+  app.add_flag("--json", json, "one JSON object per model");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (steps < 1 || batch < 1) throw std::invalid_argument("--steps and --micro-batch must be >= 1");
+    for (const auto& name : models) {
+      zo::train::TrainConfig c;
+      c.model = name;
+      c.micro_batch = batch;
+      c.steps = steps + 2;
+      c.lr.total_steps = c.steps;
+      c.threads = threads;
+      c.quiet = true;
+      c.val_fraction = 0.0;
+      zo::train::Trainer t(c);
+      const auto s = t.run();
+      // Steady state: the mean over steps after the first two.
+      const auto& spec = t.spec();
+      const int T = spec.block_size;
+      const double fpt = zo::report::flops_per_token(spec.num_parameters(), spec.n_layer,
+                                                     spec.n_embd, T);
+      double ms = 0.0;
+      for (std::size_t i = 2; i < s.step_ms.size(); ++i) ms += s.step_ms[i];
+      const double tok_s = double(batch) * T * double(s.step_ms.size() - 2) / (ms * 1e-3);
+      const double gemm = matmul_gflops(threads, batch * T, spec.n_embd, 4 * spec.n_embd, 5);
+      const double achieved = fpt * tok_s * 1e-9;
+      if (json) {
+        std::printf("%s\n", nlohmann::json{{"name", "host_train"},
+                                            {"model", name},
+                                            {"params", spec.num_parameters()},
+                                            {"micro_batch", batch},
+                                            {"seq_len", T},
+                                            {"timed_steps", steps},
+                                            {"tokens_per_s", tok_s},
+                                            {"model_gflops", achieved},
+                                            {"matmul_gflops", gemm},
+                                            {"ratio_to_matmul", achieved / gemm}}
+                                 .dump()
+                                 .c_str());
+      } else {
+        std::printf("%-12s %10zu params  B=%d T=%d  %9.0f tokens/s  %7.2f model GFLOP/s  "
+                    "(host matmul %6.2f GFLOP/s, ratio %.2f)\n",
+                    name.c_str(), spec.num_parameters(), batch, T, tok_s, achieved, gemm,
+                    achieved / gemm);
+      }
+      std::fflush(stdout);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_host_train: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
