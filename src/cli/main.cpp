@@ -178,7 +178,12 @@ int main(int argc, char** argv) {
   bool info_json = false;
   info->add_flag("--json", info_json, "print as one JSON object");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every command-line mistake exits 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   try {
     if (train->parsed()) {
       return run_train(tc, decay, state_dtype, devmem, train->count("--model") > 0);

@@ -1,0 +1,155 @@
+// Crash-safe files and checkpoint directories.
+//
+// A reader never sees a half-written file or directory under its final name: content is written
+// under a temporary name in the same directory, fsynced, renamed into place (atomic on POSIX
+// file systems), and the directory is fsynced so the rename itself survives a power loss. On any
+// failure the temporary is removed and what was at the final name before is left untouched.
+//
+// Checkpoint directories carry a MANIFEST.json (size and CRC-32C of every file), written last,
+// just before the directory is renamed into place: a directory without one is incomplete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/error.h"
+
+namespace zo::ckpt {
+
+// Receives a file's bytes in order, in chunks of any size (the writer buffers small ones).
+using ByteSink = std::function<void(std::span<const std::byte>)>;
+// Produces a file's content by calling the sink; an exception it throws aborts the write and is
+// rethrown unchanged (after the temporary file is removed).
+using ByteProducer = std::function<void(const ByteSink&)>;
+
+// ---- single files -------------------------------------------------------------------------------
+
+// Writes `path` atomically: `<path>.tmp-<pid>-<random>` in the same directory, fsync, rename over
+// `path`, fsync the directory. The directory must exist. Throws CheckpointError naming the path,
+// the OS error and a fix (free disk space, choose a writable --checkpoint-dir, ...); the old
+// content of `path`, if any, is then unchanged and no temporary file is left behind.
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+void write_file_atomic(const std::filesystem::path& path, std::string_view text);
+void write_file_atomic(const std::filesystem::path& path, const ByteProducer& produce);
+
+// Reads a whole (small) file, e.g. a JSON state file; throws CheckpointError if it is missing,
+// unreadable or larger than max_bytes.
+std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes = 256u << 20);
+
+// ---- checkpoint directories ---------------------------------------------------------------------
+
+inline constexpr std::string_view kManifestName = "MANIFEST.json";
+
+struct ManifestEntry {
+  std::string path;  // relative to the checkpoint directory, '/'-separated
+  std::uint64_t size = 0;
+  std::uint32_t crc32c = 0;
+};
+struct Manifest {
+  std::vector<ManifestEntry> files;  // sorted by path
+};
+
+enum class IfExists : std::uint8_t {
+  kFail,     // commit() (and the constructor, early) refuse if the final directory exists
+  kReplace,  // commit() swaps the new directory in atomically and deletes the old one
+};
+
+// Builds a directory under `<parent>/.<name>.tmp-<pid>-<random>` and publishes it as
+// `final_path` on commit(). Without commit() (an exception, an early return) the destructor
+// removes the temporary directory. Not thread-safe; one writer per directory.
+class AtomicDirectory {
+ public:
+  // Creates the parent directories if needed. Throws CheckpointError if the parent cannot be
+  // created or written, or (kFail) if final_path already exists.
+  explicit AtomicDirectory(std::filesystem::path final_path, IfExists if_exists = IfExists::kFail);
+  ~AtomicDirectory();  // never throws
+  AtomicDirectory(AtomicDirectory&& other) noexcept;
+  AtomicDirectory& operator=(AtomicDirectory&&) = delete;
+  AtomicDirectory(const AtomicDirectory&) = delete;
+  AtomicDirectory& operator=(const AtomicDirectory&) = delete;
+
+  // Where files go until commit(). Files may also be created here directly (any API); commit()
+  // then reads them back for the manifest.
+  const std::filesystem::path& temp_path() const { return temp_; }
+  const std::filesystem::path& final_path() const { return final_; }
+
+  // Writes `<temp>/<name>` (name relative, '/' allowed, no "..", not MANIFEST.json), fsyncs it and
+  // records its size and CRC-32C on the fly, so commit() need not read it again. Don't modify a
+  // file written this way afterwards.
+  void write_file(std::string_view name, std::span<const std::byte> bytes);
+  void write_file(std::string_view name, std::string_view text);
+  void write_file(std::string_view name, const ByteProducer& produce);
+
+  // fsyncs every file (checksumming those not written through write_file), writes MANIFEST.json,
+  // fsyncs the directory, renames it to final_path and fsyncs the parent. Throws CheckpointError
+  // on failure, leaving any existing final directory as it was.
+  void commit();
+  bool committed() const { return committed_; }
+
+ private:
+  struct Written {
+    std::uint64_t size;
+    std::uint32_t crc;
+  };
+  std::filesystem::path final_;
+  std::filesystem::path temp_;
+  IfExists if_exists_;
+  bool active_ = false;  // owns temp_ (false once moved from or committed)
+  bool committed_ = false;
+  std::map<std::string, Written> written_;
+};
+
+// Checks `dir` against its MANIFEST.json: every listed file exists with the listed size and
+// CRC-32C. Returns the manifest; throws CheckpointError listing every missing, truncated or
+// corrupted file and advising to use an older checkpoint. Files not in the manifest are ignored.
+Manifest verify_directory(const std::filesystem::path& dir);
+
+// ---- rotation -----------------------------------------------------------------------------------
+
+// "<prefix><step zero-padded to 8 digits>", e.g. step_00001000 (longer when step >= 10^8).
+std::string checkpoint_dir_name(std::string_view prefix, std::uint64_t step);
+
+struct CheckpointDir {
+  std::filesystem::path path;
+  std::uint64_t step = 0;
+};
+
+// Complete checkpoints in `parent` (directories named <prefix><digits> that hold a
+// MANIFEST.json), oldest first (by step number, not by name). Temporary directories (".name.tmp-")
+// and incomplete ones are ignored. A missing parent gives an empty list.
+std::vector<CheckpointDir> list_checkpoints(const std::filesystem::path& parent,
+                                            std::string_view prefix);
+
+// Deletes all but the newest keep_last_n complete checkpoints (keep_last_n == 0: keep all) and
+// returns what it deleted. Never touches temporary or incomplete directories. Each deletion
+// removes MANIFEST.json first, so a crash mid-delete leaves an incomplete (ignored) directory,
+// never a damaged one that looks complete.
+std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& parent,
+                                                      std::string_view prefix,
+                                                      std::size_t keep_last_n);
+
+// Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."):
+// never deleted automatically (another process may be writing one); the trainer can report them
+// so the user can reclaim the space.
+std::vector<std::filesystem::path> list_temporary_dirs(const std::filesystem::path& parent);
+
+// The newest complete checkpoint, or nullopt if there is none. Does not verify checksums: call
+// verify_directory() on the result before trusting it.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& parent,
+                                                       std::string_view prefix);
+
+namespace detail {
+// Tests only: make renameat2's NOREPLACE/EXCHANGE flags fail with EINVAL, as on file systems
+// without them, to exercise the portable fallback of AtomicDirectory::commit().
+void simulate_missing_renameat2_flags(bool on);
+}  // namespace detail
+
+}  // namespace zo::ckpt

@@ -1,0 +1,156 @@
+// The offload_train binary as a user runs it: --help agrees with the README, a train / resume /
+// export / sample session works, and bad input exits non-zero with a clear message.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (std::size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::set<std::string> flags_in(const std::string& text) {
+  std::set<std::string> out;
+  const std::regex re("--[a-z][a-z0-9-]*");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+       ++it) {
+    out.insert(it->str());
+  }
+  out.erase("--help");
+  return out;
+}
+
+// The code block after the README heading "### `offload_train <sub>`".
+std::string readme_block(const std::string& sub) {
+  std::ifstream in(std::string(ZO_SOURCE_DIR) + "/README.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const std::string heading = "### `offload_train " + sub + "`";
+  const auto h = text.find(heading);
+  if (h == std::string::npos) return {};
+  const auto b = text.find("```", h);
+  const auto e = text.find("```", b + 3);
+  return text.substr(b + 3, e - b - 3);
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() : path(fs::temp_directory_path() / ("zo_cli_" + std::to_string(getpid()))) {
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+TEST(Cli, HelpMatchesTheReadme) {
+  for (const std::string sub : {"train", "plan", "export", "sample", "info"}) {
+    const std::string block = readme_block(sub);
+    ASSERT_FALSE(block.empty()) << "README has no section for " << sub;
+    const Result r = run(sub + " --help");
+    EXPECT_EQ(r.code, 0);
+    EXPECT_EQ(flags_in(r.out), flags_in(block)) << "offload_train " << sub << " --help vs README";
+  }
+  const Result top = run("--help");
+  for (const char* sub : {"train", "plan", "export", "sample", "info"}) {
+    EXPECT_NE(top.out.find(sub), std::string::npos);
+  }
+}
+
+TEST(Cli, TrainResumeExportSample) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string(), metrics = (d.path / "m.jsonl").string();
+  Result r = run("train --steps 3 --seq-len 32 -b 2 --checkpoint-dir " + ckpt + " --metrics " +
+                 metrics + " --eval-batches 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step      3/3"), std::string::npos) << r.out;
+  {
+    std::ifstream in(metrics);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      ++n;
+      EXPECT_EQ(j["step"], n);
+      for (const char* k : {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms",
+                            "forward_ms", "backward_ms", "optimizer_ms"}) {
+        EXPECT_TRUE(j.contains(k)) << k;
+      }
+    }
+    EXPECT_EQ(n, 3);
+  }
+  r = run("train --steps 5 --seq-len 32 -b 2 --checkpoint-dir " + ckpt + " --resume latest " +
+          "--metrics " + metrics + " --eval-batches 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "step_00000005" / "MANIFEST.json"));
+
+  const std::string out = (d.path / "w.safetensors").string();
+  r = run("export --checkpoint latest --checkpoint-dir " + ckpt + " -o " + out + " --dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto size = fs::file_size(out);
+  r = run("export --checkpoint latest --checkpoint-dir " + ckpt + " -o " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--force"), std::string::npos) << r.out;
+  EXPECT_EQ(fs::file_size(out), size) << "refused export must not touch the file";
+
+  r = run("sample --checkpoint latest --checkpoint-dir " + ckpt + " --ids -n 5 --prompt-tokens 1,2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^[0-9]+(,[0-9]+){4}\n$"))) << r.out;
+  r = run("sample --init-from " + out + " --model tiny --temperature 0 -n 4 --ids --prompt-tokens 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+}
+
+TEST(Cli, BadInputExitsNonZeroWithAMessage) {
+  Result r = run("train --no-such-flag");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("no-such-flag"), std::string::npos);
+  EXPECT_EQ(run("").code, 2) << "a subcommand is required";
+  r = run("train --model gpt2-9000m");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("offload_train: error:"), std::string::npos);
+  EXPECT_NE(r.out.find("presets"), std::string::npos);
+  r = run("train --lr-decay sometimes");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("cosine"), std::string::npos);
+  r = run("train --device-memory lots");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("MiB"), std::string::npos);
+  r = run("plan --model gpt2-1558m -b 8 --precision bf16 --device-memory 8GiB");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos);
+  r = run("plan --model gpt2-124m -b 1 --seq-len 256 --precision bf16 --device-memory 80GiB");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("sample --prompt-tokens 1,x --init-from a --model tiny");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("'x'"), std::string::npos);
+}
+
+}  // namespace
