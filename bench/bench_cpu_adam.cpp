@@ -53,7 +53,8 @@ Timing time_reps(int reps, Fn&& fn) {
 // not by a scalar loop.
 void triad_range(double* __restrict a, const double* __restrict b, const double* __restrict c,
                  double s, std::size_t lo, std::size_t hi) {
-  for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+  for (std::size_t i = lo; i < hi; ++i)
+    a[i] = b[i] + s * c[i];
 }
 
 // STREAM triad with the same threads and static partitioning as the optimizer.
@@ -68,9 +69,10 @@ double triad_gbytes_per_s(int threads, std::size_t n, int reps) {
   double* c = bufs[2].span<double>().data();
   auto par = [&](auto&& body) {
     arena.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16),
-                        [&](const tbb::blocked_range<std::size_t>& r) { body(r.begin(), r.end()); },
-                        tbb::static_partitioner());
+      tbb::parallel_for(
+          tbb::blocked_range<std::size_t>(0, n, 1 << 16),
+          [&](const tbb::blocked_range<std::size_t>& r) { body(r.begin(), r.end()); },
+          tbb::static_partitioner());
     });
   };
   par([&](std::size_t lo, std::size_t hi) {  // first touch by the threads that use the pages
@@ -81,9 +83,8 @@ double triad_gbytes_per_s(int threads, std::size_t n, int reps) {
     }
   });
   const double s = 3.0;
-  const Timing t = time_reps(reps, [&] {
-    par([&](std::size_t lo, std::size_t hi) { triad_range(a, b, c, s, lo, hi); });
-  });
+  const Timing t = time_reps(
+      reps, [&] { par([&](std::size_t lo, std::size_t hi) { triad_range(a, b, c, s, lo, hi); }); });
   return 32.0 * double(n) / t.best_s * 1e-9;
 }
 
@@ -117,8 +118,9 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
     const std::size_t chunk = zo::cpu_adam::kChunkElements;
     p = HostBuffer::allocate_array<float>(c.params, {}, chunk);
     const auto state_alloc = [&] {
-      return c.state == DType::kF32 ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
-                                    : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
+      return c.state == DType::kF32
+                 ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
+                 : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
     };
     m = state_alloc();
     v = state_alloc();
@@ -128,9 +130,11 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
   });
   // Non-trivial values: params ~ U(-1, 1), gradients ~ U(-0.01, 0.01) (exactly representable).
   auto pv = p.span<float>();
-  for (std::size_t i = 0; i < c.params; ++i) pv[i] = float(int(i % 2001) - 1000) * 1e-3f;
+  for (std::size_t i = 0; i < c.params; ++i)
+    pv[i] = float(int(i % 2001) - 1000) * 1e-3f;
   std::vector<float> gsrc(c.params);
-  for (std::size_t i = 0; i < c.params; ++i) gsrc[i] = float(int(i % 199) - 99) * 1e-4f;
+  for (std::size_t i = 0; i < c.params; ++i)
+    gsrc[i] = float(int(i % 199) - 99) * 1e-4f;
   if (c.grad == DType::kF32) {
     std::copy(gsrc.begin(), gsrc.end(), g.span<float>().begin());
   } else {
@@ -162,8 +166,13 @@ std::size_t parse_count(const std::string& s) {
   std::size_t pos = 0;
   const double x = std::stod(s, &pos);
   const std::string unit = s.substr(pos);
-  const double mult = unit.empty() ? 1.0 : unit == "K" ? 1e3 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1.0;
-  if (mult < 0 || x <= 0) throw std::invalid_argument("bad size '" + s + "': use e.g. 16M, 1G, 5000");
+  const double mult = unit.empty()  ? 1.0
+                      : unit == "K" ? 1e3
+                      : unit == "M" ? 1048576.0
+                      : unit == "G" ? 1073741824.0
+                                    : -1.0;
+  if (mult < 0 || x <= 0)
+    throw std::invalid_argument("bad size '" + s + "': use e.g. 16M, 1G, 5000");
   return static_cast<std::size_t>(x * mult);
 }
 
@@ -177,7 +186,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> state_dtypes = {"fp32", "bf16"};
   int threads = 0, reps = 0;
   bool json = false, no_out = false;
-  app.add_option("--sizes", sizes, "parameter counts (K = 1e3, M = 2^20, G = 2^30)")->delimiter(',');
+  app.add_option("--sizes", sizes, "parameter counts (K = 1e3, M = 2^20, G = 2^30)")
+      ->delimiter(',');
   app.add_option("--isa", isas, "paths to run (default: every path this CPU supports)")
       ->delimiter(',');
   app.add_option("--grad-dtype", grad_dtypes, "fp32, fp16, bf16")->delimiter(',');
@@ -206,14 +216,17 @@ int main(int argc, char** argv) {
     const std::size_t triad_n = std::size_t{1} << 25;  // 3 x 256 MiB, far beyond any cache
     const double triad = triad_gbytes_per_s(threads, triad_n, 10);
     if (json) {
-      std::printf("%s\n", nlohmann::json{{"name", "triad"}, {"threads", threads},
-                                          {"elements", triad_n}, {"bytes_per_element", 32},
-                                          {"triad_gbytes_per_s", triad}}
-                               .dump()
-                               .c_str());
+      std::printf("%s\n", nlohmann::json{{"name", "triad"},
+                                         {"threads", threads},
+                                         {"elements", triad_n},
+                                         {"bytes_per_element", 32},
+                                         {"triad_gbytes_per_s", triad}}
+                              .dump()
+                              .c_str());
     } else {
-      std::printf("STREAM triad (double, %d threads, counting write-allocate, 32 B/elem): %.2f GB/s\n\n",
-                  threads, triad);
+      std::printf(
+          "STREAM triad (double, %d threads, counting write-allocate, 32 B/elem): %.2f GB/s\n\n",
+          threads, triad);
       std::printf("%-11s %-10s %-5s %-5s %4s %10s %10s %9s %9s %7s\n", "isa", "params", "grad",
                   "state", "B/p", "ms/step", "median", "Gparam/s", "GB/s", "/triad");
     }
@@ -228,23 +241,22 @@ int main(int argc, char** argv) {
             const AdamResult r = run_adam(c, threads, r_count);
             const double ratio = r.gbytes_per_s / triad;
             if (json) {
-              std::printf("%s\n",
-                          nlohmann::json{{"name", "cpu_adam"},
-                                         {"params", n},
-                                         {"isa", zo::cpu_adam::isa_name(isa)},
-                                         {"threads", threads},
-                                         {"grad_dtype", zo::dtype_name(c.grad)},
-                                         {"state_dtype", zo::dtype_name(c.state)},
-                                         {"out_dtype", c.out ? "fp16" : "none"},
-                                         {"bytes_per_param", bytes_per_param(c)},
-                                         {"ms_per_step", r.t.best_s * 1e3},
-                                         {"ms_per_step_median", r.t.median_s * 1e3},
-                                         {"gparams_per_s", r.gparams_per_s},
-                                         {"gbytes_per_s", r.gbytes_per_s},
-                                         {"triad_gbytes_per_s", triad},
-                                         {"ratio_to_triad", ratio}}
-                              .dump()
-                              .c_str());
+              std::printf("%s\n", nlohmann::json{{"name", "cpu_adam"},
+                                                 {"params", n},
+                                                 {"isa", zo::cpu_adam::isa_name(isa)},
+                                                 {"threads", threads},
+                                                 {"grad_dtype", zo::dtype_name(c.grad)},
+                                                 {"state_dtype", zo::dtype_name(c.state)},
+                                                 {"out_dtype", c.out ? "fp16" : "none"},
+                                                 {"bytes_per_param", bytes_per_param(c)},
+                                                 {"ms_per_step", r.t.best_s * 1e3},
+                                                 {"ms_per_step_median", r.t.median_s * 1e3},
+                                                 {"gparams_per_s", r.gparams_per_s},
+                                                 {"gbytes_per_s", r.gbytes_per_s},
+                                                 {"triad_gbytes_per_s", triad},
+                                                 {"ratio_to_triad", ratio}}
+                                      .dump()
+                                      .c_str());
             } else {
               std::printf("%-11s %-10s %-5s %-5s %4zu %10.2f %10.2f %9.3f %9.2f %7.3f\n",
                           std::string(zo::cpu_adam::isa_name(isa)).c_str(), size.c_str(),

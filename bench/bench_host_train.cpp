@@ -28,7 +28,8 @@ double matmul_gflops(int threads, int N, int C, int OC, int reps) {
   auto b = dev->alloc(std::size_t(OC) * 4, "b");
   auto out = dev->alloc(std::size_t(N) * OC * 4, "out");
   std::vector<float> host(std::size_t(OC) * C);
-  for (std::size_t i = 0; i < host.size(); ++i) host[i] = float(i % 17) * 0.01f - 0.08f;
+  for (std::size_t i = 0; i < host.size(); ++i)
+    host[i] = float(i % 17) * 0.01f - 0.08f;
   dev->copy_to_device(w.data(), host.data(), host.size() * 4, *s);
   host.assign(std::size_t(N) * C, 0.5f);
   dev->copy_to_device(inp.data(), host.data(), host.size() * 4, *s);
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "one JSON object per model");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (steps < 1 || batch < 1) throw std::invalid_argument("--steps and --micro-batch must be >= 1");
+    if (steps < 1 || batch < 1)
+      throw std::invalid_argument("--steps and --micro-batch must be >= 1");
     for (const auto& name : models) {
       zo::train::TrainConfig c;
       c.model = name;
@@ -74,31 +76,32 @@ int main(int argc, char** argv) {
       // Steady state: the mean over steps after the first two.
       const auto& spec = t.spec();
       const int T = spec.block_size;
-      const double fpt = zo::report::flops_per_token(spec.num_parameters(), spec.n_layer,
-                                                     spec.n_embd, T);
+      const double fpt =
+          zo::report::flops_per_token(spec.num_parameters(), spec.n_layer, spec.n_embd, T);
       double ms = 0.0;
-      for (std::size_t i = 2; i < s.step_ms.size(); ++i) ms += s.step_ms[i];
+      for (std::size_t i = 2; i < s.step_ms.size(); ++i)
+        ms += s.step_ms[i];
       const double tok_s = double(batch) * T * double(s.step_ms.size() - 2) / (ms * 1e-3);
       const double gemm = matmul_gflops(threads, batch * T, spec.n_embd, 4 * spec.n_embd, 5);
       const double achieved = fpt * tok_s * 1e-9;
       if (json) {
         std::printf("%s\n", nlohmann::json{{"name", "host_train"},
-                                            {"model", name},
-                                            {"params", spec.num_parameters()},
-                                            {"micro_batch", batch},
-                                            {"seq_len", T},
-                                            {"timed_steps", steps},
-                                            {"tokens_per_s", tok_s},
-                                            {"model_gflops", achieved},
-                                            {"matmul_gflops", gemm},
-                                            {"ratio_to_matmul", achieved / gemm}}
-                                 .dump()
-                                 .c_str());
+                                           {"model", name},
+                                           {"params", spec.num_parameters()},
+                                           {"micro_batch", batch},
+                                           {"seq_len", T},
+                                           {"timed_steps", steps},
+                                           {"tokens_per_s", tok_s},
+                                           {"model_gflops", achieved},
+                                           {"matmul_gflops", gemm},
+                                           {"ratio_to_matmul", achieved / gemm}}
+                                .dump()
+                                .c_str());
       } else {
-        std::printf("%-12s %10zu params  B=%d T=%d  %9.0f tokens/s  %7.2f model GFLOP/s  "
-                    "(host matmul %6.2f GFLOP/s, ratio %.2f)\n",
-                    name.c_str(), spec.num_parameters(), batch, T, tok_s, achieved, gemm,
-                    achieved / gemm);
+        std::printf(
+            "%-12s %10zu params  B=%d T=%d  %9.0f tokens/s  %7.2f model GFLOP/s  "
+            "(host matmul %6.2f GFLOP/s, ratio %.2f)\n",
+            name.c_str(), spec.num_parameters(), batch, T, tok_s, achieved, gemm, achieved / gemm);
       }
       std::fflush(stdout);
     }

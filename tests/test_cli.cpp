@@ -29,7 +29,8 @@ Result run(const std::string& args) {
   if (!p) return {-1, "popen failed"};
   std::string out;
   std::array<char, 4096> buf;
-  while (std::size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  while (std::size_t n = fread(buf.data(), 1, buf.size(), p))
+    out.append(buf.data(), n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
@@ -121,10 +122,12 @@ TEST(Cli, TrainResumeExportSample) {
   EXPECT_NE(r.out.find("--force"), std::string::npos) << r.out;
   EXPECT_EQ(fs::file_size(out), size) << "refused export must not touch the file";
 
-  r = run("sample --checkpoint latest --checkpoint-dir " + ckpt + " --ids -n 5 --prompt-tokens 1,2");
+  r = run("sample --checkpoint latest --checkpoint-dir " + ckpt +
+          " --ids -n 5 --prompt-tokens 1,2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("^[0-9]+(,[0-9]+){4}\n$"))) << r.out;
-  r = run("sample --init-from " + out + " --model tiny --temperature 0 -n 4 --ids --prompt-tokens 3");
+  r = run("sample --init-from " + out +
+          " --model tiny --temperature 0 -n 4 --ids --prompt-tokens 3");
   ASSERT_EQ(r.code, 0) << r.out;
 }
 

@@ -48,16 +48,22 @@ std::uint16_t ref_to_bf16(float x) {  // nearest of the two truncation neighbour
   const double dhi = (hi & 0x7fffffffu) == 0x7f800000u
                          ? std::ldexp(1.0, 128)
                          : std::fabs(double{std::bit_cast<float>(hi)});
-  if (dx - dlo != dhi - dx) return static_cast<std::uint16_t>((dx - dlo < dhi - dx ? lo : hi) >> 16);
+  if (dx - dlo != dhi - dx)
+    return static_cast<std::uint16_t>((dx - dlo < dhi - dx ? lo : hi) >> 16);
   return static_cast<std::uint16_t>((((lo >> 16) & 1u) ? hi : lo) >> 16);
 }
-float ref_from_bf16(std::uint16_t b) { return std::bit_cast<float>(std::uint32_t{b} << 16); }
+float ref_from_bf16(std::uint16_t b) {
+  return std::bit_cast<float>(std::uint32_t{b} << 16);
+}
 
 float decode(DType t, const void* base, std::size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return ref_from_f16(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::kBF16: return ref_from_bf16(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return ref_from_f16(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kBF16:
+      return ref_from_bf16(static_cast<const std::uint16_t*>(base)[i]);
   }
   return 0.0f;
 }
@@ -71,14 +77,22 @@ struct Problem {
   std::vector<std::uint32_t> m_raw, v_raw, g_raw, out_raw;  // 4-byte words hold either dtype
 
   Problem(std::size_t n_, DType g, DType s, bool has_out_, DType o, std::size_t offset_)
-      : grad_t(g), state_t(s), out_t(o), has_out(has_out_), n(n_), offset(offset_),
-        p(n + offset), m_raw(n + offset), v_raw(n + offset), g_raw(n + offset),
+      : grad_t(g),
+        state_t(s),
+        out_t(o),
+        has_out(has_out_),
+        n(n_),
+        offset(offset_),
+        p(n + offset),
+        m_raw(n + offset),
+        v_raw(n + offset),
+        g_raw(n + offset),
         out_raw(n + offset) {}
 
   void* at(std::vector<std::uint32_t>& raw, DType t) {
-    return t == DType::kF32 ? static_cast<void*>(reinterpret_cast<float*>(raw.data()) + offset)
-                            : static_cast<void*>(reinterpret_cast<std::uint16_t*>(raw.data()) +
-                                                 offset);
+    return t == DType::kF32
+               ? static_cast<void*>(reinterpret_cast<float*>(raw.data()) + offset)
+               : static_cast<void*>(reinterpret_cast<std::uint16_t*>(raw.data()) + offset);
   }
   float* params() { return p.data() + offset; }
   void* m() { return at(m_raw, state_t); }
@@ -162,7 +176,9 @@ void reference_step(const AdamConfig& c, std::int64_t t, float mult, Problem& pr
   }
 }
 
-std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+std::uint32_t bits(float x) {
+  return std::bit_cast<std::uint32_t>(x);
+}
 
 void expect_bit_equal(Problem& pr, const RefState& r, const std::string& where) {
   for (std::size_t i = 0; i < pr.n; ++i) {
@@ -181,8 +197,9 @@ std::string describe(Isa isa, const Problem& pr, const AdamConfig& c, float mult
          " grad=" + std::string(zo::dtype_name(pr.grad_t)) +
          " state=" + std::string(zo::dtype_name(pr.state_t)) +
          " out=" + (pr.has_out ? std::string(zo::dtype_name(pr.out_t)) : "none") +
-         (c.decoupled_weight_decay ? " adamw" : " adam-l2") + " wd=" + std::to_string(c.weight_decay) +
-         (c.bias_correction ? " bc" : " no-bc") + " mult=" + std::to_string(mult);
+         (c.decoupled_weight_decay ? " adamw" : " adam-l2") +
+         " wd=" + std::to_string(c.weight_decay) + (c.bias_correction ? " bc" : " no-bc") +
+         " mult=" + std::to_string(mult);
 }
 
 // Runs `steps` updates on the library and the reference and compares every bit at the end.
@@ -253,8 +270,8 @@ TEST_P(IsaTest, AllDtypeCombinationsBitExact) {
 }
 
 TEST_P(IsaTest, OddSizesUpToAMillionBitExact) {
-  const std::size_t sizes[] = {2, 3, 5, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 4099,
-                               16383, 16384, 16385, 65537, 131071};
+  const std::size_t sizes[] = {2,  3,  5,   7,    8,     9,     31,    32,    33,    63,
+                               64, 65, 127, 4099, 16383, 16384, 16385, 65537, 131071};
   std::uint32_t seed = 100;
   for (std::size_t n : sizes) {
     run_bit_exact(GetParam(), n, DType::kF16, DType::kBF16, true, DType::kBF16,
@@ -285,7 +302,8 @@ TEST_P(IsaTest, SubnormalStateRoundsLikeScalar) {
     adam.step(pr.buffers(), st);
   }
   int subnormal_m = 0;
-  for (float m : ref.m) subnormal_m += std::fpclassify(m) == FP_SUBNORMAL;
+  for (float m : ref.m)
+    subnormal_m += std::fpclassify(m) == FP_SUBNORMAL;
   EXPECT_GT(subnormal_m, 100) << "the test must produce subnormal bf16 moments";
   expect_bit_equal(pr, ref, "subnormal state");
 }
@@ -350,7 +368,8 @@ void run_against_float64(Isa isa, DType s, const AdamConfig& c, float mult) {
   std::mt19937 rng0(42);
   Problem pr0(n, DType::kF32, s, false, DType::kF16, 0);
   init_state(pr0, rng0, false);
-  for (std::size_t i = 0; i < n; ++i) moved = std::max(moved, std::fabs(pr0.params()[i] - p[i]));
+  for (std::size_t i = 0; i < n; ++i)
+    moved = std::max(moved, std::fabs(pr0.params()[i] - p[i]));
   EXPECT_GT(moved, 0.1 * lr_steps);
   ::testing::Test::RecordProperty("worst_fraction_of_tolerance", std::to_string(worst));
 }
@@ -453,8 +472,7 @@ TEST(CpuAdam, ResultsIndependentOfThreadCountAndBucketSplit) {
             x.exp_avg = {static_cast<std::uint16_t*>(all.exp_avg.data) + b, e - b, DType::kBF16};
             x.exp_avg_sq = {static_cast<std::uint16_t*>(all.exp_avg_sq.data) + b, e - b,
                             DType::kBF16};
-            x.grads = {static_cast<const std::uint16_t*>(all.grads.data) + b, e - b,
-                       DType::kBF16};
+            x.grads = {static_cast<const std::uint16_t*>(all.grads.data) + b, e - b, DType::kBF16};
             x.params_out = {static_cast<std::uint16_t*>(all.params_out.data) + b, e - b,
                             DType::kBF16};
             return x;
@@ -464,8 +482,10 @@ TEST(CpuAdam, ResultsIndependentOfThreadCountAndBucketSplit) {
         }
       }
       std::vector<float> flat(pr.p);
-      for (std::uint32_t w : pr.m_raw) flat.push_back(std::bit_cast<float>(w));
-      for (std::uint32_t w : pr.out_raw) flat.push_back(std::bit_cast<float>(w));
+      for (std::uint32_t w : pr.m_raw)
+        flat.push_back(std::bit_cast<float>(w));
+      for (std::uint32_t w : pr.out_raw)
+        flat.push_back(std::bit_cast<float>(w));
       results.push_back(std::move(flat));
     }
   }
@@ -503,8 +523,7 @@ TEST(CpuAdam, RejectsBadConfig) {
     };
   };
   expect_invalid(make([](AdamConfig& c) { c.lr = -1e-3f; }), "lr");
-  expect_invalid(make([](AdamConfig& c) { c.lr = std::numeric_limits<float>::quiet_NaN(); }),
-                 "lr");
+  expect_invalid(make([](AdamConfig& c) { c.lr = std::numeric_limits<float>::quiet_NaN(); }), "lr");
   expect_invalid(make([](AdamConfig& c) { c.beta1 = 1.0f; }), "beta1");
   expect_invalid(make([](AdamConfig& c) { c.beta2 = -0.1f; }), "beta2");
   expect_invalid(make([](AdamConfig& c) { c.eps = 0.0f; }), "eps");
@@ -533,7 +552,9 @@ TEST(CpuAdam, RejectsBadBuffers) {
   };
   expect_invalid(with([](AdamBuffers& b) { b.exp_avg.data = nullptr; }), "exp_avg is a null");
   expect_invalid(with([](AdamBuffers& b) { b.grads.data = nullptr; }), "grads is a null");
-  expect_invalid(with([](AdamBuffers& b) { b.params = {static_cast<float*>(nullptr), 10}; }),
+  expect_invalid(with([](AdamBuffers& b) {
+                   b.params = {static_cast<float*>(nullptr), 10};
+                 }),
                  "params is a null");
   expect_invalid(with([](AdamBuffers& b) { b.grads.size = 9; }), "grads has 9 elements");
   expect_invalid(with([](AdamBuffers& b) { b.params_out.size = 11; }), "params_out has 11");
@@ -546,9 +567,8 @@ TEST(CpuAdam, RejectsBadBuffers) {
   expect_invalid(with([](AdamBuffers& b) { b.params_out.dtype = DType::kF32; }), "params_out");
   expect_invalid([&] { adam.update(pr.buffers(), 0); }, "step t = 0");
   expect_invalid([&] { adam.update(pr.buffers(), 1, {-1.0f}); }, "grad_multiplier");
-  expect_invalid(
-      [&] { adam.update(pr.buffers(), 1, {std::numeric_limits<float>::infinity()}); },
-      "grad_multiplier");
+  expect_invalid([&] { adam.update(pr.buffers(), 1, {std::numeric_limits<float>::infinity()}); },
+                 "grad_multiplier");
 }
 
 TEST(CpuAdam, IsaSelection) {

@@ -43,8 +43,12 @@ std::uint16_t reference_bf16(float x) {
   return static_cast<std::uint16_t>(((lo >> 16) & 1u) ? hi >> 16 : lo >> 16);
 }
 
-bool is_nan_half(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0; }
-bool is_nan_bf16(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
+bool is_nan_half(std::uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0;
+}
+bool is_nan_bf16(std::uint16_t b) {
+  return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0;
+}
 
 // Random fp32 bit patterns, biased towards the interesting exponent ranges of the 16-bit types.
 float random_float(std::mt19937& rng) {
@@ -52,12 +56,14 @@ float random_float(std::mt19937& rng) {
   std::uniform_int_distribution<int> pick(0, 3);
   const std::uint32_t u = bits(rng);
   switch (pick(rng)) {
-    case 0: return std::bit_cast<float>(u);  // anything, NaN and Inf included
-    case 1: {  // around the fp16 range, subnormals and overflow included
+    case 0:
+      return std::bit_cast<float>(u);  // anything, NaN and Inf included
+    case 1: {                          // around the fp16 range, subnormals and overflow included
       const std::uint32_t e = 100 + (u >> 27) % 45;
       return std::bit_cast<float>((u & 0x807fffffu) | (e << 23));
     }
-    case 2: return std::bit_cast<float>(u & 0x807fffffu);  // fp32 subnormals
+    case 2:
+      return std::bit_cast<float>(u & 0x807fffffu);  // fp32 subnormals
     default: {  // exact ties for both formats: low bits 1000...0
       const std::uint32_t base = u & 0xffffe000u;
       return std::bit_cast<float>((u & 1u) ? (base | 0x1000u) : ((u & 0xffff0000u) | 0x8000u));
@@ -102,11 +108,23 @@ TEST(DType, Bf16ToFloatExhaustive) {
 
 TEST(DType, FloatToHalfMatchesCompiler) {
   std::mt19937 rng(1234);
-  const float specials[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 0x1p-24f,
-                            0x1p-25f, 0x1.000002p-25f, 0x1.8p-24f, 0x1p-14f, 0x1.ffcp-15f,
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            65504.0f,
+                            65519.99f,
+                            65520.0f,
+                            -65520.0f,
+                            0x1p-24f,
+                            0x1p-25f,
+                            0x1.000002p-25f,
+                            0x1.8p-24f,
+                            0x1p-14f,
+                            0x1.ffcp-15f,
                             std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::denorm_min(), 1.0f / 3.0f};
-  for (float x : specials) EXPECT_EQ(zo::float_to_half(x), reference_half(x)) << x;
+                            std::numeric_limits<float>::denorm_min(),
+                            1.0f / 3.0f};
+  for (float x : specials)
+    EXPECT_EQ(zo::float_to_half(x), reference_half(x)) << x;
   for (int i = 0; i < 4'000'000; ++i) {
     const float x = random_float(rng);
     const std::uint16_t got = zo::float_to_half(x);
@@ -121,13 +139,18 @@ TEST(DType, FloatToHalfMatchesCompiler) {
 
 TEST(DType, FloatToBf16MatchesNearestNeighbour) {
   std::mt19937 rng(99);
-  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::max(),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::max(),
                             -std::numeric_limits<float>::max(),
                             std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::denorm_min(),
-                            std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
-                            std::bit_cast<float>(0x7f7f8000u), std::bit_cast<float>(0x7f7f7fffu)};
-  for (float x : specials) EXPECT_EQ(zo::float_to_bf16(x), reference_bf16(x)) << x;
+                            std::bit_cast<float>(0x3f808000u),
+                            std::bit_cast<float>(0x3f818000u),
+                            std::bit_cast<float>(0x7f7f8000u),
+                            std::bit_cast<float>(0x7f7f7fffu)};
+  for (float x : specials)
+    EXPECT_EQ(zo::float_to_bf16(x), reference_bf16(x)) << x;
   for (int i = 0; i < 4'000'000; ++i) {
     const float x = random_float(rng);
     const std::uint16_t got = zo::float_to_bf16(x);

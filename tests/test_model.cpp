@@ -2,12 +2,12 @@
 // differences on the host backend.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
-#include <unistd.h>
 
 #include "device/device.h"
 #include "model/gpt.h"
@@ -45,8 +45,8 @@ TEST(ModelSpec, JsonWithGpt2KeysAndErrors) {
       "test");
   EXPECT_EQ(s.block_size, 17);
   EXPECT_EQ(s.n_layer, 3);
-  const nlohmann::json ok = {{"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"vocab_size", 5},
-                             {"block_size", 4}};
+  const nlohmann::json ok = {
+      {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"vocab_size", 5}, {"block_size", 4}};
   auto with = [&](const char* k, nlohmann::json v) {
     nlohmann::json j = ok;
     j[k] = v;
@@ -60,7 +60,8 @@ TEST(ModelSpec, JsonWithGpt2KeysAndErrors) {
   expect_invalid(with("n_positions", 5), "disagree");
   nlohmann::json missing = ok;
   missing.erase("vocab_size");
-  expect_invalid([&] { zo::model::model_spec_from_json(missing, "t"); }, "missing key 'vocab_size'");
+  expect_invalid([&] { zo::model::model_spec_from_json(missing, "t"); },
+                 "missing key 'vocab_size'");
   expect_invalid([] { zo::model::load_model_spec("gpt2-9000m"); }, "presets: tiny");
 }
 
@@ -143,9 +144,9 @@ struct TinyModel {
   std::vector<std::int32_t> tokens, targets;
 
   explicit TinyModel(std::uint64_t seed)
-      : spec(zo::model::model_spec_from_json({{"n_layer", 2}, {"n_head", 2}, {"n_embd", 8},
-                                              {"vocab_size", 11}, {"block_size", 6}},
-                                             "tiny-fd")),
+      : spec(zo::model::model_spec_from_json(
+            {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 8}, {"vocab_size", 11}, {"block_size", 6}},
+            "tiny-fd")),
         layout(spec),
         dev(zo::dev::make_host_device({})),
         stream(dev->create_stream()) {
@@ -158,9 +159,11 @@ struct TinyModel {
     std::normal_distribution<float> normal(0.0f, 0.3f);
     for (const auto& t : layout.tensors()) {
       if (t.kind == zo::model::TensorKind::kMatrix || t.kind == zo::model::TensorKind::kEmbedding) {
-        for (std::size_t i = 0; i < t.numel; ++i) host[t.offset + i] *= 10.0f;
+        for (std::size_t i = 0; i < t.numel; ++i)
+          host[t.offset + i] *= 10.0f;
       } else {
-        for (std::size_t i = 0; i < t.numel; ++i) host[t.offset + i] += normal(rng);
+        for (std::size_t i = 0; i < t.numel; ++i)
+          host[t.offset + i] += normal(rng);
       }
     }
     set_params(host);
@@ -220,7 +223,8 @@ TEST(Gpt, GradientMatchesFiniteDifferences) {
       const double down = m.loss(gpt, false);
       p[i] = orig;
       const double fd = (up - down) / (2.0 * double(h));
-      EXPECT_NEAR(grad[i], fd, 2e-3 + 2e-2 * std::fabs(fd)) << t.name << " element " << i - t.offset;
+      EXPECT_NEAR(grad[i], fd, 2e-3 + 2e-2 * std::fabs(fd))
+          << t.name << " element " << i - t.offset;
       ++checked;
     }
   }
@@ -242,7 +246,8 @@ TEST(Gpt, RecomputeGivesIdenticalGradientsAndAccumulates) {
   EXPECT_EQ(g1, g2);
   m.loss(recompute, true);  // a second micro-batch adds the same gradient again
   const std::vector<float> g3 = m.read(m.grads);
-  for (std::size_t i = 0; i < g3.size(); ++i) ASSERT_NEAR(g3[i], 2.0f * g1[i], 1e-6f + 1e-5f * std::fabs(g1[i]));
+  for (std::size_t i = 0; i < g3.size(); ++i)
+    ASSERT_NEAR(g3[i], 2.0f * g1[i], 1e-6f + 1e-5f * std::fabs(g1[i]));
   EXPECT_GT(zo::model::gpt_activation_bytes(m.spec, {2, 5, false}, 4),
             zo::model::gpt_activation_bytes(m.spec, {2, 5, true}, 4));
 }

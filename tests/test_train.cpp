@@ -38,10 +38,20 @@ struct TempDir {
   }
 };
 
-TrainConfig tiny_config() {
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TrainConfig tiny_config(std::int64_t steps = 8) {
   TrainConfig c;
   c.model = "tiny";
-  c.steps = 8;
+  c.steps = steps;
   c.micro_batch = 2;
   c.seq_len = 32;
   c.lr.max_lr = 3e-3f;
@@ -50,6 +60,14 @@ TrainConfig tiny_config() {
   c.eval_batches = 2;
   c.quiet = true;
   return c;
+}
+
+// Trains `steps` steps of the tiny model with a checkpoint at the end; returns that checkpoint.
+fs::path train_checkpointed(const fs::path& dir, std::int64_t steps) {
+  TrainConfig c = tiny_config(steps);
+  c.checkpoint_dir = dir.string();
+  Trainer(c).run();
+  return dir / zo::ckpt::checkpoint_dir_name("step_", static_cast<std::uint64_t>(steps));
 }
 
 std::vector<float> read_master(const fs::path& ckpt) {
@@ -106,7 +124,8 @@ TEST(Trainer, ResumeContinuesBitForBit) {
   const auto resumed = Trainer(r).run();
   EXPECT_EQ(resumed.first_step, 4);
   ASSERT_EQ(resumed.losses.size(), 4u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
   EXPECT_EQ(file_bytes(a.path / "step_00000008" / "model.safetensors"),
             file_bytes(b.path / "step_00000008" / "model.safetensors"));
   EXPECT_EQ(file_bytes(a.path / "step_00000008" / "optimizer.safetensors"),
@@ -115,9 +134,7 @@ TEST(Trainer, ResumeContinuesBitForBit) {
 
 TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
   TempDir a, b;
-  TrainConfig c = tiny_config();
-  c.steps = 6;
-  c.lr.total_steps = 6;
+  TrainConfig c = tiny_config(6);
   c.optimizer_state = zo::DType::kBF16;
   c.checkpoint_dir = a.path.string();
   c.checkpoint_interval = 3;
@@ -151,13 +168,7 @@ TEST(Trainer, GradientAccumulationMatchesALargerMicroBatch) {
 
 TEST(Trainer, ExportedWeightsImportBackExactly) {
   TempDir d;
-  TrainConfig c = tiny_config();
-  c.steps = 2;
-  c.lr.total_steps = 2;
-  c.checkpoint_dir = d.path.string();
-  Trainer(c).run();
-  const auto ckpt = d.path / "step_00000002";
-  const auto master = read_master(ckpt);
+  const auto master = read_master(train_checkpointed(d.path, 2));
   const auto spec = zo::model::load_model_spec("tiny");
   const zo::model::ParameterLayout layout(spec);
   for (zo::DType dt : {zo::DType::kF32, zo::DType::kF16, zo::DType::kBF16}) {
@@ -177,32 +188,67 @@ TEST(Trainer, ExportedWeightsImportBackExactly) {
     }
   }
   // Fine-tuning from exported weights starts from them.
-  TrainConfig f = tiny_config();
-  f.steps = 1;
-  f.lr.total_steps = 1;
+  TrainConfig f = tiny_config(1);
   f.init_from = (d.path / "export_fp32.safetensors").string();
   EXPECT_NO_THROW(Trainer(f).run());
 }
 
-// ---- bad input: a clear error, nothing damaged ------------------------------------------------
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
+TEST(Trainer, ImportRejectsMissingExtraAndMisshapedTensors) {
+  TempDir d;
+  const auto spec = zo::model::load_model_spec("tiny");
+  const zo::model::ParameterLayout layout(spec);
+  std::vector<float> w(layout.size());
+  zo::model::init_gpt2(layout, 3, w.data());
+  std::vector<float> scratch;
+  auto write_with = [&](const std::string& file, auto&& edit) {
+    zo::ckpt::SafetensorsWriter writer;
+    zo::model::add_hf_weights(writer, layout, w, zo::DType::kF32, scratch);
+    edit(writer);
+    writer.write(d.path / file);
+    return d.path / file;
+  };
+  // A valid file with an extra tensor HF files carry (ignored) and one real extra (refused).
+  std::vector<float> extra(16, 1.0f);
+  const auto ok = write_with("ok.safetensors", [&](auto& wr) {
+    wr.add("h.0.attn.bias", {4, 4}, extra);
+  });
+  std::vector<float> back(layout.size(), -1.0f);
+  zo::model::import_hf_weights(ok, layout, back);
+  EXPECT_EQ(back, w);
+  const auto bad =
+      write_with("bad.safetensors", [&](auto& wr) { wr.add("h.9.mlp.x", {16}, extra); });
+  std::vector<float> untouched(layout.size(), -1.0f);
+  std::string e = error_of([&] { zo::model::import_hf_weights(bad, layout, untouched); });
+  EXPECT_NE(e.find("unexpected: h.9.mlp.x"), std::string::npos) << e;
+  EXPECT_EQ(untouched, std::vector<float>(layout.size(), -1.0f)) << "params untouched on error";
+  // A model with another width: every matrix mis-shaped, nothing missing.
+  const auto wide = zo::model::model_spec_from_json(
+      {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 256}, {"block_size", 64}},
+      "narrow");
+  const zo::model::ParameterLayout narrow(wide);
+  std::vector<float> nw(narrow.size(), 0.5f);
+  zo::model::export_hf_weights(d.path / "narrow.safetensors", narrow, nw, zo::DType::kF16);
+  e = error_of([&] { zo::model::import_hf_weights(d.path / "narrow.safetensors", layout, back); });
+  EXPECT_NE(e.find("h.0.attn.c_attn.weight is [32, 96], expected [64, 192]"), std::string::npos)
+      << e;
+  // A smaller model: tensors missing.
+  const auto one_layer = zo::model::model_spec_from_json(
+      {{"n_layer", 1}, {"n_head", 2}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}},
+      "one");
+  const zo::model::ParameterLayout small(one_layer);
+  std::vector<float> sw(small.size(), 0.25f);
+  zo::model::export_hf_weights(d.path / "one.safetensors", small, sw, zo::DType::kF32);
+  e = error_of([&] { zo::model::import_hf_weights(d.path / "one.safetensors", layout, back); });
+  EXPECT_NE(e.find("missing: h.1.ln_1.weight"), std::string::npos) << e;
 }
+
+// ---- bad input: a clear error, nothing damaged ------------------------------------------------
 
 TEST(TrainerErrors, CorruptedOrForeignCheckpointsAreRefused) {
   TempDir d;
-  TrainConfig c = tiny_config();
-  c.steps = 2;
-  c.lr.total_steps = 2;
+  const auto ckpt = train_checkpointed(d.path, 2);
+  TrainConfig c = tiny_config(2);
   c.checkpoint_dir = d.path.string();
-  Trainer(c).run();
-  const auto ckpt = d.path / "step_00000002";
   const std::string before = file_bytes(ckpt / "model.safetensors");
 
   // A different model.
@@ -280,9 +326,7 @@ TEST(TrainerErrors, UnwritableCheckpointDirectoryFailsCleanly) {
   TempDir d;
   const auto blocker = d.path / "file";
   std::ofstream(blocker) << "not a directory";
-  TrainConfig c = tiny_config();
-  c.steps = 1;
-  c.lr.total_steps = 1;
+  TrainConfig c = tiny_config(1);
   c.checkpoint_dir = (blocker / "ckpt").string();  // parent is a regular file
   const std::string e = error_of([&] { Trainer(c).run(); });
   EXPECT_NE(e.find("ckpt"), std::string::npos) << e;
@@ -297,7 +341,8 @@ TEST(Plan, NumbersAddUpAndAdviceNamesTheFix) {
   in.device_capacity = std::size_t(8) << 30;
   const auto p = zo::train::plan_memory(in);
   std::size_t sum = 0;
-  for (const auto& l : p.device) sum += l.bytes;
+  for (const auto& l : p.device)
+    sum += l.bytes;
   EXPECT_EQ(sum, p.device_total);
   EXPECT_EQ(p.host.front().bytes, 124439808u * 4);
   in.device_capacity = std::size_t(1) << 30;

@@ -41,15 +41,21 @@ void check_beta(float b, const char* name) {
 
 const detail::KernelTable& kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return detail::kernels_scalar();
-    case Isa::kAvx2: return detail::kernels_avx2();
-    case Isa::kAvx512: return detail::kernels_avx512();
-    case Isa::kAvx512Bf16: return detail::kernels_avx512_bf16();
+    case Isa::kScalar:
+      return detail::kernels_scalar();
+    case Isa::kAvx2:
+      return detail::kernels_avx2();
+    case Isa::kAvx512:
+      return detail::kernels_avx512();
+    case Isa::kAvx512Bf16:
+      return detail::kernels_avx512_bf16();
   }
   bad_argument("invalid ISA value");
 }
 
-int dtype_index(DType t) { return static_cast<int>(t); }
+int dtype_index(DType t) {
+  return static_cast<int>(t);
+}
 
 // Runs fn(begin, end) over [0, n) in kChunkElements pieces; returns the OR of the results.
 // Static partitioning gives each thread one contiguous run of chunks, the same split a
@@ -107,8 +113,9 @@ void validate_buffers(const AdamBuffers& b) {
                  std::string(dtype_name(b.exp_avg_sq.dtype)) + "; both must be fp32 or both bf16");
   }
   if (b.exp_avg.dtype == DType::kF16) {
-    bad_argument("fp16 optimizer state is not supported (its range is too small for v): use fp32 "
-                 "or bf16");
+    bad_argument(
+        "fp16 optimizer state is not supported (its range is too small for v): use fp32 "
+        "or bf16");
   }
   if (b.params_out.data != nullptr && b.params_out.dtype == DType::kF32) {
     bad_argument("params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
@@ -162,8 +169,10 @@ CpuAdam::CpuAdam(const AdamConfig& config, const Options& options)
     : config_(config), isa_(options.isa) {
   config_.validate();
   if (!isa_supported(isa_)) {
-    bad_argument("ISA '" + std::string(isa_name(isa_)) + "' is not supported by this CPU; best "
-                 "available is '" + std::string(isa_name(best_isa())) + "'");
+    bad_argument("ISA '" + std::string(isa_name(isa_)) +
+                 "' is not supported by this CPU; best "
+                 "available is '" +
+                 std::string(isa_name(best_isa())) + "'");
   }
   if (options.threads < 0) {
     bad_argument("threads = " + std::to_string(options.threads) +
@@ -187,19 +196,21 @@ void CpuAdam::set_lr(float lr) {
   set_config(c);
 }
 
-int CpuAdam::threads() const { return pool_->arena.max_concurrency(); }
+int CpuAdam::threads() const {
+  return pool_->arena.max_concurrency();
+}
 
-void CpuAdam::execute(const std::function<void()>& fn) const { pool_->arena.execute(fn); }
+void CpuAdam::execute(const std::function<void()>& fn) const {
+  pool_->arena.execute(fn);
+}
 
-StepResult CpuAdam::step(const AdamBuffers& buffers, AdamState& state,
-                         const StepOptions& options) {
+StepResult CpuAdam::step(const AdamBuffers& buffers, AdamState& state, const StepOptions& options) {
   const StepResult r = update(buffers, state.step + 1, options);
   if (r.applied) ++state.step;
   return r;
 }
 
-StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t,
-                           const StepOptions& options) const {
+StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptions& options) const {
   if (t < 1) bad_argument("step t = " + std::to_string(t) + " is invalid: updates count from 1");
   check_finite_nonneg(options.grad_multiplier, "grad_multiplier");
   validate_buffers(b);
@@ -212,15 +223,15 @@ StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t,
     return {true, false};
   }
 
-  const int out = b.params_out.data == nullptr          ? detail::kOutNone
+  const int out = b.params_out.data == nullptr        ? detail::kOutNone
                   : b.params_out.dtype == DType::kF16 ? detail::kOutF16
-                                                        : detail::kOutBF16;
+                                                      : detail::kOutBF16;
   const detail::AdamRangeFn fn =
       table.adam[dtype_index(b.grads.dtype)][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out]
                 [config_.decoupled_weight_decay || config_.weight_decay == 0.0f ? 0 : 1];
   const detail::AdamScalars scalars = detail::derive_scalars(config_, t, options.grad_multiplier);
-  const detail::AdamArrays arrays{b.params.data(), b.exp_avg.data, b.exp_avg_sq.data,
-                                  b.grads.data, b.params_out.data};
+  const detail::AdamArrays arrays{b.params.data(), b.exp_avg.data, b.exp_avg_sq.data, b.grads.data,
+                                  b.params_out.data};
   const bool found = parallel_chunks(pool_->arena, n, [&](std::size_t begin, std::size_t end) {
     return fn(arrays, scalars, begin, end);
   });

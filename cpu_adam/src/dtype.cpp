@@ -9,14 +9,19 @@ namespace zo {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "fp32";
+    case DType::kF16:
+      return "fp16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "invalid";
 }
 
-std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+std::size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 DType parse_dtype(std::string_view name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::kF32;
@@ -26,9 +31,17 @@ DType parse_dtype(std::string_view name) {
                               "': use one of fp32, fp16, bf16");
 }
 
-std::uint16_t float_to_half(float x) { return cpu_adam::f32_to_f16_bits(x); }
-float half_to_float(std::uint16_t h) { return cpu_adam::f16_bits_to_f32(h); }
-std::uint16_t float_to_bf16(float x) { return cpu_adam::f32_to_bf16_bits(x); }
-float bf16_to_float(std::uint16_t b) { return cpu_adam::bf16_bits_to_f32(b); }
+std::uint16_t float_to_half(float x) {
+  return cpu_adam::f32_to_f16_bits(x);
+}
+float half_to_float(std::uint16_t h) {
+  return cpu_adam::f16_bits_to_f32(h);
+}
+std::uint16_t float_to_bf16(float x) {
+  return cpu_adam::f32_to_bf16_bits(x);
+}
+float bf16_to_float(std::uint16_t b) {
+  return cpu_adam::bf16_bits_to_f32(b);
+}
 
 }  // namespace zo

@@ -31,8 +31,8 @@ CpuFeatures detect() {
              f16c = c & (1u << 29);
   if (!osxsave || !avx) return f;
   const std::uint64_t xcr0 = read_xcr0();
-  const bool os_ymm = (xcr0 & 0x6) == 0x6;      // SSE + AVX state
-  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;    // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;    // SSE + AVX state
+  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512bw = b & (1u << 30),
              avx512vl = b & (1u << 31);
@@ -53,10 +53,14 @@ const CpuFeatures& features() {
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx512Bf16: return "avx512bf16";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512bf16";
   }
   return "invalid";
 }
@@ -72,10 +76,14 @@ Isa parse_isa(std::string_view name) {
 bool isa_supported(Isa isa) {
   const CpuFeatures& f = features();
   switch (isa) {
-    case Isa::kScalar: return true;
-    case Isa::kAvx2: return f.avx2_fma_f16c;
-    case Isa::kAvx512: return f.avx512;
-    case Isa::kAvx512Bf16: return f.avx512_bf16;
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return f.avx2_fma_f16c;
+    case Isa::kAvx512:
+      return f.avx512;
+    case Isa::kAvx512Bf16:
+      return f.avx512_bf16;
   }
   return false;
 }
@@ -88,16 +96,18 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
-Isa best_isa() { return supported_isas().back(); }
+Isa best_isa() {
+  return supported_isas().back();
+}
 
 Isa default_isa() {
   const char* env = std::getenv("ZO_CPU_ADAM_ISA");
   if (env == nullptr || *env == '\0') return best_isa();
   const Isa isa = parse_isa(env);
   if (!isa_supported(isa)) {
-    throw std::runtime_error("ZO_CPU_ADAM_ISA=" + std::string(env) +
-                             " but this CPU cannot run it; best available is '" +
-                             std::string(isa_name(best_isa())) + "' (unset the variable to use it)");
+    throw std::runtime_error(
+        "ZO_CPU_ADAM_ISA=" + std::string(env) + " but this CPU cannot run it; best available is '" +
+        std::string(isa_name(best_isa())) + "' (unset the variable to use it)");
   }
   return isa;
 }

@@ -15,19 +15,19 @@ struct AdamScalars {
   float neg_step_size;  // -lr / (1 - beta1^t), or -lr without bias correction
   float bc2_rsqrt;      // 1 / sqrt(1 - beta2^t), or 1 without bias correction
   float eps;
-  float decay;        // 1 - lr * weight_decay for AdamW, else 1
-  float l2;           // weight_decay for L2-style Adam (used only by the L2 kernels)
-  float grad_mult;    // StepOptions::grad_multiplier
+  float decay;      // 1 - lr * weight_decay for AdamW, else 1
+  float l2;         // weight_decay for L2-style Adam (used only by the L2 kernels)
+  float grad_mult;  // StepOptions::grad_multiplier
 };
 
 AdamScalars derive_scalars(const AdamConfig& c, std::int64_t t, float grad_multiplier);
 
 struct AdamArrays {
-  float* p;         // (n) fp32 master
-  void* m;          // (n) state dtype
-  void* v;          // (n) state dtype
-  const void* g;    // (n) grad dtype
-  void* out;        // (n) 16-bit params or nullptr
+  float* p;       // (n) fp32 master
+  void* m;        // (n) state dtype
+  void* v;        // (n) state dtype
+  const void* g;  // (n) grad dtype
+  void* out;      // (n) 16-bit params or nullptr
 };
 
 // Returns true if any scaled gradient in [begin, end) was non-finite.
@@ -39,7 +39,7 @@ using NonFiniteRangeFn = bool (*)(const void* g, float grad_mult, std::size_t be
 enum OutKind : int { kOutNone = 0, kOutF16 = 1, kOutBF16 = 2 };
 
 struct KernelTable {
-  AdamRangeFn adam[3][2][3][2];  // [grad dtype][state f32|bf16][OutKind][L2]
+  AdamRangeFn adam[3][2][3][2];   // [grad dtype][state f32|bf16][OutKind][L2]
   NonFiniteRangeFn nonfinite[3];  // [grad dtype]
 };
 

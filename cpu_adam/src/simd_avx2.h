@@ -32,9 +32,9 @@ struct Avx2Isa {
   static void store_bf16(std::uint16_t* p, F x, Full) {
     const __m256i u = _mm256_castps_si256(x);
     const __m256i hi = _mm256_srli_epi32(u, 16);
-    const __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)),
-                                          _mm256_set1_epi32(0x7fff));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);  // round to nearest even
+    const __m256i bias =
+        _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);      // round to nearest even
     const __m256i nan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));  // quiet NaN
     r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(nan),
                                              _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));

@@ -54,8 +54,8 @@ struct Avx512Isa {
   static __m256i bf16_rne_int(F x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i hi = _mm512_srli_epi32(u, 16);
-    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                          _mm512_set1_epi32(0x7fff));
+    const __m512i bias =
+        _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
     r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), hi,
                              _mm512_set1_epi32(0x40));

@@ -27,7 +27,8 @@ namespace {
 std::string presets_help() {
   std::string s = "model preset (";
   const auto names = zo::model::preset_names();
-  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  for (std::size_t i = 0; i < names.size(); ++i)
+    s += (i ? ", " : "") + names[i];
   return s + ") or a JSON spec with GPT-2 keys";
 }
 
@@ -39,19 +40,26 @@ struct ByteSize {
 
 void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
                        std::string& state_dtype, ByteSize& devmem) {
-  t->add_option("--model", c.model, presets_help() + "; default tiny, or the checkpoint's with --resume");
+  t->add_option("--model", c.model,
+                presets_help() + "; default tiny, or the checkpoint's with --resume");
   t->add_option("--init-from", c.init_from, "start from Hugging Face GPT-2 weights (.safetensors)");
   t->add_option("--seed", c.seed, "seed for initialisation and data order")->capture_default_str();
-  t->add_flag("--recompute", c.recompute, "recompute each block's activations in backward (saves memory)");
-  t->add_option("--data", c.data, "token shards (file, directory, glob), text files, or 'synthetic'")
+  t->add_flag("--recompute", c.recompute,
+              "recompute each block's activations in backward (saves memory)");
+  t->add_option("--data", c.data,
+                "token shards (file, directory, glob), text files, or 'synthetic'")
       ->capture_default_str();
-  t->add_option("--data-format", c.data_format, "auto, shards, text or synthetic")->capture_default_str();
-  t->add_option("--val-data", c.val_data, "separate validation data (default: hold out --val-fraction)");
+  t->add_option("--data-format", c.data_format, "auto, shards, text or synthetic")
+      ->capture_default_str();
+  t->add_option("--val-data", c.val_data,
+                "separate validation data (default: hold out --val-fraction)");
   t->add_option("--val-fraction", c.val_fraction, "tail of each document held out for validation")
       ->capture_default_str();
-  t->add_option("--micro-batch,-b", c.micro_batch, "sequences per micro-batch (B)")->capture_default_str();
+  t->add_option("--micro-batch,-b", c.micro_batch, "sequences per micro-batch (B)")
+      ->capture_default_str();
   t->add_option("--seq-len", c.seq_len, "tokens per sequence (T); default the model's block_size");
-  t->add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  t->add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step")
+      ->capture_default_str();
   t->add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
   t->add_option("--lr", c.lr.max_lr, "peak learning rate")->capture_default_str();
   t->add_option("--min-lr-fraction", c.lr.min_lr_fraction, "final lr as a fraction of --lr")
@@ -64,20 +72,28 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (matrices only)")
       ->capture_default_str();
   t->add_flag("--decay-embeddings", c.decay_embeddings, "apply weight decay to embeddings too");
-  t->add_option("--grad-clip", c.grad_clip, "global-norm gradient clipping; 0 = off")->capture_default_str();
-  t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")->capture_default_str();
+  t->add_flag("--decay-biases-and-norms", c.decay_biases_and_norms,
+              "apply weight decay to biases and LayerNorm parameters too");
+  t->add_option("--grad-clip", c.grad_clip, "global-norm gradient clipping; 0 = off")
+      ->capture_default_str();
+  t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
+      ->capture_default_str();
   t->add_option("--adam-threads", c.adam_threads, "CPU Adam threads; 0 = all cores");
   t->add_option("--device", c.device, "host (CPU backend) or cuda")->capture_default_str();
-  t->add_option("--device-memory", devmem.text, "host backend memory capacity, e.g. 512MiB (default: unlimited)");
+  t->add_option("--device-memory", devmem.text,
+                "host backend memory capacity, e.g. 512MiB (default: unlimited)");
   t->add_option("--threads", c.threads, "host backend compute threads; 0 = all cores");
   t->add_option("--eval-every", c.eval_interval, "validation every N steps; 0 = at the end only");
-  t->add_option("--eval-batches", c.eval_batches, "micro-batches per validation")->capture_default_str();
+  t->add_option("--eval-batches", c.eval_batches, "micro-batches per validation")
+      ->capture_default_str();
   t->add_option("--checkpoint-dir", c.checkpoint_dir, "where step_<N> checkpoint directories go");
-  t->add_option("--checkpoint-every", c.checkpoint_interval, "checkpoint every N steps; 0 = at the end only");
+  t->add_option("--checkpoint-every", c.checkpoint_interval,
+                "checkpoint every N steps; 0 = at the end only");
   t->add_option("--keep", c.keep_last, "checkpoints to keep; 0 = all")->capture_default_str();
   t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
   t->add_option("--metrics", c.metrics, "JSONL file: one object per step");
-  t->add_option("--log-every", c.log_interval, "progress line every N steps")->capture_default_str();
+  t->add_option("--log-every", c.log_interval, "progress line every N steps")
+      ->capture_default_str();
   t->add_flag("--quiet,-q", c.quiet, "no progress output");
 }
 
@@ -127,8 +143,9 @@ int main(int argc, char** argv) {
   add_train_options(train, tc, decay, state_dtype, devmem);
 
   // plan
-  auto* plan = app.add_subcommand("plan", "Print the memory plan for a model and batch, and "
-                                          "whether it fits");
+  auto* plan = app.add_subcommand("plan",
+                                  "Print the memory plan for a model and batch, and "
+                                  "whether it fits");
   std::string plan_model = "tiny", plan_state = "fp32", plan_precision = "fp32";
   int plan_b = 4, plan_t = 0;
   bool plan_recompute = false;
@@ -143,11 +160,13 @@ int main(int argc, char** argv) {
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
 
   // export
-  auto* exp = app.add_subcommand("export", "Write a checkpoint's weights as Hugging Face GPT-2 "
-                                           "safetensors");
+  auto* exp = app.add_subcommand("export",
+                                 "Write a checkpoint's weights as Hugging Face GPT-2 "
+                                 "safetensors");
   std::string exp_ckpt, exp_dir, exp_out, exp_dtype = "fp32";
   bool exp_force = false;
-  exp->add_option("--checkpoint", exp_ckpt, "checkpoint directory, or 'latest' with --checkpoint-dir")
+  exp->add_option("--checkpoint", exp_ckpt,
+                  "checkpoint directory, or 'latest' with --checkpoint-dir")
       ->required();
   exp->add_option("--checkpoint-dir", exp_dir, "where to look for 'latest'");
   exp->add_option("--out,-o", exp_out, "output .safetensors file")->required();
@@ -155,8 +174,9 @@ int main(int argc, char** argv) {
   exp->add_flag("--force", exp_force, "overwrite an existing output file");
 
   // sample
-  auto* smp = app.add_subcommand("sample", "Generate tokens (or text, for byte-level models) from "
-                                           "a checkpoint or Hugging Face weights");
+  auto* smp = app.add_subcommand("sample",
+                                 "Generate tokens (or text, for byte-level models) from "
+                                 "a checkpoint or Hugging Face weights");
   zo::train::SampleConfig sc;
   std::string prompt = "\n", prompt_tokens;
   bool print_ids = false;
@@ -168,13 +188,15 @@ int main(int argc, char** argv) {
   smp->add_option("--prompt-tokens", prompt_tokens, "prompt as comma-separated token ids");
   smp->add_option("--tokens,-n", sc.new_tokens, "tokens to generate")->capture_default_str();
   smp->add_option("--temperature", sc.temperature, "0 = greedy")->capture_default_str();
-  smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")->capture_default_str();
+  smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")
+      ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
   smp->add_flag("--ids", print_ids, "print token ids instead of text");
 
   // info
-  auto* info = app.add_subcommand("info", "Show what this machine offers: CPU Adam ISA paths, "
-                                          "threads, host memory, NUMA nodes, GPUs");
+  auto* info = app.add_subcommand("info",
+                                  "Show what this machine offers: CPU Adam ISA paths, "
+                                  "threads, host memory, NUMA nodes, GPUs");
   bool info_json = false;
   info->add_flag("--json", info_json, "print as one JSON object");
 
@@ -223,7 +245,8 @@ int main(int argc, char** argv) {
       if (!prompt_tokens.empty()) {
         sc.prompt = parse_token_list(prompt_tokens);
       } else {
-        for (unsigned char ch : prompt) sc.prompt.push_back(ch);
+        for (unsigned char ch : prompt)
+          sc.prompt.push_back(ch);
       }
       int vocab = 0;
       const auto seq = zo::train::generate(sc, &vocab);

@@ -46,7 +46,8 @@ class Device;
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Device* device, void* data, std::size_t bytes) : device_(device), data_(data), bytes_(bytes) {}
+  Buffer(Device* device, void* data, std::size_t bytes)
+      : device_(device), data_(data), bytes_(bytes) {}
   ~Buffer() { reset(); }
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
@@ -78,8 +79,8 @@ class Stream {
 class Event {
  public:
   virtual ~Event() = default;
-  virtual void synchronize() = 0;       // blocks until the recorded work is done
-  virtual bool query() = 0;             // true if done (or never recorded)
+  virtual void synchronize() = 0;  // blocks until the recorded work is done
+  virtual bool query() = 0;        // true if done (or never recorded)
   // Milliseconds between two completed events on the same device (for traces and timings).
   virtual double elapsed_ms_since(Event& start) = 0;
 };
@@ -118,7 +119,8 @@ class Device {
   virtual void fill_zero(void* dst, std::size_t bytes, Stream& s) = 0;
 
   // ---- GPT ops ----------------------------------------------------------------------------------
-  // out (B,T,C) written = wte[tokens] + wpe[t]; tokens (B,T) int32 device memory, wte (V,C), wpe (T,C)
+  // out (B,T,C) written = wte[tokens] + wpe[t]; tokens (B,T) int32 device memory, wte (V,C), wpe
+  // (T,C)
   virtual void embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
                                  const void* wpe, int B, int T, int C, Stream& s) = 0;
   // dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C)
@@ -127,8 +129,7 @@ class Device {
 
   // out (N,C) written; mean, rstd (N) fp32 written; weight, bias (C); eps 1e-5 as GPT-2
   virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
-                                 const void* weight, const void* bias, int N, int C,
-                                 Stream& s) = 0;
+                                 const void* weight, const void* bias, int N, int C, Stream& s) = 0;
   // dinp (N,C) +=, dweight, dbias (C) +=
   virtual void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
                                   const void* inp, const void* weight, const float* mean,

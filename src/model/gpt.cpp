@@ -8,7 +8,9 @@ namespace {
 
 constexpr std::size_t kAlign = 64;  // bytes; every carved tensor starts on a cache line
 
-std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+std::size_t align_up(std::size_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
+}
 
 // Walks the activation layout once; `place(bytes)` either counts or hands out memory, so that
 // the size estimate and the real allocation cannot disagree.
@@ -17,22 +19,26 @@ void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esi
   const std::size_t BT = std::size_t(sh.B) * sh.T, C = spec.n_embd, V = spec.vocab_size;
   const std::size_t L = spec.n_layer, NH = spec.n_head;
   const std::size_t sets = sh.recompute ? 1 : L;
-  place(BT * 4);                                          // tokens
-  place(BT * 4);                                          // targets
-  for (std::size_t i = 0; i <= L; ++i) place(BT * C * esize);  // residual stream, L+1 points
+  place(BT * 4);  // tokens
+  place(BT * 4);  // targets
+  for (std::size_t i = 0; i <= L; ++i)
+    place(BT * C * esize);  // residual stream, L+1 points
   for (std::size_t l = 0; l < sets; ++l) {
-    for (std::size_t n : {C, 3 * C, C, C, C, 4 * C, 4 * C}) place(BT * n * esize);  // acts
-    for (int k = 0; k < 4; ++k) place(BT * 4);                                         // LN stats
-    place(std::size_t(sh.B) * NH * sh.T * 4);                                          // lse
+    for (std::size_t n : {C, 3 * C, C, C, C, 4 * C, 4 * C})
+      place(BT * n * esize);  // acts
+    for (int k = 0; k < 4; ++k)
+      place(BT * 4);                           // LN stats
+    place(std::size_t(sh.B) * NH * sh.T * 4);  // lse
   }
-  place(BT * C * esize);                                  // attproj scratch
-  place(BT * C * esize);                                  // fcproj scratch
-  place(BT * C * esize);                                  // lnf
+  place(BT * C * esize);  // attproj scratch
+  place(BT * C * esize);  // fcproj scratch
+  place(BT * C * esize);  // lnf
   place(BT * 4);
-  place(BT * 4);                                          // lnf mean, rstd
-  place(BT * V * esize);                                  // logits / dlogits
-  place(BT * 4);                                          // losses
-  for (std::size_t n : {C, 4 * C, 4 * C, C, C, 3 * C, C}) place(BT * n * esize);  // backward
+  place(BT * 4);          // lnf mean, rstd
+  place(BT * V * esize);  // logits / dlogits
+  place(BT * 4);          // losses
+  for (std::size_t n : {C, 4 * C, 4 * C, C, C, 3 * C, C})
+    place(BT * n * esize);  // backward
 }
 
 }  // namespace
@@ -49,8 +55,10 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
   const ModelSpec& spec = layout.spec();
   if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
     throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +
-                                std::to_string(shape.T) + " is invalid: need B >= 1 and 1 <= T <= "
-                                "block_size = " + std::to_string(spec.block_size));
+                                std::to_string(shape.T) +
+                                " is invalid: need B >= 1 and 1 <= T <= "
+                                "block_size = " +
+                                std::to_string(spec.block_size));
   }
   arena_ = device.alloc(gpt_activation_bytes(spec, shape, esize_), "activations");
   std::vector<void*> ptrs;
@@ -63,7 +71,8 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
   auto next_f32 = [&] { return static_cast<float*>(next()); };
   tokens_ = static_cast<std::int32_t*>(next());
   targets_ = static_cast<std::int32_t*>(next());
-  for (int i = 0; i <= spec.n_layer; ++i) residuals_.push_back(next());
+  for (int i = 0; i <= spec.n_layer; ++i)
+    residuals_.push_back(next());
   layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
   for (auto& a : layers_) {
     a.ln1 = next(), a.qkv = next(), a.atty = next(), a.res2 = next(), a.ln2 = next();
@@ -77,7 +86,8 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
   losses_ = next_f32();
   dres_ = next(), dfch_gelu_ = next(), dfch_ = next(), dln2_ = next(), datty_ = next();
   dqkv_ = next(), dln1_ = next();
-  for (auto& e : staged_done_) e = device.create_event();
+  for (auto& e : staged_done_)
+    e = device.create_event();
 }
 
 void* Gpt::at(const void* base, std::size_t elements) const {
@@ -96,8 +106,10 @@ void Gpt::set_batch(const std::vector<std::int32_t>& tokens,
   for (const auto* v : {&tokens, &targets}) {
     for (std::int32_t x : *v) {
       if (x < 0 || x >= V) {
-        throw std::invalid_argument("token id " + std::to_string(x) + " is outside the model's "
-                                    "vocabulary [0, " + std::to_string(V) + ")");
+        throw std::invalid_argument("token id " + std::to_string(x) +
+                                    " is outside the model's "
+                                    "vocabulary [0, " +
+                                    std::to_string(V) + ")");
       }
     }
   }
@@ -135,19 +147,20 @@ void Gpt::block_forward(const void* params, int l, int t, dev::Stream& s) {
   device_.residual_forward(out, a.res2, fcproj_, NC, s);
 }
 
-void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale,
-                  dev::Stream& s) {
+void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   if (t < 1 || t > shape_.T || (t < shape_.T && shape_.B != 1)) {
-    throw std::invalid_argument("forward over " + std::to_string(t) + " positions: need 1 <= t <= " +
-                                std::to_string(shape_.T) + " (t < T only with micro-batch 1)");
+    throw std::invalid_argument("forward over " + std::to_string(t) +
+                                " positions: need 1 <= t <= " + std::to_string(shape_.T) +
+                                " (t < T only with micro-batch 1)");
   }
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
   const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
   device_.embedding_forward(residuals_[0], tokens_, at(params, layout_.wte()),
                             at(params, layout_.wpe()), shape_.B, t, C, s);
-  for (int l = 0; l < spec.n_layer; ++l) block_forward(params, l, t, s);
+  for (int l = 0; l < spec.n_layer; ++l)
+    block_forward(params, l, t, s);
   device_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residuals_.back(),
                             at(params, layout_.lnf_w()), at(params, layout_.lnf_b()), N, C, s);
   device_.matmul_forward(logits_, lnf_, at(params, layout_.wte()), nullptr, {N, C, V}, s);
@@ -160,8 +173,9 @@ void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scal
 void Gpt::backward(const void* params, void* grads, dev::Stream& s,
                    const std::function<void(int)>& on_block_done) {
   if (!grads_ready_) {
-    throw std::logic_error("Gpt::backward needs a preceding training forward (targets and a "
-                           "non-zero dloss_scale)");
+    throw std::logic_error(
+        "Gpt::backward needs a preceding training forward (targets and a "
+        "non-zero dloss_scale)");
   }
   grads_ready_ = false;
   const ModelSpec& spec = layout_.spec();
@@ -185,14 +199,16 @@ void Gpt::backward(const void* params, void* grads, dev::Stream& s,
     const BlockParams& bp = layout_.block(l);
     LayerActs& a = acts(l);
     const void* in = residuals_[static_cast<std::size_t>(l)];
-    for (void* d : {dfch_gelu_, dfch_}) zero(d, 4 * NC);
-    for (void* d : {dln2_, datty_, dln1_}) zero(d, NC);
+    for (void* d : {dfch_gelu_, dfch_})
+      zero(d, 4 * NC);
+    for (void* d : {dln2_, datty_, dln1_})
+      zero(d, NC);
     zero(dqkv_, 3 * NC);
     device_.matmul_backward(dfch_gelu_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
                             p(bp.fcproj_w), {N, 4 * C, C}, s);
     device_.gelu_backward(dfch_, a.fch, dfch_gelu_, 4 * NC, s);
-    device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w),
-                            {N, C, 4 * C}, s);
+    device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w), {N, C, 4 * C},
+                            s);
     device_.layernorm_backward(dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
                                a.ln2_mean, a.ln2_rstd, N, C, s);
     device_.matmul_backward(datty_, g(bp.attproj_w), g(bp.attproj_b), dres_, a.atty,
@@ -201,12 +217,11 @@ void Gpt::backward(const void* params, void* grads, dev::Stream& s,
                                s);
     device_.matmul_backward(dln1_, g(bp.qkv_w), g(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
                             {N, C, 3 * C}, s);
-    device_.layernorm_backward(dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w),
-                               a.ln1_mean, a.ln1_rstd, N, C, s);
+    device_.layernorm_backward(dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w), a.ln1_mean,
+                               a.ln1_rstd, N, C, s);
     if (on_block_done) on_block_done(l);
   }
-  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens_, shape_.B, t, C,
-                             s);
+  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens_, shape_.B, t, C, s);
   if (on_block_done) on_block_done(-1);
 }
 

@@ -67,21 +67,21 @@ class Gpt {
   std::size_t esize_;  // bytes per activation element
   dev::Buffer arena_;
   std::size_t arena_used_ = 0;
-  int t_ = 0;                  // positions used by the last forward
-  bool grads_ready_ = false;   // the last forward was a training forward
+  int t_ = 0;                 // positions used by the last forward
+  bool grads_ready_ = false;  // the last forward was a training forward
 
   std::int32_t *tokens_ = nullptr, *targets_ = nullptr;  // (B,T) device
   std::vector<std::int32_t> staged_tokens_[2], staged_targets_[2];
   std::unique_ptr<dev::Event> staged_done_[2];
   int stage_ = 0;
 
-  std::vector<void*> residuals_;            // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
-  std::vector<LayerActs> layers_;           // L entries, or 1 with recompute
+  std::vector<void*> residuals_;                 // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
+  std::vector<LayerActs> layers_;                // L entries, or 1 with recompute
   void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch
-  void* lnf_ = nullptr;                     // (B,T,C)
+  void* lnf_ = nullptr;                          // (B,T,C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  void* logits_ = nullptr;                  // (B,T,V)
-  float* losses_ = nullptr;                 // (B,T)
+  void* logits_ = nullptr;   // (B,T,V)
+  float* losses_ = nullptr;  // (B,T)
   // Backward scratch, reused by every block.
   void *dres_ = nullptr, *dfch_gelu_ = nullptr, *dfch_ = nullptr, *dln2_ = nullptr,
        *datty_ = nullptr, *dqkv_ = nullptr, *dln1_ = nullptr;

@@ -21,7 +21,8 @@ void to_hf(const TensorInfo& t, const T* ours, T* hf) {
   }
   const std::size_t rows = t.shape[0], cols = t.shape[1];  // ours (out, in) -> HF (in, out)
   for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c) hf[c * rows + r] = ours[r * cols + c];
+    for (std::size_t c = 0; c < cols; ++c)
+      hf[c * rows + r] = ours[r * cols + c];
   }
 }
 
@@ -33,7 +34,8 @@ void from_hf(const TensorInfo& t, const T* hf, T* ours) {
   }
   const std::size_t rows = t.shape[0], cols = t.shape[1];
   for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c) ours[r * cols + c] = hf[c * rows + r];
+    for (std::size_t c = 0; c < cols; ++c)
+      ours[r * cols + c] = hf[c * rows + r];
   }
 }
 
@@ -66,7 +68,8 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
   std::map<std::string, std::string> by_name;  // our name -> name in the file
   std::vector<std::string> unexpected;
   std::set<std::string> ours;
-  for (const auto& t : layout.tensors()) ours.insert(t.name);
+  for (const auto& t : layout.tensors())
+    ours.insert(t.name);
   for (const auto& info : file.tensors()) {
     const std::string n = strip_prefix(info.name);
     if (ours.count(n)) {
@@ -91,7 +94,8 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
   if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
-      for (std::size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
+      for (std::size_t i = 0; i < v.size() && i < 8; ++i)
+        s += (i ? ", " : "") + v[i];
       if (v.size() > 8) s += ", ... (" + std::to_string(v.size()) + " in all)";
       return s;
     };

@@ -3,8 +3,8 @@
 // HF GPT-2 keeps Linear weights as Conv1D, (in, out): those are transposed on the way.
 #pragma once
 
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>

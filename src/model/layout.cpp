@@ -43,7 +43,8 @@ std::size_t ParameterLayout::add(const std::string& name, std::vector<std::size_
   TensorInfo t;
   t.name = name;
   t.numel = 1;
-  for (std::size_t d : shape) t.numel *= d;
+  for (std::size_t d : shape)
+    t.numel *= d;
   t.shape = std::move(shape);
   t.offset = size_;
   t.kind = kind;
@@ -64,9 +65,12 @@ const TensorInfo& ParameterLayout::find(const std::string& name) const {
 
 bool WeightDecayPolicy::applies_to(const TensorInfo& t) const {
   switch (t.kind) {
-    case TensorKind::kMatrix: return matrices;
-    case TensorKind::kEmbedding: return embeddings;
-    default: return biases_and_norms;
+    case TensorKind::kMatrix:
+      return matrices;
+    case TensorKind::kEmbedding:
+      return embeddings;
+    default:
+      return biases_and_norms;
   }
 }
 
@@ -77,16 +81,21 @@ void init_gpt2(const ParameterLayout& layout, std::uint64_t seed, float* params)
     float* p = params + t.offset;
     ++index;
     switch (t.kind) {
-      case TensorKind::kLayerNormWeight: std::fill(p, p + t.numel, 1.0f); break;
+      case TensorKind::kLayerNormWeight:
+        std::fill(p, p + t.numel, 1.0f);
+        break;
       case TensorKind::kLayerNormBias:
-      case TensorKind::kBias: std::fill(p, p + t.numel, 0.0f); break;
+      case TensorKind::kBias:
+        std::fill(p, p + t.numel, 0.0f);
+        break;
       case TensorKind::kMatrix:
       case TensorKind::kEmbedding: {
         // A per-tensor stream: seed and tensor index mixed (splitmix64 constant).
         std::mt19937_64 rng(seed ^ (index * 0x9E3779B97F4A7C15ull));
         std::normal_distribution<float> normal(
             0.0f, static_cast<float>(t.residual_projection ? residual_std : 0.02));
-        for (std::size_t i = 0; i < t.numel; ++i) p[i] = normal(rng);
+        for (std::size_t i = 0; i < t.numel; ++i)
+          p[i] = normal(rng);
         break;
       }
     }

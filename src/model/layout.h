@@ -14,12 +14,12 @@ namespace zo::model {
 enum class TensorKind { kEmbedding, kLayerNormWeight, kLayerNormBias, kMatrix, kBias };
 
 struct TensorInfo {
-  std::string name;             // Hugging Face GPT-2 name without prefix, e.g. "h.3.mlp.c_fc.weight"
+  std::string name;  // Hugging Face GPT-2 name without prefix, e.g. "h.3.mlp.c_fc.weight"
   std::vector<std::size_t> shape;  // ours, row-major; matrices are (out, in)
-  std::size_t offset = 0;       // elements from the start of the flat buffer
+  std::size_t offset = 0;          // elements from the start of the flat buffer
   std::size_t numel = 0;
   TensorKind kind = TensorKind::kMatrix;
-  int layer = -1;               // transformer block, or -1 for embeddings / final LN
+  int layer = -1;                    // transformer block, or -1 for embeddings / final LN
   bool residual_projection = false;  // attn.c_proj / mlp.c_proj: init scaled by 1/sqrt(2 L)
   // Hugging Face GPT-2 stores Linear weights as Conv1D (in, out): transpose on import/export.
   bool hf_transposed = false;
@@ -27,8 +27,8 @@ struct TensorInfo {
 
 // Offsets of one block's tensors (elements into the flat buffer).
 struct BlockParams {
-  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b,
-      fcproj_w, fcproj_b;
+  std::size_t ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
+      fcproj_b;
 };
 
 class ParameterLayout {
@@ -37,7 +37,7 @@ class ParameterLayout {
 
   const ModelSpec& spec() const { return spec_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
-  std::size_t size() const { return size_; }  // total parameters
+  std::size_t size() const { return size_; }              // total parameters
   const TensorInfo& find(const std::string& name) const;  // throws std::out_of_range
 
   std::size_t wte() const { return wte_; }  // (V, C), also the tied LM head

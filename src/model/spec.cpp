@@ -35,7 +35,8 @@ constexpr Preset kPresets[] = {
 
 int get_int(const nlohmann::json& j, const char* key, const std::string& origin) {
   const auto& v = j.at(key);
-  if (!v.is_number_integer()) bad(origin, std::string(key) + " must be an integer, got " + v.dump());
+  if (!v.is_number_integer())
+    bad(origin, std::string(key) + " must be an integer, got " + v.dump());
   const auto x = v.get<std::int64_t>();
   if (x <= 0 || x > (1 << 30)) {
     bad(origin, std::string(key) + " = " + std::to_string(x) + " is out of range (1 .. 2^30)");
@@ -47,8 +48,11 @@ int get_int(const nlohmann::json& j, const char* key, const std::string& origin)
 
 void ModelSpec::validate() const {
   const std::string origin = "'" + name + "'";
-  for (auto [key, v] : {std::pair{"n_layer", n_layer}, {"n_head", n_head}, {"n_embd", n_embd},
-                        {"vocab_size", vocab_size}, {"block_size", block_size}}) {
+  for (auto [key, v] : {std::pair{"n_layer", n_layer},
+                        {"n_head", n_head},
+                        {"n_embd", n_embd},
+                        {"vocab_size", vocab_size},
+                        {"block_size", block_size}}) {
     if (v <= 0) bad(origin, std::string(key) + " = " + std::to_string(v) + " must be > 0");
   }
   if (n_embd % n_head != 0) {
@@ -78,29 +82,51 @@ bool ModelSpec::same_architecture(const ModelSpec& o) const {
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> out;
-  for (const auto& p : kPresets) out.emplace_back(p.name);
+  for (const auto& p : kPresets)
+    out.emplace_back(p.name);
   return out;
 }
 
 ModelSpec model_spec_from_json(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) bad(origin, "must be a JSON object");
   // Keys of Hugging Face GPT-2 config.json files that do not change the architecture we build.
-  static const std::set<std::string> kIgnored = {
-      "activation_function", "architectures", "attn_pdrop", "bos_token_id", "embd_pdrop",
-      "eos_token_id", "initializer_range", "layer_norm_epsilon", "model_type", "n_ctx",
-      "n_inner", "resid_pdrop", "summary_activation", "summary_first_dropout",
-      "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
-      "torch_dtype", "transformers_version", "use_cache", "scale_attn_weights",
-      "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "name", "bias", "dropout"};
-  static const std::set<std::string> kKnown = {"n_layer", "n_head", "n_embd", "vocab_size",
-                                               "block_size", "n_positions"};
+  static const std::set<std::string> kIgnored = {"activation_function",
+                                                 "architectures",
+                                                 "attn_pdrop",
+                                                 "bos_token_id",
+                                                 "embd_pdrop",
+                                                 "eos_token_id",
+                                                 "initializer_range",
+                                                 "layer_norm_epsilon",
+                                                 "model_type",
+                                                 "n_ctx",
+                                                 "n_inner",
+                                                 "resid_pdrop",
+                                                 "summary_activation",
+                                                 "summary_first_dropout",
+                                                 "summary_proj_to_labels",
+                                                 "summary_type",
+                                                 "summary_use_proj",
+                                                 "task_specific_params",
+                                                 "torch_dtype",
+                                                 "transformers_version",
+                                                 "use_cache",
+                                                 "scale_attn_weights",
+                                                 "reorder_and_upcast_attn",
+                                                 "scale_attn_by_inverse_layer_idx",
+                                                 "name",
+                                                 "bias",
+                                                 "dropout"};
+  static const std::set<std::string> kKnown = {"n_layer",    "n_head",     "n_embd",
+                                               "vocab_size", "block_size", "n_positions"};
   std::vector<std::string> unknown;
   for (const auto& [k, v] : j.items()) {
     if (!kKnown.count(k) && !kIgnored.count(k)) unknown.push_back(k);
   }
   if (!unknown.empty()) {
     std::string list;
-    for (const auto& k : unknown) list += (list.empty() ? "" : ", ") + k;
+    for (const auto& k : unknown)
+      list += (list.empty() ? "" : ", ") + k;
     bad(origin, "unknown key(s): " + list +
                     " (expected n_layer, n_head, n_embd, vocab_size, block_size or n_positions)");
   }
@@ -137,17 +163,19 @@ ModelSpec load_model_spec(const std::string& preset_or_path) {
   std::error_code ec;
   if (!fs::is_regular_file(preset_or_path, ec)) {
     std::string names;
-    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-    throw std::invalid_argument("--model '" + preset_or_path +
-                                "' is neither a preset nor a readable JSON file; presets: " + names);
+    for (const auto& n : preset_names())
+      names += (names.empty() ? "" : ", ") + n;
+    throw std::invalid_argument(
+        "--model '" + preset_or_path +
+        "' is neither a preset nor a readable JSON file; presets: " + names);
   }
   std::ifstream in(preset_or_path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
-    throw std::invalid_argument("model spec '" + preset_or_path + "' is not valid JSON: " +
-                                e.what());
+    throw std::invalid_argument("model spec '" + preset_or_path +
+                                "' is not valid JSON: " + e.what());
   }
   return model_spec_from_json(j, "'" + preset_or_path + "'");
 }

@@ -10,12 +10,12 @@
 namespace zo::model {
 
 struct ModelSpec {
-  std::string name;     // preset name or the file it came from
+  std::string name;  // preset name or the file it came from
   int n_layer = 0;
   int n_head = 0;
-  int n_embd = 0;       // C
-  int vocab_size = 0;   // V
-  int block_size = 0;   // maximum sequence length (n_positions)
+  int n_embd = 0;      // C
+  int vocab_size = 0;  // V
+  int block_size = 0;  // maximum sequence length (n_positions)
 
   void validate() const;  // throws std::invalid_argument naming the field and the fix
   std::size_t num_parameters() const;

@@ -30,7 +30,8 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"tokens_per_s", m.tokens_per_s},
                       {"tflops", m.tflops},
                       {"step_ms", m.step_ms}};
-  for (const auto& [k, v] : m.phase_ms) j[k + "_ms"] = v;
+  for (const auto& [k, v] : m.phase_ms)
+    j[k + "_ms"] = v;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   out_ << j.dump() << '\n';
   out_.flush();

@@ -13,11 +13,11 @@ struct StepMetrics {
   std::int64_t step = 0;  // 1-based, after the update
   double loss = 0.0;      // mean training loss over the step's micro-batches
   float lr = 0.0f;
-  double grad_norm = 0.0;  // global L2 norm before clipping
-  bool skipped = false;    // non-finite gradients: no update
+  double grad_norm = 0.0;   // global L2 norm before clipping
+  bool skipped = false;     // non-finite gradients: no update
   std::int64_t tokens = 0;  // tokens processed so far
   double tokens_per_s = 0.0;
-  double tflops = 0.0;      // achieved model FLOP/s (6N + attention, PaLM appendix B) / 1e12
+  double tflops = 0.0;  // achieved model FLOP/s (6N + attention, PaLM appendix B) / 1e12
   double step_ms = 0.0;
   std::map<std::string, double> phase_ms;  // forward, backward, optimizer, ...
   std::optional<double> val_loss;

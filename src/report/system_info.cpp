@@ -14,7 +14,8 @@ namespace zo::report {
 nlohmann::json system_info() {
   nlohmann::json j;
   nlohmann::json isas = nlohmann::json::array();
-  for (auto isa : cpu_adam::supported_isas()) isas.push_back(cpu_adam::isa_name(isa));
+  for (auto isa : cpu_adam::supported_isas())
+    isas.push_back(cpu_adam::isa_name(isa));
   j["cpu_adam"] = {{"supported_isas", isas},
                    {"selected_isa", cpu_adam::isa_name(cpu_adam::default_isa())},
                    {"chunk_elements", cpu_adam::kChunkElements}};
@@ -24,15 +25,15 @@ nlohmann::json system_info() {
 #ifdef ZO_HAVE_CUDA
   nlohmann::json gpus = nlohmann::json::array();
   for (const auto& d : gpu::query_devices()) {
-    gpus.push_back({{"index", d.index},
-                    {"name", d.name},
-                    {"compute_capability", std::to_string(d.cc_major) + "." +
-                                               std::to_string(d.cc_minor)},
-                    {"total_bytes", d.total_bytes},
-                    {"free_bytes", d.free_bytes},
-                    {"sm_count", d.sm_count},
-                    {"usable", d.usable()},
-                    {"unusable_reason", d.unusable_reason}});
+    gpus.push_back(
+        {{"index", d.index},
+         {"name", d.name},
+         {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+         {"total_bytes", d.total_bytes},
+         {"free_bytes", d.free_bytes},
+         {"sm_count", d.sm_count},
+         {"usable", d.usable()},
+         {"unusable_reason", d.unusable_reason}});
   }
   j["cuda"] = {{"built", true}, {"devices", gpus}, {"no_device_reason", gpu::no_device_reason()}};
 #else
@@ -48,9 +49,9 @@ nlohmann::json system_info() {
 std::string format_system_info(const nlohmann::json& j) {
   std::ostringstream os;
   const auto gib = [](std::size_t b) { return double(b) / double(1ull << 30); };
-  os << "CPU Adam      : " << j["cpu_adam"]["selected_isa"].get<std::string>()
-     << " (supported:";
-  for (const auto& isa : j["cpu_adam"]["supported_isas"]) os << ' ' << isa.get<std::string>();
+  os << "CPU Adam      : " << j["cpu_adam"]["selected_isa"].get<std::string>() << " (supported:";
+  for (const auto& isa : j["cpu_adam"]["supported_isas"])
+    os << ' ' << isa.get<std::string>();
   os << "; force with ZO_CPU_ADAM_ISA)\n";
   os << "host threads  : " << j["host"]["hardware_threads"].get<unsigned>() << "\n";
   os.precision(1);
@@ -62,9 +63,10 @@ std::string format_system_info(const nlohmann::json& j) {
     os << "  GPU " << d["index"].get<int>() << ": " << d["name"].get<std::string>() << ", sm "
        << d["compute_capability"].get<std::string>() << ", "
        << gib(d["free_bytes"].get<std::size_t>()) << " / "
-       << gib(d["total_bytes"].get<std::size_t>()) << " GiB free, "
-       << d["sm_count"].get<int>() << " SMs"
-       << (d["usable"].get<bool>() ? "" : " (unusable: " + d["unusable_reason"].get<std::string>() + ")")
+       << gib(d["total_bytes"].get<std::size_t>()) << " GiB free, " << d["sm_count"].get<int>()
+       << " SMs"
+       << (d["usable"].get<bool>() ? ""
+                                   : " (unusable: " + d["unusable_reason"].get<std::string>() + ")")
        << "\n";
   }
   const auto reason = j["cuda"]["no_device_reason"].get<std::string>();

@@ -78,11 +78,14 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
   try {
     state = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "': trainer_state.json is not "
-                                "valid JSON (" + e.what() + ")");
+    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
+                                "': trainer_state.json is not "
+                                "valid JSON (" +
+                                e.what() + ")");
   }
   if (!state.contains("format_version") || state["format_version"] != kCheckpointFormatVersion) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "' has an unsupported format "
+    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
+                                "' has an unsupported format "
                                 "version; it was written by another version of offload_train");
   }
   return state;
@@ -97,10 +100,10 @@ nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout
   nlohmann::json state = read_trainer_state(dir);
   const model::ModelSpec spec = checkpoint_spec(state);
   if (!spec.same_architecture(layout.spec())) {
-    throw ckpt::CheckpointError(
-        "checkpoint '" + dir.string() + "' is for model " + spec.to_json().dump() +
-        ", but this run builds " + layout.spec().to_json().dump() +
-        "; pass the matching --model or start a new --checkpoint-dir");
+    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "' is for model " +
+                                spec.to_json().dump() + ", but this run builds " +
+                                layout.spec().to_json().dump() +
+                                "; pass the matching --model or start a new --checkpoint-dir");
   }
   model::import_hf_weights(dir / "model.safetensors", layout, opt.master());
   const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");

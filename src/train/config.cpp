@@ -65,6 +65,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"adam_eps", eps},
           {"weight_decay", weight_decay},
           {"decay_embeddings", decay_embeddings},
+          {"decay_biases_and_norms", decay_biases_and_norms},
           {"grad_clip", grad_clip},
           {"optimizer_state", dtype_name(optimizer_state)},
           {"device", device},

@@ -21,13 +21,13 @@ struct TrainConfig {
   // data
   std::string data = "synthetic";  // file, directory, glob, or "synthetic"
   std::string data_format = "auto";
-  std::string val_data;            // separate validation data ("" = hold out val_fraction)
+  std::string val_data;  // separate validation data ("" = hold out val_fraction)
   double val_fraction = 0.05;
 
   // batch
-  int micro_batch = 4;     // B
-  int seq_len = 0;         // T; 0 = the model's block_size
-  int grad_accum = 1;      // micro-batches per optimizer step
+  int micro_batch = 4;  // B
+  int seq_len = 0;      // T; 0 = the model's block_size
+  int grad_accum = 1;   // micro-batches per optimizer step
   std::int64_t steps = 100;
 
   // optimizer
@@ -35,24 +35,25 @@ struct TrainConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;
   bool decay_embeddings = false;  // by default decay applies to matrices only
-  float grad_clip = 1.0f;         // global-norm clip; 0 = off
+  bool decay_biases_and_norms = false;
+  float grad_clip = 1.0f;  // global-norm clip; 0 = off
   DType optimizer_state = DType::kF32;
   int adam_threads = 0;
 
   // device
-  std::string device = "host";     // host | cuda
-  std::size_t device_memory = 0;   // host backend capacity in bytes; 0 = unlimited
-  int threads = 0;                 // host backend compute threads; 0 = all cores
+  std::string device = "host";    // host | cuda
+  std::size_t device_memory = 0;  // host backend capacity in bytes; 0 = unlimited
+  int threads = 0;                // host backend compute threads; 0 = all cores
 
   // evaluation, checkpoints, output
   std::int64_t eval_interval = 0;  // steps; 0 = only at the end
   int eval_batches = 8;
-  std::string checkpoint_dir;      // "" = no checkpoints
+  std::string checkpoint_dir;            // "" = no checkpoints
   std::int64_t checkpoint_interval = 0;  // steps; 0 = only at the end
-  int keep_last = 3;               // checkpoints kept by rotation; 0 = all
-  std::string resume;              // checkpoint directory, or "latest" (in checkpoint_dir)
-  std::string metrics;             // JSONL path ("" = none)
-  std::int64_t log_interval = 1;   // progress line every N steps
+  int keep_last = 3;                     // checkpoints kept by rotation; 0 = all
+  std::string resume;                    // checkpoint directory, or "latest" (in checkpoint_dir)
+  std::string metrics;                   // JSONL path ("" = none)
+  std::int64_t log_interval = 1;         // progress line every N steps
   bool quiet = false;
 
   // Cross-field checks; throw std::invalid_argument naming the flags and the fix. The first

@@ -13,8 +13,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ")", n * esize});
   p.device.push_back({"gradients", n * esize});
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
-                          std::to_string(in.shape.T) +
-                          (in.shape.recompute ? ", recompute)" : ")"),
+                          std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
                       model::gpt_activation_bytes(in.spec, in.shape, esize)});
   p.device.push_back({"norm scratch", 64});
   const std::size_t sb = dtype_size(in.optimizer_state);
@@ -23,8 +22,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.host.push_back({"Adam v (" + std::string(dtype_name(in.optimizer_state)) + ")", n * sb});
   p.host.push_back({"gradient copy", n * esize});
   if (in.act_dtype != DType::kF32) p.host.push_back({"16-bit upload copy", n * esize});
-  for (const auto& l : p.device) p.device_total += l.bytes;
-  for (const auto& l : p.host) p.host_total += l.bytes;
+  for (const auto& l : p.device)
+    p.device_total += l.bytes;
+  for (const auto& l : p.host)
+    p.host_total += l.bytes;
   p.device_fits = in.device_capacity == 0 || p.device_total <= in.device_capacity;
   p.host_fits = in.host_available == 0 || p.host_total <= in.host_available;
   std::ostringstream advice;
@@ -32,7 +33,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
     advice << "device needs " << format_bytes(p.device_total) << " but has "
            << format_bytes(in.device_capacity) << ": ";
     if (!in.shape.recompute) advice << "enable --recompute, ";
-    if (in.shape.B > 1) advice << "use a smaller --micro-batch (with --grad-accum to keep the batch), ";
+    if (in.shape.B > 1)
+      advice << "use a smaller --micro-batch (with --grad-accum to keep the batch), ";
     advice << "shorten --seq-len, or give the device more memory (--device-memory)";
   }
   if (!p.host_fits) {
@@ -54,12 +56,14 @@ std::string MemoryPlan::format(const PlanInput& in) const {
   };
   os << "memory plan for " << in.spec.name << " (" << in.spec.num_parameters() << " parameters)\n";
   os << "  device:\n";
-  for (const auto& l : device) line(l);
+  for (const auto& l : device)
+    line(l);
   os << "    total" << std::string(35, ' ') << format_bytes(device_total) << "  of "
      << (in.device_capacity ? format_bytes(in.device_capacity) : std::string("unlimited"))
      << (device_fits ? "  fits" : "  DOES NOT FIT") << "\n";
   os << "  host:\n";
-  for (const auto& l : host) line(l);
+  for (const auto& l : host)
+    line(l);
   os << "    total" << std::string(35, ' ') << format_bytes(host_total) << "  of "
      << (in.host_available ? format_bytes(in.host_available) + " available"
                            : std::string("unknown"))

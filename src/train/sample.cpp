@@ -19,7 +19,8 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   if (c.new_tokens < 0 || !(c.temperature >= 0.0f) || c.top_k < 0) {
     throw std::invalid_argument("--tokens, --temperature and --top-k must be >= 0");
   }
-  if (c.prompt.empty()) throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
+  if (c.prompt.empty())
+    throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
   model::ModelSpec spec;
   std::vector<float> weights;
   if (!c.checkpoint.empty()) {
@@ -37,8 +38,10 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   const model::ParameterLayout layout(spec);
   for (std::int32_t t : c.prompt) {
     if (t < 0 || t >= spec.vocab_size) {
-      throw std::invalid_argument("prompt token " + std::to_string(t) + " is outside the model's "
-                                  "vocabulary [0, " + std::to_string(spec.vocab_size) + ")");
+      throw std::invalid_argument("prompt token " + std::to_string(t) +
+                                  " is outside the model's "
+                                  "vocabulary [0, " +
+                                  std::to_string(spec.vocab_size) + ")");
     }
   }
 
@@ -70,7 +73,8 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
       next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
                                        logits.begin());
     } else {
-      for (int i = 0; i < V; ++i) order[i] = i;
+      for (int i = 0; i < V; ++i)
+        order[i] = i;
       int keep = V;
       if (c.top_k > 0 && c.top_k < V) {
         keep = c.top_k;
@@ -78,9 +82,11 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
                           [&](int a, int b) { return logits[a] > logits[b]; });
       }
       double mx = -INFINITY;
-      for (int i = 0; i < keep; ++i) mx = std::max(mx, double(logits[order[i]]));
+      for (int i = 0; i < keep; ++i)
+        mx = std::max(mx, double(logits[order[i]]));
       std::vector<double> p(static_cast<std::size_t>(keep));
-      for (int i = 0; i < keep; ++i) p[i] = std::exp((logits[order[i]] - mx) / c.temperature);
+      for (int i = 0; i < keep; ++i)
+        p[i] = std::exp((logits[order[i]] - mx) / c.temperature);
       std::discrete_distribution<int> pick(p.begin(), p.end());
       next = order[pick(rng)];
     }

@@ -8,14 +8,14 @@
 namespace zo::train {
 
 struct SampleConfig {
-  std::string checkpoint;      // checkpoint directory, or "latest" in checkpoint_dir
+  std::string checkpoint;  // checkpoint directory, or "latest" in checkpoint_dir
   std::string checkpoint_dir;
-  std::string init_from;       // or Hugging Face GPT-2 safetensors + model
+  std::string init_from;  // or Hugging Face GPT-2 safetensors + model
   std::string model;
   std::vector<std::int32_t> prompt;  // token ids (the CLI turns text into bytes)
   int new_tokens = 64;
-  float temperature = 1.0f;    // 0 = greedy
-  int top_k = 0;               // 0 = all
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = all
   std::uint64_t seed = 1;
   int threads = 0;
 };

@@ -16,9 +16,12 @@ DecayKind parse_decay(const std::string& name) {
 
 const char* decay_name(DecayKind k) {
   switch (k) {
-    case DecayKind::kCosine: return "cosine";
-    case DecayKind::kLinear: return "linear";
-    case DecayKind::kConstant: return "constant";
+    case DecayKind::kCosine:
+      return "cosine";
+    case DecayKind::kLinear:
+      return "linear";
+    case DecayKind::kConstant:
+      return "constant";
   }
   return "?";
 }
@@ -43,9 +46,14 @@ float LrSchedule::at(std::int64_t step) const {
   const double progress = std::clamp(double(step - warmup_steps) / double(span), 0.0, 1.0);
   double coeff = 1.0;  // 1 at the start of decay, 0 at the end
   switch (decay) {
-    case DecayKind::kCosine: coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * progress)); break;
-    case DecayKind::kLinear: coeff = 1.0 - progress; break;
-    case DecayKind::kConstant: return max_lr;
+    case DecayKind::kCosine:
+      coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+      break;
+    case DecayKind::kLinear:
+      coeff = 1.0 - progress;
+      break;
+    case DecayKind::kConstant:
+      return max_lr;
   }
   return static_cast<float>(min_lr + coeff * (double(max_lr) - min_lr));
 }

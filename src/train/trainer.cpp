@@ -96,8 +96,12 @@ struct Trainer::Impl {
     // The memory plan, checked before allocating.
     dev = make_device(cfg);
     act = dev->act_dtype();
-    PlanInput pi{spec, {cfg.micro_batch, T, cfg.recompute}, act, cfg.optimizer_state,
-                 dev->capacity_bytes(), pinned::host_available_bytes()};
+    PlanInput pi{spec,
+                 {cfg.micro_batch, T, cfg.recompute},
+                 act,
+                 cfg.optimizer_state,
+                 dev->capacity_bytes(),
+                 pinned::host_available_bytes()};
     const MemoryPlan plan = plan_memory(pi);
     if (!plan.device_fits || !plan.host_fits) {
       throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
@@ -110,6 +114,7 @@ struct Trainer::Impl {
     oc.adam.weight_decay = cfg.weight_decay;
     oc.adam.lr = cfg.lr.max_lr;
     oc.decay_policy.embeddings = cfg.decay_embeddings;
+    oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
     oc.state_dtype = cfg.optimizer_state;
     oc.threads = cfg.adam_threads;
     opt = std::make_unique<HostOptimizer>(*layout, oc);
@@ -119,11 +124,12 @@ struct Trainer::Impl {
     params = dev->alloc(n * esize, "parameters");
     grads = dev->alloc(n * esize, "gradients");
     norm = dev->alloc(64, "gradient norm");
-    gpt = std::make_unique<model::Gpt>(*dev, *layout, model::GptShape{cfg.micro_batch, T,
-                                                                      cfg.recompute});
+    gpt = std::make_unique<model::Gpt>(*dev, *layout,
+                                       model::GptShape{cfg.micro_batch, T, cfg.recompute});
     grads_host = pinned::HostBuffer(n * esize);
     if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
-    for (int k = 0; k < 3 * cfg.grad_accum; ++k) events.push_back(dev->create_event());
+    for (int k = 0; k < 3 * cfg.grad_accum; ++k)
+      events.push_back(dev->create_event());
     losses_host.resize(std::size_t(cfg.grad_accum) * cfg.micro_batch * T);
 
     if (resume_state) {
@@ -179,17 +185,23 @@ struct Trainer::Impl {
   }
 
   nlohmann::json trainer_state(std::int64_t step) const {
+    // No random stream is consumed while training (the data order is a pure function of seed
+    // and position; there is no dropout), so the seed is the whole RNG state. The host backend
+    // runs fp32 without a loss scaler: the scale is 1.
     return {{"step", step},
             {"tokens", tokens},
             {"data", loaders.train->state()},
             {"config", cfg.to_json()},
-            {"seed", cfg.seed}};
+            {"rng", {{"seed", cfg.seed}}},
+            {"loss_scale", 1.0}};
   }
 };
 
 Trainer::Trainer(const TrainConfig& config) : impl_(std::make_unique<Impl>(config)) {}
 Trainer::~Trainer() = default;
-const model::ModelSpec& Trainer::spec() const { return impl_->spec; }
+const model::ModelSpec& Trainer::spec() const {
+  return impl_->spec;
+}
 
 TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   Impl& I = *impl_;
@@ -212,11 +224,12 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
        << I.spec.vocab_size << ", block " << I.spec.block_size << ")\n"
        << "device " << I.dev->name() << "; batch " << B << " x " << T << " x " << A
        << " accum = " << BT * A << " tokens/step; optimizer AdamW on "
-       << cpu_adam::isa_name(cpu_adam::default_isa()) << " with "
-       << dtype_name(cfg.optimizer_state) << " state\n"
+       << cpu_adam::isa_name(cpu_adam::default_isa()) << " with " << dtype_name(cfg.optimizer_state)
+       << " state\n"
        << "data: " << I.loaders.train->describe();
     if (I.loaders.val) os << "\n      " << I.loaders.val->describe();
-    if (I.start_step > 0) os << "\nresumed from " << I.resume_dir.string() << " at step " << I.start_step;
+    if (I.start_step > 0)
+      os << "\nresumed from " << I.resume_dir.string() << " at step " << I.start_step;
     say(os.str());
   }
 

@@ -65,9 +65,15 @@ struct ConstArrayView {
   std::size_t size = 0;  // elements
   DType dtype = DType::kF32;
 };
-inline ArrayView view(std::span<float> s) { return {s.data(), s.size(), DType::kF32}; }
-inline ArrayView view(std::span<std::uint16_t> s, DType t) { return {s.data(), s.size(), t}; }
-inline ConstArrayView view(std::span<const float> s) { return {s.data(), s.size(), DType::kF32}; }
+inline ArrayView view(std::span<float> s) {
+  return {s.data(), s.size(), DType::kF32};
+}
+inline ArrayView view(std::span<std::uint16_t> s, DType t) {
+  return {s.data(), s.size(), t};
+}
+inline ConstArrayView view(std::span<const float> s) {
+  return {s.data(), s.size(), DType::kF32};
+}
 inline ConstArrayView view(std::span<const std::uint16_t> s, DType t) {
   return {s.data(), s.size(), t};
 }
@@ -78,7 +84,7 @@ struct AdamBuffers {
   ArrayView exp_avg;        // (n) m: kF32 or kBF16
   ArrayView exp_avg_sq;     // (n) v: same dtype as exp_avg
   ConstArrayView grads;     // (n) kF32, kF16 or kBF16
-  ArrayView params_out;     // optional (n) kF16 or kBF16 copy of the new params; data == nullptr: none
+  ArrayView params_out;  // optional (n) kF16 or kBF16 copy of the new params; data == nullptr: none
 };
 
 // ---- one update ---------------------------------------------------------------------------------
