@@ -93,6 +93,13 @@ struct AttentionArgs {
   int B, T, C, NH;  // head size C / NH; causal
 };
 
+struct AdamWStep {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  bool bias_correction = true;
+  std::int64_t t = 1;      // step number, >= 1
+  float grad_mult = 1.0f;  // 1/loss_scale x clip coefficient
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -178,6 +185,13 @@ class Device {
   // Elementwise conversion; either side may be act_dtype() or fp32.
   virtual void cast(void* dst, DType dst_t, const void* src, DType src_t, std::size_t n,
                     Stream& s) = 0;
+
+  // AdamW on the device for the GPU-resident mode, with the math of cpu_adam
+  // (docs/cpu_adam.md): master, m, v (n) fp32 device arrays updated in place from grads (n,
+  // act dtype) times a.grad_mult; params_out (n, act dtype) written with the new parameters
+  // (may be null; on the host backend, whose act dtype is fp32, it may equal master).
+  virtual void adamw(float* master, float* m, float* v, const void* grads, void* params_out,
+                     std::size_t n, const AdamWStep& a, Stream& s) = 0;
 
  protected:
   friend class Buffer;

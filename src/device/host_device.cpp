@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "cpu_adam/cpu_adam.h"
 #include "device/device.h"
 #include "device/host_ops.h"
 #include "device/host_stream.h"
@@ -283,6 +284,34 @@ class HostDevice final : public Device {
     }
     if (!require_elementwise(s, op, n, {{dst, "dst"}, {src, "src"}})) return;
     launch(s, op, [=](host::Arena& a) { host::cast(a, dst, dst_t, src, src_t, n); });
+  }
+
+  void adamw(float* master, float* m, float* v, const void* grads, void* params_out,
+             std::size_t n, const AdamWStep& a, Stream& s) override {
+    constexpr const char* op = "adamw";
+    if (a.t < 1) bad_arg(op, "step t = " + std::to_string(a.t) + " must be >= 1");
+    if (!require_elementwise(s, op, n, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}}))
+      return;
+    cpu_adam::AdamConfig c;
+    c.lr = a.lr;
+    c.beta1 = a.beta1;
+    c.beta2 = a.beta2;
+    c.eps = a.eps;
+    c.weight_decay = a.weight_decay;
+    c.bias_correction = a.bias_correction;
+    c.validate();  // eagerly, so bad hyperparameters throw at the call
+    launch(s, op, [=](host::Arena&) {
+      // The same fused kernel as the host optimizer; fp32 on this backend, so params_out (if it
+      // is not the master itself) is a plain copy.
+      const cpu_adam::CpuAdam adam(c);
+      cpu_adam::AdamBuffers b;
+      b.params = {master, n};
+      b.exp_avg = {m, n, DType::kF32};
+      b.exp_avg_sq = {v, n, DType::kF32};
+      b.grads = {grads, n, DType::kF32};
+      adam.update(b, a.t, {a.grad_mult, cpu_adam::NonFinitePolicy::kReport});
+      if (params_out != nullptr && params_out != master) std::memcpy(params_out, master, n * 4);
+    });
   }
 
  protected:
