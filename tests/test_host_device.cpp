@@ -1189,4 +1189,59 @@ TEST(HostDeterminism, Attention) {
       "attention");
 }
 
+// The device AdamW (resident mode) against the documented update in float64, 10 steps.
+TEST(HostOps, AdamWMatchesFloat64Reference) {
+  auto dev = zo::dev::make_host_device({});
+  auto s = dev->create_stream();
+  const std::size_t n = 1031;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal;
+  std::vector<float> p(n), m(n), v(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] = normal(rng);
+    m[i] = 0.01f * normal(rng);
+    v[i] = 1e-4f * std::fabs(normal(rng));
+  }
+  std::vector<double> pd(p.begin(), p.end()), md(m.begin(), m.end()), vd(v.begin(), v.end());
+  Buffer bp = dev->alloc(n * 4, "p"), bm = dev->alloc(n * 4, "m"), bv = dev->alloc(n * 4, "v"),
+         bg = dev->alloc(n * 4, "g"), bout = dev->alloc(n * 4, "out");
+  dev->copy_to_device(bp.data(), p.data(), n * 4, *s);
+  dev->copy_to_device(bm.data(), m.data(), n * 4, *s);
+  dev->copy_to_device(bv.data(), v.data(), n * 4, *s);
+  zo::dev::AdamWStep a;
+  a.lr = 1e-2f;
+  a.beta1 = 0.9f;
+  a.beta2 = 0.95f;
+  a.weight_decay = 0.1f;
+  a.grad_mult = 0.5f;
+  for (std::int64_t t = 1; t <= 10; ++t) {
+    for (auto& x : g) x = normal(rng);
+    dev->copy_to_device(bg.data(), g.data(), n * 4, *s);
+    a.t = t;
+    dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), bout.data(), n, a, *s);
+    s->synchronize();  // g is rewritten next iteration
+    const double b1 = a.beta1, b2 = a.beta2;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double gi = double(g[i]) * a.grad_mult;
+      md[i] = b1 * md[i] + (1 - b1) * gi;
+      vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
+      const double bc1 = 1 - std::pow(b1, double(t)), bc2 = 1 - std::pow(b2, double(t));
+      pd[i] = pd[i] * (1 - double(a.lr) * a.weight_decay) -
+              a.lr / bc1 * md[i] / (std::sqrt(vd[i]) / std::sqrt(bc2) + a.eps);
+    }
+  }
+  std::vector<float> out(n), master(n);
+  dev->copy_to_host(out.data(), bout.data(), n * 4, *s);
+  dev->copy_to_host(master.data(), bp.data(), n * 4, *s);
+  s->synchronize();
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(master[i], pd[i], 1e-5 * std::fabs(pd[i]) + 1e-6) << i;
+    ASSERT_EQ(out[i], master[i]) << "params_out is the fp32 master on the host backend";
+  }
+  a.t = 0;
+  EXPECT_THROW(dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n,
+                          a, *s),
+               std::invalid_argument);
+}
+
 }  // namespace

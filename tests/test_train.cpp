@@ -148,6 +148,79 @@ TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
   EXPECT_EQ(read_master(a.path / "step_00000006"), read_master(b.path / "step_00000006"));
 }
 
+// On the host backend both modes run the same fp32 CPU Adam kernel, once through the device's
+// adamw op over device-resident state and once through the host optimizer: identical bits.
+TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {
+  TempDir a, b;
+  TrainConfig off = tiny_config(5);
+  off.mode = "offload";
+  off.checkpoint_dir = a.path.string();
+  TrainConfig res = off;
+  res.mode = "resident";
+  res.checkpoint_dir = b.path.string();
+  const auto s1 = Trainer(off).run();
+  const auto s2 = Trainer(res).run();
+  EXPECT_EQ(s1.losses, s2.losses);
+  EXPECT_EQ(file_bytes(a.path / "step_00000005" / "model.safetensors"),
+            file_bytes(b.path / "step_00000005" / "model.safetensors"));
+  EXPECT_EQ(file_bytes(a.path / "step_00000005" / "optimizer.safetensors"),
+            file_bytes(b.path / "step_00000005" / "optimizer.safetensors"));
+  // And a resident run resumes from an offload checkpoint (the format is the same).
+  TrainConfig cont = res;
+  cont.steps = 7;
+  cont.lr.total_steps = 7;
+  cont.resume = (a.path / "step_00000005").string();
+  EXPECT_EQ(Trainer(cont).run().first_step, 5);
+  res.optimizer_state = zo::DType::kBF16;
+  EXPECT_NE(error_of([&] { Trainer t(res); }).find("--mode offload"), std::string::npos);
+}
+
+// A power-of-two loss scale changes no bit in fp32: every backward op is linear in the scale,
+// and unscaling folds into the optimizer's multiplier.
+TEST(Trainer, StaticLossScaleIsExactInFp32) {
+  TrainConfig off = tiny_config(4);
+  off.loss_scale = "off";
+  TrainConfig scaled = off;
+  scaled.loss_scale = "65536";
+  EXPECT_EQ(Trainer(off).run().losses, Trainer(scaled).run().losses);
+}
+
+TEST(Trainer, InjectedOverflowSkipsExactlyOneStepAndBacksOff) {
+  TempDir d;
+  TrainConfig c = tiny_config(5);
+  c.loss_scale = "dynamic";
+  c.loss_scale_window = 2;
+  c.inject_overflow_steps = {3};
+  c.checkpoint_dir = d.path.string();
+  c.checkpoint_interval = 1;
+  c.keep_last = 0;
+  const auto s = Trainer(c).run();
+  EXPECT_EQ(s.skipped_steps, 1);
+  const auto step = [&](int k) { return d.path / zo::ckpt::checkpoint_dir_name("step_", k); };
+  // Step 3 changed nothing: weights and moments are those after step 2, byte for byte.
+  EXPECT_EQ(file_bytes(step(2) / "model.safetensors"), file_bytes(step(3) / "model.safetensors"));
+  EXPECT_EQ(file_bytes(step(2) / "optimizer.safetensors"),
+            file_bytes(step(3) / "optimizer.safetensors"));
+  EXPECT_NE(file_bytes(step(3) / "model.safetensors"), file_bytes(step(4) / "model.safetensors"));
+  auto scale_at = [&](int k) {
+    return zo::train::read_trainer_state(step(k)).at("loss_scaler").at("scale").get<float>();
+  };
+  EXPECT_EQ(scale_at(1), 65536.0f);
+  EXPECT_EQ(scale_at(2), 131072.0f) << "grows after loss_scale_window clean steps";
+  EXPECT_EQ(scale_at(3), 65536.0f) << "halves on overflow";
+  EXPECT_EQ(zo::train::read_trainer_state(step(3)).at("adam_step"), 2) << "no Adam step taken";
+  // Resuming after the skipped step continues exactly like the uninterrupted run.
+  TempDir e;
+  fs::copy(step(3), e.path / step(3).filename(), fs::copy_options::recursive);
+  TrainConfig r = c;
+  r.checkpoint_dir = e.path.string();
+  r.resume = "latest";
+  const auto resumed = Trainer(r).run();
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], s.losses[3]);
+  EXPECT_EQ(resumed.losses[1], s.losses[4]);
+}
+
 TEST(Trainer, GradientAccumulationMatchesALargerMicroBatch) {
   TrainConfig one = tiny_config();
   one.micro_batch = 4;
@@ -288,6 +361,12 @@ TEST(TrainerErrors, FlagsAndDataProblems) {
   TrainConfig c = tiny_config();
   c.seq_len = 65;
   EXPECT_NE(error_of([&] { Trainer t(c); }).find("block_size"), std::string::npos);
+  c = tiny_config();
+  c.loss_scale = "lots";
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("--loss-scale 'lots'"), std::string::npos);
+  c = tiny_config();
+  c.precision = "bf16";
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("fp32 only"), std::string::npos);
   c = tiny_config();
   c.resume = "latest";
   EXPECT_NE(error_of([&] { Trainer t(c); }).find("--checkpoint-dir"), std::string::npos);

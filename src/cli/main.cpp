@@ -79,7 +79,21 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
       ->capture_default_str();
   t->add_option("--adam-threads", c.adam_threads, "CPU Adam threads; 0 = all cores");
-  t->add_option("--device", c.device, "host (CPU backend) or cuda")->capture_default_str();
+  t->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
+      ->capture_default_str();
+  t->add_option("--mode", c.mode,
+                "resident (optimizer state on the device), offload (on the host, CPU Adam) or "
+                "auto (resident when it fits on a GPU)")
+      ->capture_default_str();
+  t->add_option("--precision", c.precision,
+                "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
+      ->capture_default_str();
+  t->add_option("--loss-scale", c.loss_scale,
+                "auto (dynamic for fp16, else off), dynamic, off, or a fixed scale")
+      ->capture_default_str();
+  t->add_option("--loss-scale-window", c.loss_scale_window,
+                "overflow-free steps before a dynamic scale doubles")
+      ->capture_default_str();
   t->add_option("--device-memory", devmem.text,
                 "host backend memory capacity, e.g. 512MiB (default: unlimited)");
   t->add_option("--threads", c.threads, "host backend compute threads; 0 = all cores");
@@ -157,6 +171,8 @@ int main(int argc, char** argv) {
   plan->add_option("--precision", plan_precision, "device dtype: fp32 (host backend), bf16, fp16")
       ->capture_default_str();
   plan->add_option("--optimizer-state", plan_state, "fp32 or bf16")->capture_default_str();
+  bool plan_resident = false;
+  plan->add_flag("--resident", plan_resident, "plan resident mode (optimizer state on the device)");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
 
   // export
@@ -220,6 +236,7 @@ int main(int argc, char** argv) {
       pi.act_dtype = zo::parse_dtype(plan_precision);
       pi.optimizer_state = zo::parse_dtype(plan_state);
       pi.device_capacity = plan_devmem.bytes();
+      pi.resident = plan_resident;
       pi.host_available = zo::pinned::host_available_bytes();
       const auto p = zo::train::plan_memory(pi);
       std::fputs(p.format(pi).c_str(), stdout);

@@ -26,6 +26,7 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"lr", m.lr},
                       {"grad_norm", m.grad_norm},
                       {"skipped", m.skipped},
+                      {"loss_scale", m.loss_scale},
                       {"tokens", m.tokens},
                       {"tokens_per_s", m.tokens_per_s},
                       {"tflops", m.tflops},

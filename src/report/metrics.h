@@ -15,6 +15,7 @@ struct StepMetrics {
   float lr = 0.0f;
   double grad_norm = 0.0;   // global L2 norm before clipping
   bool skipped = false;     // non-finite gradients: no update
+  float loss_scale = 1.0f;  // the scale used for this step\'s backward
   std::int64_t tokens = 0;  // tokens processed so far
   double tokens_per_s = 0.0;
   double tflops = 0.0;  // achieved model FLOP/s (6N + attention, PaLM appendix B) / 1e12

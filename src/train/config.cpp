@@ -37,7 +37,20 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (!(eps > 0.0f)) bad("--adam-eps must be > 0");
   if (!(weight_decay >= 0.0f)) bad("--weight-decay must be >= 0");
   if (!(grad_clip >= 0.0f) || !std::isfinite(grad_clip)) bad("--grad-clip must be >= 0 (0 = off)");
-  if (device != "host" && device != "cuda") bad("--device must be host or cuda");
+  if (device != "auto" && device != "host" && device != "cuda") {
+    bad("--device must be auto, host or cuda");
+  }
+  if (mode != "auto" && mode != "resident" && mode != "offload") {
+    bad("--mode must be auto, resident or offload");
+  }
+  if (precision != "auto" && precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    bad("--precision must be auto, fp32, bf16 or fp16");
+  }
+  if (loss_scale_window < 1) bad("--loss-scale-window must be >= 1");
+  if (mode == "resident" && optimizer_state != DType::kF32) {
+    bad("--optimizer-state bf16 is for --mode offload (host memory); resident mode keeps fp32 "
+        "state on the device");
+  }
   if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
   if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
   if (log_interval < 1) bad("--log-every must be >= 1");
@@ -69,6 +82,9 @@ nlohmann::json TrainConfig::to_json() const {
           {"grad_clip", grad_clip},
           {"optimizer_state", dtype_name(optimizer_state)},
           {"device", device},
+          {"mode", mode},
+          {"precision", precision},
+          {"loss_scale", loss_scale},
           {"device_memory", device_memory},
           {"eval_interval", eval_interval},
           {"eval_batches", eval_batches},

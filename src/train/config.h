@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cpu_adam/dtype.h"
 #include "model/spec.h"
@@ -40,8 +41,18 @@ struct TrainConfig {
   DType optimizer_state = DType::kF32;
   int adam_threads = 0;
 
-  // device
-  std::string device = "host";    // host | cuda
+  // device and mode
+  std::string device = "auto";  // auto (cuda if a usable GPU is present, else host) | host | cuda
+  // Where the optimizer state lives: resident (on the device, AdamW on the device), offload
+  // (fp32 master, m, v on the host, CPU Adam), or auto (resident when it fits on a GPU; offload
+  // on the host backend or when the GPU is too small).
+  std::string mode = "auto";
+  std::string precision = "auto";  // device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16, fp16
+  // Loss scaling: auto (dynamic for fp16, off otherwise), dynamic, off, or a fixed number.
+  std::string loss_scale = "auto";
+  std::int64_t loss_scale_window = 1000;  // overflow-free steps before the scale doubles
+  // Testing hook (not a CLI flag): treat these steps' gradients as overflowed (1-based).
+  std::vector<std::int64_t> inject_overflow_steps;
   std::size_t device_memory = 0;  // host backend capacity in bytes; 0 = unlimited
   int threads = 0;                // host backend compute threads; 0 = all cores
 

@@ -36,11 +36,15 @@ class HostOptimizer {
   cpu_adam::StepResult step(cpu_adam::ConstArrayView grads, float lr, float grad_multiplier,
                             cpu_adam::ArrayView params_out = {});
 
- private:
+  // Maximal runs of tensors with the same weight-decay setting, in layout order; the
+  // GPU-resident mode applies the device AdamW run by run too.
   struct Run {
     std::size_t begin, end;
     bool decay;
   };
+  const std::vector<Run>& runs() const { return runs_; }
+
+ private:
   std::size_t n_;
   OptimizerConfig config_;
   cpu_adam::CpuAdam adam_;

@@ -17,11 +17,20 @@ MemoryPlan plan_memory(const PlanInput& in) {
                       model::gpt_activation_bytes(in.spec, in.shape, esize)});
   p.device.push_back({"norm scratch", 64});
   const std::size_t sb = dtype_size(in.optimizer_state);
-  p.host.push_back({"fp32 master weights", n * 4});
-  p.host.push_back({"Adam m (" + std::string(dtype_name(in.optimizer_state)) + ")", n * sb});
-  p.host.push_back({"Adam v (" + std::string(dtype_name(in.optimizer_state)) + ")", n * sb});
-  p.host.push_back({"gradient copy", n * esize});
-  if (in.act_dtype != DType::kF32) p.host.push_back({"16-bit upload copy", n * esize});
+  std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)
+  state.append(dtype_name(in.optimizer_state)).append(")");
+  if (in.resident) {
+    p.device.push_back({"fp32 master weights", n * 4});
+    p.device.push_back({"Adam m " + state, n * sb});
+    p.device.push_back({"Adam v " + state, n * sb});
+    p.host.push_back({"checkpoint staging (master, m, v)", n * (4 + 2 * sb)});
+  } else {
+    p.host.push_back({"fp32 master weights", n * 4});
+    p.host.push_back({"Adam m " + state, n * sb});
+    p.host.push_back({"Adam v " + state, n * sb});
+    p.host.push_back({"gradient copy", n * esize});
+    if (in.act_dtype != DType::kF32) p.host.push_back({"16-bit upload copy", n * esize});
+  }
   for (const auto& l : p.device)
     p.device_total += l.bytes;
   for (const auto& l : p.host)
@@ -35,7 +44,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (!in.shape.recompute) advice << "enable --recompute, ";
     if (in.shape.B > 1)
       advice << "use a smaller --micro-batch (with --grad-accum to keep the batch), ";
-    advice << "shorten --seq-len, or give the device more memory (--device-memory)";
+    advice << "shorten --seq-len, ";
+    if (in.resident) advice << "use --mode offload (optimizer state on the host), ";
+    advice << "or give the device more memory (--device-memory)";
   }
   if (!p.host_fits) {
     if (!p.device_fits) advice << "; ";
@@ -54,7 +65,8 @@ std::string MemoryPlan::format(const PlanInput& in) const {
     os << "    " << l.what << std::string(l.what.size() < 40 ? 40 - l.what.size() : 1, ' ')
        << format_bytes(l.bytes) << "\n";
   };
-  os << "memory plan for " << in.spec.name << " (" << in.spec.num_parameters() << " parameters)\n";
+  os << "memory plan for " << in.spec.name << " (" << in.spec.num_parameters() << " parameters, "
+     << (in.resident ? "resident" : "offload") << " mode)\n";
   os << "  device:\n";
   for (const auto& l : device)
     line(l);

@@ -19,6 +19,7 @@ struct PlanInput {
   DType optimizer_state = DType::kF32;  // host m, v
   std::size_t device_capacity = 0;      // 0 = unlimited / unknown
   std::size_t host_available = 0;       // 0 = unknown
+  bool resident = false;  // fp32 master, m, v on the device (AdamW there) instead of the host
 };
 
 struct PlanLine {
@@ -35,8 +36,9 @@ struct MemoryPlan {
   std::string format(const PlanInput& in) const;
 };
 
-// Plan for the non-offloaded trainer: the device holds parameters, a full gradient buffer and
-// activations; the host holds fp32 master, m, v and a gradient copy.
+// Offload mode: the device holds parameters, a full gradient buffer and activations; the host
+// holds fp32 master, m, v and a gradient copy. Resident mode: the device also holds fp32 master,
+// m and v; the host keeps a staging copy of them for initialisation and checkpoints.
 MemoryPlan plan_memory(const PlanInput& in);
 
 }  // namespace zo::train

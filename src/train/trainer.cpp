@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
@@ -7,6 +8,10 @@
 #include <sstream>
 
 #include "checkpoint/error.h"
+#ifdef ZO_HAVE_CUDA
+#include "device/cuda_device.h"
+#include "gpu/device.h"
+#endif
 #include "data/loader.h"
 #include "data/token_source.h"
 #include "model/gpt.h"
@@ -15,6 +20,7 @@
 #include "report/metrics.h"
 #include "train/checkpoint_io.h"
 #include "train/host_optimizer.h"
+#include "train/loss_scaler.h"
 #include "train/plan.h"
 
 namespace zo::train {
@@ -28,16 +34,62 @@ double ms_since(Clock::time_point t0) {
 }  // namespace
 
 std::unique_ptr<dev::Device> make_device(const TrainConfig& config) {
-  if (config.device == "host") {
-    dev::HostDeviceOptions o;
+  std::string which = config.device;
+#ifdef ZO_HAVE_CUDA
+  if (which == "auto") which = gpu::no_device_reason().empty() ? "cuda" : "host";
+  if (which == "cuda") {
+    const std::string why = gpu::no_device_reason();
+    if (!why.empty()) throw std::runtime_error("--device cuda: " + why);
+    dev::CudaDeviceOptions o;
     o.capacity_bytes = config.device_memory;
-    o.threads = config.threads;
-    return dev::make_host_device(o);
+    o.act_dtype = config.precision == "auto" ? DType::kBF16 : parse_dtype(config.precision);
+    return dev::make_cuda_device(o);
   }
-  throw std::runtime_error(
-      "--device cuda: GPU training is not available in this version yet (the CUDA kernels exist, "
-      "the CUDA device backend does not); use --device host");
+#else
+  if (which == "auto") which = "host";
+  if (which == "cuda") {
+    throw std::runtime_error("--device cuda: this build has no CUDA backend (configured without "
+                             "nvcc or with -DZO_CUDA=OFF); use --device host");
+  }
+#endif
+  if (config.precision != "auto" && config.precision != "fp32") {
+    throw std::runtime_error("--precision " + config.precision + ": the host backend computes in "
+                             "fp32 only; use --precision fp32 (or auto) with --device host");
+  }
+  dev::HostDeviceOptions o;
+  o.capacity_bytes = config.device_memory;
+  o.threads = config.threads;
+  return dev::make_host_device(o);
 }
+
+namespace {
+
+LossScalerConfig scaler_config(const TrainConfig& c, DType act) {
+  LossScalerConfig s;
+  s.growth_interval = c.loss_scale_window;
+  if (c.loss_scale == "auto") {
+    s.dynamic = act == DType::kF16;
+    if (!s.dynamic) s.initial = 1.0f;
+  } else if (c.loss_scale == "dynamic") {
+    s.dynamic = true;
+  } else if (c.loss_scale == "off") {
+    s.dynamic = false;
+    s.initial = 1.0f;
+  } else {
+    s.dynamic = false;
+    try {
+      std::size_t pos = 0;
+      s.initial = std::stof(c.loss_scale, &pos);
+      if (pos != c.loss_scale.size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--loss-scale '" + c.loss_scale +
+                                  "': use auto, dynamic, off or a positive number");
+    }
+  }
+  return s;
+}
+
+}  // namespace
 
 struct Trainer::Impl {
   TrainConfig cfg;
@@ -51,10 +103,13 @@ struct Trainer::Impl {
   std::unique_ptr<dev::Stream> stream;
   std::unique_ptr<HostOptimizer> opt;
   std::unique_ptr<model::Gpt> gpt;
+  bool resident = false;            // optimizer state on the device (see TrainConfig::mode)
   dev::Buffer params, grads, norm;
+  dev::Buffer master_dev, m_dev, v_dev;  // resident mode: fp32 (n) each
   pinned::HostBuffer grads_host, params_out;
   DType act = DType::kF32;
   std::int64_t start_step = 0, tokens = 0;
+  LossScaler scaler;
   std::vector<std::unique_ptr<dev::Event>> events;
   std::vector<std::int32_t> inputs, targets;
   std::vector<float> losses_host;
@@ -96,12 +151,21 @@ struct Trainer::Impl {
     // The memory plan, checked before allocating.
     dev = make_device(cfg);
     act = dev->act_dtype();
+    scaler = LossScaler(scaler_config(cfg, act));
     PlanInput pi{spec,
                  {cfg.micro_batch, T, cfg.recompute},
                  act,
                  cfg.optimizer_state,
                  dev->capacity_bytes(),
                  pinned::host_available_bytes()};
+    // auto: resident on a GPU when it fits (and the state is fp32), offload otherwise.
+    if (cfg.mode == "auto") {
+      pi.resident = dev->backend() == dev::Backend::kCuda && cfg.optimizer_state == DType::kF32;
+      if (pi.resident && !plan_memory(pi).device_fits) pi.resident = false;
+    } else {
+      pi.resident = cfg.mode == "resident";
+    }
+    resident = pi.resident;
     const MemoryPlan plan = plan_memory(pi);
     if (!plan.device_fits || !plan.host_fits) {
       throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
@@ -126,7 +190,13 @@ struct Trainer::Impl {
     norm = dev->alloc(64, "gradient norm");
     gpt = std::make_unique<model::Gpt>(*dev, *layout,
                                        model::GptShape{cfg.micro_batch, T, cfg.recompute});
-    grads_host = pinned::HostBuffer(n * esize);
+    if (resident) {
+      master_dev = dev->alloc(n * 4, "fp32 master weights");
+      m_dev = dev->alloc(n * 4, "Adam m");
+      v_dev = dev->alloc(n * 4, "Adam v");
+    } else {
+      grads_host = pinned::HostBuffer(n * esize);
+    }
     if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
     for (int k = 0; k < 3 * cfg.grad_accum; ++k)
       events.push_back(dev->create_event());
@@ -137,12 +207,50 @@ struct Trainer::Impl {
       start_step = st.at("step").get<std::int64_t>();
       tokens = st.at("tokens").get<std::int64_t>();
       loaders.train->restore(st.at("data"));
+      if (st.contains("loss_scaler")) scaler.restore(st.at("loss_scaler"));
     } else if (!cfg.init_from.empty()) {
       model::import_hf_weights(cfg.init_from, *layout, opt->master());
     } else {
       model::init_gpt2(*layout, cfg.seed, opt->master().data());
     }
     upload_params();
+    if (resident) upload_optimizer_state();
+  }
+
+  // Resident mode keeps master, m and v on the device; the HostOptimizer's arrays stage them.
+  void upload_optimizer_state() {
+    const std::size_t bytes = layout->size() * 4;
+    dev->copy_to_device(master_dev.data(), opt->master().data(), bytes, *stream);
+    dev->copy_to_device(m_dev.data(), opt->exp_avg().data, bytes, *stream);
+    dev->copy_to_device(v_dev.data(), opt->exp_avg_sq().data, bytes, *stream);
+    stream->synchronize();  // the host arrays may change right after
+  }
+  void download_optimizer_state() {
+    const std::size_t bytes = layout->size() * 4;
+    dev->copy_to_host(opt->master().data(), master_dev.data(), bytes, *stream);
+    dev->copy_to_host(opt->exp_avg().data, m_dev.data(), bytes, *stream);
+    dev->copy_to_host(opt->exp_avg_sq().data, v_dev.data(), bytes, *stream);
+    stream->synchronize();
+  }
+
+  // AdamW on the device, run by run (weight decay differs between runs).
+  void resident_step(float lr, float coef) {
+    const std::int64_t t = opt->state().step + 1;
+    const std::size_t esize = dtype_size(act);
+    for (const auto& r : opt->runs()) {
+      dev::AdamWStep a;
+      a.lr = lr;
+      a.beta1 = cfg.beta1;
+      a.beta2 = cfg.beta2;
+      a.eps = cfg.eps;
+      a.weight_decay = r.decay ? cfg.weight_decay : 0.0f;
+      a.t = t;
+      a.grad_mult = coef;
+      dev->adamw(master_dev.as<float>() + r.begin, m_dev.as<float>() + r.begin,
+                 v_dev.as<float>() + r.begin, grads.as<char>() + r.begin * esize,
+                 params.as<char>() + r.begin * esize, r.end - r.begin, a, *stream);
+    }
+    opt->state().step = t;
   }
 
   // Work still queued on the stream reads and writes the buffers below: finish it first.
@@ -186,14 +294,13 @@ struct Trainer::Impl {
 
   nlohmann::json trainer_state(std::int64_t step) const {
     // No random stream is consumed while training (the data order is a pure function of seed
-    // and position; there is no dropout), so the seed is the whole RNG state. The host backend
-    // runs fp32 without a loss scaler: the scale is 1.
+    // and position; there is no dropout), so the seed is the whole RNG state.
     return {{"step", step},
             {"tokens", tokens},
             {"data", loaders.train->state()},
             {"config", cfg.to_json()},
             {"rng", {{"seed", cfg.seed}}},
-            {"loss_scale", 1.0}};
+            {"loss_scaler", scaler.state()}};
   }
 };
 
@@ -212,7 +319,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   const std::size_t n = I.layout->size();
   const int B = cfg.micro_batch, T = I.T, A = cfg.grad_accum;
   const std::size_t BT = std::size_t(B) * T;
-  const float dloss = 1.0f / float(BT * A);
+  const float dloss_unscaled = 1.0f / float(BT * A);
   const double fpt = report::flops_per_token(n, I.spec.n_layer, I.spec.n_embd, T);
 
   report::MetricsWriter metrics;
@@ -223,9 +330,11 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
        << ", n_head " << I.spec.n_head << ", n_embd " << I.spec.n_embd << ", vocab "
        << I.spec.vocab_size << ", block " << I.spec.block_size << ")\n"
        << "device " << I.dev->name() << "; batch " << B << " x " << T << " x " << A
-       << " accum = " << BT * A << " tokens/step; optimizer AdamW on "
-       << cpu_adam::isa_name(cpu_adam::default_isa()) << " with " << dtype_name(cfg.optimizer_state)
-       << " state\n"
+       << " accum = " << BT * A << " tokens/step\n"
+       << (I.resident ? std::string("resident mode: AdamW on the device")
+                      : "offload mode: AdamW on the CPU (" +
+                            std::string(cpu_adam::isa_name(cpu_adam::default_isa())) + ")")
+       << " with " << dtype_name(cfg.optimizer_state) << " state\n"
        << "data: " << I.loaders.train->describe();
     if (I.loaders.val) os << "\n      " << I.loaders.val->describe();
     if (I.start_step > 0)
@@ -241,6 +350,8 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   for (std::int64_t step = I.start_step; step < cfg.steps; ++step) {
     const auto t0 = Clock::now();
     const float lr = cfg.lr.at(step);
+    const float scale = I.scaler.scale();
+    const float dloss = dloss_unscaled * scale;
     I.dev->fill_zero(I.grads.data(), I.grads.bytes(), *I.stream);
     for (int a = 0; a < A; ++a) {
       I.loaders.train->next_batch(I.inputs, I.targets);
@@ -256,7 +367,9 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     I.dev->fill_zero(I.norm.data(), 4, *I.stream);
     I.dev->sum_squares(I.norm.as<float>(), I.grads.data(), n, *I.stream);
     I.dev->copy_to_host(&sumsq, I.norm.data(), 4, *I.stream);
-    I.dev->copy_to_host(I.grads_host.data(), I.grads.data(), I.grads.bytes(), *I.stream);
+    if (!I.resident) {
+      I.dev->copy_to_host(I.grads_host.data(), I.grads.data(), I.grads.bytes(), *I.stream);
+    }
     const auto wait_t0 = Clock::now();
     I.stream->synchronize();
     const double wait_ms = ms_since(wait_t0);
@@ -266,27 +379,39 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     m.lr = lr;
     m.loss = std::accumulate(I.losses_host.begin(), I.losses_host.end(), 0.0) /
              double(I.losses_host.size());
-    m.grad_norm = std::sqrt(double(sumsq));
+    const bool injected = std::find(cfg.inject_overflow_steps.begin(),
+                                    cfg.inject_overflow_steps.end(),
+                                    step + 1) != cfg.inject_overflow_steps.end();
+    m.grad_norm = injected ? INFINITY : std::sqrt(double(sumsq)) / double(scale);
     double fwd = 0, bwd = 0;
     for (int a = 0; a < A; ++a) {
       fwd += I.events[3 * a + 1]->elapsed_ms_since(*I.events[3 * a]);
       bwd += I.events[3 * a + 2]->elapsed_ms_since(*I.events[3 * a + 1]);
     }
     const auto opt_t0 = Clock::now();
-    if (!std::isfinite(m.grad_norm)) {
-      m.skipped = true;  // nothing changes; the next step recomputes from the same weights
+    const bool overflow = !std::isfinite(m.grad_norm);
+    I.scaler.update(overflow);
+    m.loss_scale = scale;
+    if (overflow) {
+      m.skipped = true;  // nothing changes; the scale backs off and the next step retries
       ++summary.skipped_steps;
     } else {
-      const float coef = cfg.grad_clip > 0.0f && m.grad_norm > cfg.grad_clip
+      // Unscaling and clipping fold into the one multiplier the optimizer applies.
+      const float clip = cfg.grad_clip > 0.0f && m.grad_norm > cfg.grad_clip
                              ? static_cast<float>(cfg.grad_clip / (m.grad_norm + 1e-6))
                              : 1.0f;
-      cpu_adam::ArrayView out;
-      if (I.act != DType::kF32) out = {I.params_out.data(), n, I.act};
-      I.opt->step({I.grads_host.data(), n, I.act}, lr, coef, out);
-      if (I.act == DType::kF32) {
-        I.dev->copy_to_device(I.params.data(), I.opt->master().data(), n * 4, *I.stream);
+      const float coef = clip / scale;
+      if (I.resident) {
+        I.resident_step(lr, coef);
       } else {
-        I.dev->copy_to_device(I.params.data(), I.params_out.data(), n * 2, *I.stream);
+        cpu_adam::ArrayView out;
+        if (I.act != DType::kF32) out = {I.params_out.data(), n, I.act};
+        I.opt->step({I.grads_host.data(), n, I.act}, lr, coef, out);
+        if (I.act == DType::kF32) {
+          I.dev->copy_to_device(I.params.data(), I.opt->master().data(), n * 4, *I.stream);
+        } else {
+          I.dev->copy_to_device(I.params.data(), I.params_out.data(), n * 2, *I.stream);
+        }
       }
     }
     const double opt_ms = ms_since(opt_t0);
@@ -315,6 +440,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     }
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_interval > 0 && (step + 1) % cfg.checkpoint_interval == 0) || last)) {
+      if (I.resident) I.download_optimizer_state();
       const auto dir = save_checkpoint(cfg.checkpoint_dir, *I.layout, *I.opt,
                                        I.trainer_state(step + 1), cfg.keep_last);
       summary.last_checkpoint = dir.string();

@@ -1,0 +1,134 @@
+// Launcher of adamw (kernel, math and launch shape in gpu/adamw.cuh).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/adamw.cuh"
+#include "gpu/check.h"
+#include "gpu/dispatch.cuh"
+#include "gpu/ops.h"
+
+namespace zo::gpu {
+namespace {
+
+constexpr const char* kOp = "launch_adamw";
+
+[[noreturn]] void bad_argument(const std::string& what) {
+  throw std::invalid_argument(std::string(kOp) + ": " + what);
+}
+
+// The checks (and messages) of cpu_adam's AdamConfig::validate and update(): cpu_adam.h itself
+// needs C++20, which this CUDA target does not compile with.
+void check_finite_nonneg(float x, const char* name) {
+  if (!std::isfinite(x) || x < 0.0f) {
+    std::ostringstream os;
+    os << name << " = " << x << " is invalid: it must be finite and >= 0";
+    bad_argument(os.str());
+  }
+}
+
+void check_beta(float b, const char* name) {
+  if (!(b >= 0.0f && b < 1.0f)) {
+    std::ostringstream os;
+    os << name << " = " << b << " is outside [0, 1); typical values are 0.9 (beta1), 0.95-0.999 "
+       << "(beta2)";
+    bad_argument(os.str());
+  }
+}
+
+void check_hyperparameters(const AdamWArgs& a) {
+  check_finite_nonneg(a.lr, "lr");
+  check_beta(a.beta1, "beta1");
+  check_beta(a.beta2, "beta2");
+  if (!std::isfinite(a.eps) || a.eps <= 0.0f) {
+    std::ostringstream os;
+    os << "eps = " << a.eps << " is invalid: it must be finite and > 0 (typically 1e-8)";
+    bad_argument(os.str());
+  }
+  check_finite_nonneg(a.weight_decay, "weight_decay");
+  if (a.t < 1)
+    bad_argument("step t = " + std::to_string(a.t) + " is invalid: updates count from 1");
+  check_finite_nonneg(a.grad_mult, "grad_mult");
+}
+
+bool valid(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+// cpu_adam's detail::derive_scalars for decoupled weight decay: double, then rounded to float.
+AdamWScalars derive_scalars(const AdamWArgs& a) {
+  const double b1 = a.beta1, b2 = a.beta2, lr = a.lr, wd = a.weight_decay;
+  const double bc1 = a.bias_correction ? 1.0 - std::pow(b1, static_cast<double>(a.t)) : 1.0;
+  const double bc2 = a.bias_correction ? 1.0 - std::pow(b2, static_cast<double>(a.t)) : 1.0;
+  AdamWScalars k{};
+  k.beta1 = a.beta1;
+  k.one_minus_beta1 = static_cast<float>(1.0 - b1);
+  k.beta2 = a.beta2;
+  k.one_minus_beta2 = static_cast<float>(1.0 - b2);
+  k.neg_step_size = static_cast<float>(-lr / bc1);
+  k.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  k.eps = a.eps;
+  k.decay = static_cast<float>(1.0 - lr * wd);
+  k.grad_mult = a.grad_mult;
+  return k;
+}
+
+bool aligned(const void* p, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
+}
+
+// Enough blocks to fill the GPU once; the grid-stride loop covers the rest.
+int fill_grid(std::size_t threads_needed) {
+  int device = 0;
+  int sms = 0;
+  ZO_CUDA_CHECK(cudaGetDevice(&device));
+  ZO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::size_t wanted = (threads_needed + kAdamWThreads - 1) / kAdamWThreads;
+  const std::size_t cap = static_cast<std::size_t>(std::max(sms, 1)) * (2048 / kAdamWThreads);
+  return static_cast<int>(std::clamp<std::size_t>(wanted, 1, cap));
+}
+
+template <typename GT, typename PT>
+void launch_typed(float* master, float* m, float* v, const void* grads, void* params_out,
+                  std::size_t n, const AdamWScalars& k, cudaStream_t s) {
+  constexpr int kVec = 4;
+  const auto* g = static_cast<const GT*>(grads);
+  auto* out = static_cast<PT*>(params_out);
+  if (aligned(master, 16) && aligned(m, 16) && aligned(v, 16) &&
+      aligned(grads, sizeof(GT) * kVec) && aligned(params_out, sizeof(PT) * kVec)) {
+    adamw_kernel<GT, PT, kVec>
+        <<<fill_grid(n / kVec), kAdamWThreads, 0, s>>>(master, m, v, g, out, n, k);
+  } else {
+    adamw_kernel<GT, PT, 1><<<fill_grid(n), kAdamWThreads, 0, s>>>(master, m, v, g, out, n, k);
+  }
+  ZO_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
+                  DType pt, std::size_t n, const AdamWArgs& a, cudaStream_t s) {
+  if (!valid(gt) || !valid(pt)) {
+    bad_argument("invalid DType value (grads " + std::to_string(static_cast<int>(gt)) +
+                 ", params_out " + std::to_string(static_cast<int>(pt)) + ")");
+  }
+  check_hyperparameters(a);
+  if (n == 0) return;
+  const char* null_name = master == nullptr  ? "master"
+                          : m == nullptr     ? "m"
+                          : v == nullptr     ? "v"
+                          : grads == nullptr ? "grads"
+                                             : nullptr;
+  if (null_name != nullptr) {
+    bad_argument(std::string(null_name) + " is null (" + std::to_string(n) + " elements)");
+  }
+  const AdamWScalars k = derive_scalars(a);
+  ZO_DISPATCH_DTYPE(
+      gt, G,
+      ZO_DISPATCH_DTYPE(pt, P, launch_typed<G, P>(master, m, v, grads, params_out, n, k, s)));
+}
+
+}  // namespace zo::gpu

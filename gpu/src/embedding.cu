@@ -1,0 +1,177 @@
+// Launchers of embedding_forward and embedding_backward (kernels and launch shapes in
+// gpu/embedding.cuh).
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/check.h"
+#include "gpu/dispatch.cuh"
+#include "gpu/embedding.cuh"
+#include "gpu/ops.h"
+
+namespace zo::gpu {
+namespace {
+
+struct Named {
+  const void* p;
+  const char* name;
+};
+
+std::string shape(int B, int T, int C) {
+  return "B = " + std::to_string(B) + ", T = " + std::to_string(T) + ", C = " + std::to_string(C);
+}
+
+// False when there is nothing to do (B, T or C is 0). Throws for an invalid dtype, negative
+// sizes, B*T beyond int or a null pointer.
+bool check_args(const char* op, int B, int T, int C, DType t, std::initializer_list<Named> ptrs) {
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
+    throw std::invalid_argument(std::string(op) + ": invalid DType value " +
+                                std::to_string(static_cast<int>(t)));
+  }
+  if (B < 0 || T < 0 || C < 0) {
+    throw std::invalid_argument(std::string(op) + ": negative size (" + shape(B, T, C) + ")");
+  }
+  if (B == 0 || T == 0 || C == 0) return false;
+  if (static_cast<long long>(B) * T > INT_MAX) {
+    throw std::invalid_argument(std::string(op) + ": B * T exceeds " + std::to_string(INT_MAX) +
+                                " rows (" + shape(B, T, C) + ")");
+  }
+  for (const Named& p : ptrs) {
+    if (p.p == nullptr) {
+      throw std::invalid_argument(std::string(op) + ": " + p.name + " is null (" + shape(B, T, C) +
+                                  ")");
+    }
+  }
+  return true;
+}
+
+bool aligned(const void* p, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
+}
+
+// Enough blocks to fill the GPU once; the grid-stride loops cover the rest.
+int fill_grid(std::size_t threads_needed) {
+  int device = 0;
+  int sms = 0;
+  ZO_CUDA_CHECK(cudaGetDevice(&device));
+  ZO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::size_t wanted = (threads_needed + kEmbeddingThreads - 1) / kEmbeddingThreads;
+  const std::size_t cap = static_cast<std::size_t>(std::max(sms, 1)) * (2048 / kEmbeddingThreads);
+  return static_cast<int>(std::clamp<std::size_t>(wanted, 1, cap));
+}
+
+std::size_t round_up(std::size_t bytes, std::size_t to) {
+  return (bytes + to - 1) / to * to;
+}
+
+// Stream-ordered scratch: freed on the stream after the kernels that use it, even when a launch
+// check throws in between.
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
+    ZO_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, s));
+  }
+  ~StreamScratch() {
+    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  char* bytes() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+template <typename T>
+void forward_typed(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
+                   int C, cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(T);
+  const std::size_t N = static_cast<std::size_t>(B) * T_;
+  if (C % kVec == 0 && aligned(out, 16) && aligned(wte, 16) && aligned(wpe, 16)) {
+    embedding_forward_kernel<T, kVec>
+        <<<fill_grid(N * (C / kVec)), kEmbeddingThreads, 0, s>>>(out, tokens, wte, wpe, N, T_, C);
+  } else {
+    embedding_forward_kernel<T, 1>
+        <<<fill_grid(N * C), kEmbeddingThreads, 0, s>>>(out, tokens, wte, wpe, N, T_, C);
+  }
+  ZO_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
+                    int C, cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool packs = C % kVec == 0 && aligned(dout, 16);
+
+  // dwpe (T, C) += sum over the batch.
+  const std::size_t wpe_elements = static_cast<std::size_t>(T_) * C;
+  if (packs && aligned(dwpe, 16)) {
+    embedding_dwpe_kernel<T, kVec>
+        <<<fill_grid(wpe_elements / kVec), kEmbeddingThreads, 0, s>>>(dwpe, dout, B, T_, C);
+  } else {
+    embedding_dwpe_kernel<T, 1>
+        <<<fill_grid(wpe_elements), kEmbeddingThreads, 0, s>>>(dwpe, dout, B, T_, C);
+  }
+  ZO_CUDA_CHECK_LAUNCH();
+
+  // dwte (V, C): sort (token, row) pairs by token, then one walk per run of equal tokens.
+  const int N = B * T_;
+  std::size_t sort_bytes = 0;
+  ZO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, tokens, static_cast<std::int32_t*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), N, 0,
+      static_cast<int>(sizeof(std::int32_t) * 8), s));
+  const std::size_t ints = round_up(sizeof(std::int32_t) * static_cast<std::size_t>(N), 256);
+  StreamScratch scratch(3 * ints + sort_bytes, s);
+  auto* sorted_tokens = reinterpret_cast<std::int32_t*>(scratch.bytes());
+  auto* rows = reinterpret_cast<std::int32_t*>(scratch.bytes() + ints);
+  auto* sorted_rows = reinterpret_cast<std::int32_t*>(scratch.bytes() + 2 * ints);
+  void* sort_temp = scratch.bytes() + 3 * ints;
+
+  embedding_iota_kernel<std::int32_t>
+      <<<(N + kEmbeddingThreads - 1) / kEmbeddingThreads, kEmbeddingThreads, 0, s>>>(rows, N);
+  ZO_CUDA_CHECK_LAUNCH();
+  ZO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      sort_temp, sort_bytes, tokens, sorted_tokens, static_cast<const std::int32_t*>(rows),
+      sorted_rows, N, 0, static_cast<int>(sizeof(std::int32_t) * 8), s));
+  const std::size_t wte_work = static_cast<std::size_t>(N) * C;
+  if (packs && aligned(dwte, 16)) {
+    embedding_dwte_kernel<T, kVec><<<fill_grid(wte_work / kVec), kEmbeddingThreads, 0, s>>>(
+        dwte, dout, sorted_tokens, sorted_rows, N, C);
+  } else {
+    embedding_dwte_kernel<T, 1><<<fill_grid(wte_work), kEmbeddingThreads, 0, s>>>(
+        dwte, dout, sorted_tokens, sorted_rows, N, C);
+  }
+  ZO_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
+                              const void* wpe, int B, int T, int C, DType t, cudaStream_t s) {
+  if (!check_args("launch_embedding_forward", B, T, C, t,
+                  {{out, "out"}, {tokens, "tokens"}, {wte, "wte"}, {wpe, "wpe"}})) {
+    return;
+  }
+  ZO_DISPATCH_DTYPE(t, S,
+                    forward_typed<S>(static_cast<S*>(out), tokens, static_cast<const S*>(wte),
+                                     static_cast<const S*>(wpe), B, T, C, s));
+}
+
+void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
+                               int B, int T, int C, DType t, cudaStream_t s) {
+  if (!check_args("launch_embedding_backward", B, T, C, t,
+                  {{dwte, "dwte"}, {dwpe, "dwpe"}, {dout, "dout"}, {tokens, "tokens"}})) {
+    return;
+  }
+  ZO_DISPATCH_DTYPE(t, S,
+                    backward_typed<S>(static_cast<S*>(dwte), static_cast<S*>(dwpe),
+                                      static_cast<const S*>(dout), tokens, B, T, C, s));
+}
+
+}  // namespace zo::gpu
