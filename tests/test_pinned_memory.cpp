@@ -1,21 +1,42 @@
 #include "pinned_memory/host_buffer.h"
 
 #include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "pinned_memory/bucket_ring.h"
+#include "pinned_memory/pinned_buffer.h"
+#include "pinned_memory/pinned_pool.h"
 
 namespace zo::pinned {
 namespace {
@@ -266,6 +287,774 @@ TEST(HostMemory, PageNodesCoversPartialPages) {
   const std::vector<int> after = page_nodes(base, buffer.size());
   ASSERT_EQ(after.size(), 3u);
   EXPECT_GE(after[1], 0);
+}
+
+// ---- pinned buffers, pools and rings ------------------------------------------------------------
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Collects warnings for the lifetime of the object, then restores the previous sink.
+class WarningCapture {
+ public:
+  WarningCapture() {
+    previous_ = set_warning_sink([this](const std::string& message) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      messages_.push_back(message);
+    });
+  }
+  ~WarningCapture() { set_warning_sink(std::move(previous_)); }
+  WarningCapture(const WarningCapture&) = delete;
+  WarningCapture& operator=(const WarningCapture&) = delete;
+
+  std::vector<std::string> messages() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return messages_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> messages_;
+  WarningSink previous_;
+};
+
+// Lowers the RLIMIT_MEMLOCK soft limit; the destructor restores it (raising a soft limit back up
+// to the unchanged hard limit needs no privilege).
+class MemlockLimitGuard {
+ public:
+  explicit MemlockLimitGuard(rlim_t soft) {
+    EXPECT_EQ(::getrlimit(RLIMIT_MEMLOCK, &saved_), 0);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = std::min(soft, saved_.rlim_max);
+    EXPECT_EQ(::setrlimit(RLIMIT_MEMLOCK, &lowered), 0) << std::strerror(errno);
+  }
+  ~MemlockLimitGuard() { ::setrlimit(RLIMIT_MEMLOCK, &saved_); }
+  MemlockLimitGuard(const MemlockLimitGuard&) = delete;
+  MemlockLimitGuard& operator=(const MemlockLimitGuard&) = delete;
+
+ private:
+  rlimit saved_{};
+};
+
+// CAP_IPC_LOCK in the initial user namespace (what memlock_limit_bytes() treats as exempt).
+bool exempt_from_memlock() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  unsigned long long caps = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) == 0) caps = std::stoull(line.substr(7), nullptr, 16);
+  }
+  std::ifstream uid_map("/proc/self/uid_map");
+  unsigned long long inside = 1, outside = 1, count = 0;
+  uid_map >> inside >> outside >> count;
+  return (caps >> 14 & 1) != 0 && inside == 0 && outside == 0 && count == 4294967295ull;
+}
+
+std::string no_gpu_skip_message() {
+  return "needs a GPU that can pin memory; here: " + pin_unavailable_reason().value_or("?");
+}
+
+TEST(PinnedBuffer, DisabledPinningIsPageableAndSilent) {
+  WarningCapture warnings;
+  PinnedBuffer buffer((std::size_t{3} << 20) + 5, PinOptions{.enable = false});
+  EXPECT_FALSE(buffer.is_pinned());
+  EXPECT_TRUE(buffer.fallback_reason().empty());
+  EXPECT_TRUE(warnings.messages().empty());
+  ASSERT_EQ(buffer.size(), (std::size_t{3} << 20) + 5);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % page_size(), 0u);
+  auto bytes = buffer.span<std::uint8_t>();
+  std::fill(bytes.begin(), bytes.end(), std::uint8_t{0x5a});
+  EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](std::uint8_t v) { return v == 0x5a; }));
+}
+
+TEST(PinnedBuffer, FallsBackWithExactlyOneWarningWithoutGpu) {
+  const std::optional<std::string> reason = pin_unavailable_reason();
+  if (!reason) GTEST_SKIP() << "pinning works here: covered by PinnedBuffer.PinsWithGpu";
+  EXPECT_TRUE(contains(*reason, "--no-pin")) << *reason;
+  {
+    WarningCapture warnings;
+    PinnedBuffer buffer(3 * kMiB);
+    EXPECT_FALSE(buffer.is_pinned());
+    EXPECT_EQ(buffer.fallback_reason(), *reason);
+    const std::vector<std::string> messages = warnings.messages();
+    ASSERT_EQ(messages.size(), 1u);
+    EXPECT_TRUE(contains(messages[0], *reason)) << messages[0];
+    EXPECT_TRUE(contains(messages[0], "pageable")) << messages[0];
+    EXPECT_EQ(pinned_bytes_in_use(), 0u);
+    buffer.span<std::uint32_t>()[12345] = 7;  // still usable memory
+    EXPECT_EQ(buffer.span<const std::uint32_t>()[12345], 7u);
+  }
+  {
+    WarningCapture warnings;
+    PinnedBuffer quiet(kMiB, PinOptions{.warn = false});
+    EXPECT_FALSE(quiet.is_pinned());
+    EXPECT_EQ(quiet.fallback_reason(), *reason);
+    EXPECT_TRUE(warnings.messages().empty());
+  }
+}
+
+TEST(PinnedBuffer, PinsWithGpu) {
+  if (pin_unavailable_reason()) GTEST_SKIP() << no_gpu_skip_message();
+  const std::size_t bytes = 8 * kMiB;
+  const bool fits = !pin_precheck(bytes, memlock_limit_bytes(), host_available_bytes());
+  WarningCapture warnings;
+  const std::size_t before = pinned_bytes_in_use();
+  {
+    PinnedBuffer buffer(bytes, PinOptions{.placement = placement_on_node(numa_node_of_gpu(0))});
+    if (!fits) {  // a low RLIMIT_MEMLOCK without CAP_IPC_LOCK: the fallback is the right answer
+      EXPECT_FALSE(buffer.is_pinned());
+      EXPECT_TRUE(contains(buffer.fallback_reason(), "RLIMIT_MEMLOCK"));
+      return;
+    }
+    EXPECT_TRUE(buffer.is_pinned()) << buffer.fallback_reason();
+    EXPECT_TRUE(warnings.messages().empty());
+    EXPECT_EQ(pinned_bytes_in_use(), before + bytes);
+    PinnedBuffer moved(std::move(buffer));
+    EXPECT_TRUE(moved.is_pinned());
+    EXPECT_FALSE(buffer.is_pinned());  // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(pinned_bytes_in_use(), before + bytes);
+  }
+  EXPECT_EQ(pinned_bytes_in_use(), before);
+  // Unchecked memlock still pins (the driver does not charge the limit).
+  PinnedBuffer unchecked(kMiB, PinOptions{.check_memlock = false});
+  EXPECT_TRUE(unchecked.is_pinned()) << unchecked.fallback_reason();
+}
+
+TEST(PinnedBuffer, EmptyAndMoveSemantics) {
+  WarningCapture warnings;
+  PinnedBuffer empty(0);
+  EXPECT_TRUE(empty.empty());
+  EXPECT_EQ(empty.data(), nullptr);
+  EXPECT_FALSE(empty.is_pinned());
+  EXPECT_TRUE(empty.fallback_reason().empty());
+  EXPECT_TRUE(warnings.messages().empty());
+
+  PinnedBuffer a(10000, PinOptions{.warn = false});
+  const void* ptr = a.data();
+  const bool pinned = a.is_pinned();
+  const std::string reason = a.fallback_reason();
+  PinnedBuffer b(std::move(a));
+  EXPECT_EQ(b.data(), ptr);
+  EXPECT_EQ(b.size(), 10000u);
+  EXPECT_EQ(b.is_pinned(), pinned);
+  EXPECT_EQ(b.fallback_reason(), reason);
+  EXPECT_TRUE(a.empty());  // NOLINT(bugprone-use-after-move)
+  EXPECT_FALSE(a.is_pinned());
+  EXPECT_TRUE(a.fallback_reason().empty());
+
+  PinnedBuffer c(5 * kMiB, PinOptions{.enable = false});
+  const void* old_c = c.data();
+  c.span<std::uint8_t>()[0] = 1;
+  c = std::move(b);
+  EXPECT_EQ(c.data(), ptr);
+  EXPECT_EQ(c.is_pinned(), pinned);
+  EXPECT_EQ(page_nodes(old_c, 1), std::vector<int>{-EFAULT});  // released on assignment
+  EXPECT_TRUE(warnings.messages().empty());
+}
+
+TEST(PinnedBuffer, PlacementAndFirstTouchApplyBeforePinning) {
+  const std::size_t bytes = 4 * kMiB + 4097;
+  PinnedBuffer buffer(bytes, PinOptions{.enable = false,
+                                        .placement = {Placement::kNode, 0},
+                                        .first_touch_chunk_bytes = kAdamChunkBytes});
+  EXPECT_TRUE(buffer.placement().policy == Placement::kNode ||
+              buffer.placement().policy == Placement::kFirstTouch);
+  const std::vector<int> nodes = page_nodes(buffer.data(), buffer.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    ASSERT_EQ(nodes[i], 0) << "page " << i;  // resident (touched) on node 0
+  }
+  EXPECT_EQ(placement_on_node(-1).policy, Placement::kFirstTouch);
+  EXPECT_EQ(placement_on_node(1).policy, Placement::kNode);
+  EXPECT_EQ(placement_on_node(1).node, 1);
+  // What HostBuffer rejects, PinnedBuffer rejects the same way.
+  EXPECT_THROW(PinnedBuffer(4096, PinOptions{.placement = {Placement::kNode, -1}}),
+               std::invalid_argument);
+  EXPECT_THROW(PinnedBuffer(std::size_t{1} << 50, PinOptions{.enable = false}), HostMemoryError);
+}
+
+TEST(PinPrecheck, MessagesNameTheLimitTheNumbersAndTheFix) {
+  const std::size_t limit = 64 * 1024;
+  const std::size_t available = std::size_t{16} << 30;
+  EXPECT_FALSE(pin_precheck(limit, limit, available));
+  EXPECT_FALSE(pin_precheck(kMiB, kUnlimited, available, std::size_t{1} << 40));
+  EXPECT_FALSE(pin_precheck(kMiB, 2 * kMiB, available, kMiB));
+
+  const std::optional<std::string> over = pin_precheck(kMiB, limit, available);
+  ASSERT_TRUE(over);
+  for (const std::string& part :
+       {std::string("RLIMIT_MEMLOCK"), std::string("memlock"), std::to_string(limit),
+        std::to_string(kMiB), std::string("ulimit -l unlimited"), std::string("--no-pin")}) {
+    EXPECT_TRUE(contains(*over, part)) << "missing '" << part << "' in: " << *over;
+  }
+  // What is locked already counts against the same limit, and overflow cannot wrap around.
+  const std::optional<std::string> cumulative = pin_precheck(kMiB, 2 * kMiB, available, kMiB + 1);
+  ASSERT_TRUE(cumulative);
+  EXPECT_TRUE(contains(*cumulative, std::to_string(kMiB + 1))) << *cumulative;
+  EXPECT_TRUE(pin_precheck(kUnlimited - 1, kUnlimited - 1, 0, 2));
+
+  const std::optional<std::string> ram = pin_precheck(2 * kMiB, kUnlimited, kMiB);
+  ASSERT_TRUE(ram);
+  EXPECT_TRUE(contains(*ram, "MemAvailable")) << *ram;
+  EXPECT_TRUE(contains(*ram, std::to_string(kMiB))) << *ram;
+  EXPECT_TRUE(contains(*ram, "--no-pin")) << *ram;
+  EXPECT_FALSE(pin_precheck(2 * kMiB, kUnlimited, 0));  // MemAvailable unknown: not checked
+}
+
+TEST(PinPrecheck, LoweredMemlockLimitIsSeenAndReported) {
+  const rlim_t lowered = 64 * 1024;
+  rlimit original{};
+  ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &original), 0);
+  if (original.rlim_max != RLIM_INFINITY && original.rlim_max < lowered) {
+    GTEST_SKIP() << "hard RLIMIT_MEMLOCK is below " << lowered;
+  }
+  {
+    MemlockLimitGuard guard(lowered);
+    const std::size_t seen = memlock_limit_bytes();
+    if (exempt_from_memlock()) {
+      EXPECT_EQ(seen, kUnlimited) << "CAP_IPC_LOCK exempts this process from RLIMIT_MEMLOCK";
+    } else {
+      EXPECT_EQ(seen, lowered);
+    }
+
+    WarningCapture warnings;
+    PinnedBuffer buffer(kMiB);
+    const std::vector<std::string> messages = warnings.messages();
+    if (pin_unavailable_reason()) {
+      // No GPU: the buffer falls back for that reason, not for the limit (which would not help).
+      EXPECT_FALSE(buffer.is_pinned());
+      ASSERT_EQ(messages.size(), 1u);
+      EXPECT_TRUE(contains(messages[0], *pin_unavailable_reason())) << messages[0];
+    } else if (seen != kUnlimited) {
+      EXPECT_FALSE(buffer.is_pinned());
+      ASSERT_EQ(messages.size(), 1u);
+      EXPECT_TRUE(contains(messages[0], "RLIMIT_MEMLOCK")) << messages[0];
+      EXPECT_TRUE(contains(messages[0], std::to_string(lowered))) << messages[0];
+      EXPECT_TRUE(contains(messages[0], "ulimit -l unlimited")) << messages[0];
+
+      WarningCapture unchecked_warnings;
+      PinnedBuffer unchecked(kMiB, PinOptions{.check_memlock = false});
+      EXPECT_TRUE(unchecked.is_pinned()) << unchecked.fallback_reason();
+    } else {
+      EXPECT_TRUE(buffer.is_pinned()) << buffer.fallback_reason();
+      EXPECT_TRUE(messages.empty());
+    }
+  }
+  rlimit restored{};
+  ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &restored), 0);
+  EXPECT_EQ(restored.rlim_cur, original.rlim_cur);
+  if (pin_unavailable_reason()) {
+    GTEST_SKIP() << "the warning's memlock wording is checked by "
+                    "PinPrecheck.MessagesNameTheLimitTheNumbersAndTheFix; "
+                 << no_gpu_skip_message();
+  }
+}
+
+// Where this process is exempt (CAP_IPC_LOCK, as root here), a forked child drops the
+// capability so the limit itself is read and reported.
+TEST(PinPrecheck, ChildWithoutCapIpcLockSeesTheLoweredLimit) {
+  const rlim_t lowered = 64 * 1024;
+  rlimit original{};
+  ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &original), 0);
+  if (original.rlim_max != RLIM_INFINITY && original.rlim_max < lowered) {
+    GTEST_SKIP() << "hard RLIMIT_MEMLOCK is below " << lowered;
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {  // no gtest assertions here: report through the exit status
+    rlimit limit = original;
+    limit.rlim_cur = lowered;
+    if (::setrlimit(RLIMIT_MEMLOCK, &limit) != 0) ::_exit(10);
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2] = {};
+    if (::syscall(SYS_capget, &header, data) != 0) ::_exit(11);
+    data[0].effective &= ~(1u << CAP_IPC_LOCK);
+    if (::syscall(SYS_capset, &header, data) != 0) ::_exit(12);
+    if (memlock_limit_bytes() != lowered) ::_exit(13);
+    const std::optional<std::string> reason =
+        pin_precheck(kMiB, memlock_limit_bytes(), host_available_bytes(), 0);
+    if (!reason || !contains(*reason, std::to_string(lowered))) ::_exit(14);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10: setrlimit, 11/12: capget/capset, 13: memlock_limit_bytes() did not return the "
+         "lowered limit, 14: the precheck message does not name it";
+}
+
+TEST(WarningSink, DefaultIsStderrAndSinksAreReplaceable) {
+  testing::internal::CaptureStderr();
+  emit_warning("hello from the test");
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(err, "warning: hello from the test")) << err;
+
+  std::vector<std::string> seen;
+  WarningSink previous = set_warning_sink([&](const std::string& m) { seen.push_back(m); });
+  emit_warning("one");
+  set_warning_sink([](const std::string&) { throw std::runtime_error("sink failed"); });
+  EXPECT_NO_THROW(emit_warning("two"));
+  set_warning_sink(std::move(previous));
+  EXPECT_EQ(seen, std::vector<std::string>{"one"});
+}
+
+TEST(NumaNodeOfGpu, ReadsSysfsForEveryBusIdSpelling) {
+  namespace fs = std::filesystem;
+  char pattern[] = "/tmp/zo_sysfs_XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const fs::path root = pattern;
+  const auto device = [&](const std::string& id, const std::string& node) {
+    fs::create_directories(root / "bus/pci/devices" / id);
+    std::ofstream(root / "bus/pci/devices" / id / "numa_node") << node << "\n";
+  };
+  device("0000:3b:00.0", "1");
+  device("0000:af:00.0", "-1");  // firmware without NUMA information
+  device("10000:01:00.0", "3");  // a VMD domain has five digits
+  const std::string sysfs = root.string();
+
+  EXPECT_EQ(numa_node_of_gpu("0000:3b:00.0", sysfs), 1);
+  EXPECT_EQ(numa_node_of_gpu("0000:3B:00.0", sysfs), 1);      // cudaDeviceGetPCIBusId
+  EXPECT_EQ(numa_node_of_gpu("00000000:3B:00.0", sysfs), 1);  // nvidia-smi
+  EXPECT_EQ(numa_node_of_gpu("3b:00.0", sysfs), 1);           // no domain
+  EXPECT_EQ(numa_node_of_gpu(" 0000:3b:00.0\n", sysfs), 1);
+  EXPECT_EQ(numa_node_of_gpu("00010000:01:00.0", sysfs), 3);
+  EXPECT_EQ(numa_node_of_gpu("0000:af:00.0", sysfs), -1);
+  EXPECT_EQ(numa_node_of_gpu("0000:5e:00.0", sysfs), -1);  // no such device
+  EXPECT_EQ(numa_node_of_gpu("", sysfs), -1);
+  EXPECT_EQ(numa_node_of_gpu("../../../etc", sysfs), -1);
+  EXPECT_EQ(numa_node_of_gpu("0000:3b:00.0/../x", sysfs), -1);
+  EXPECT_EQ(numa_node_of_gpu("0000:3b:0.0", sysfs), -1);
+  fs::remove_all(root);
+
+  EXPECT_EQ(numa_node_of_gpu(-1), -1);
+  if (pin_unavailable_reason()) {
+    EXPECT_EQ(numa_node_of_gpu(0), -1);
+  } else {
+    EXPECT_GE(numa_node_of_gpu(0), -1);
+  }
+}
+
+// ---- PinnedPool ---------------------------------------------------------------------------------
+
+TEST(PinnedPool, ReturnsTheSameBufferAfterTheLeaseEnds) {
+  WarningCapture warnings;
+  PinnedPool pool;
+  const void* first = nullptr;
+  {
+    PinnedPool::Lease lease = pool.acquire(1000);
+    ASSERT_TRUE(lease);
+    EXPECT_EQ(lease.size(), 1000u);
+    EXPECT_EQ(lease.capacity(), PinnedPool::kDefaultGranularity);
+    first = lease.data();
+    std::memset(lease.data(), 0x11, lease.size());
+  }
+  PinnedPool::Lease again = pool.acquire(5000);  // same 2 MiB class
+  EXPECT_EQ(again.data(), first);
+  PinnedPool::Lease second = pool.acquire(2 * kMiB);  // same class, but the first is leased
+  EXPECT_NE(second.data(), first);
+  PinnedPool::Lease bigger = pool.acquire(2 * kMiB + 1);
+  EXPECT_EQ(bigger.capacity(), 4 * kMiB);
+
+  PoolStats stats = pool.stats();
+  EXPECT_EQ(stats.hits, 1u);
+  EXPECT_EQ(stats.misses, 3u);
+  EXPECT_EQ(stats.buffers, 3u);
+  EXPECT_EQ(stats.bytes_leased, 8 * kMiB);
+  EXPECT_EQ(stats.bytes_pinned + stats.bytes_pageable, 8 * kMiB);
+  if (pin_unavailable_reason()) {
+    EXPECT_EQ(stats.bytes_pinned, 0u);
+    EXPECT_FALSE(again.is_pinned());
+    // Three buffers fell back; the pool says so once.
+    const std::vector<std::string> messages = warnings.messages();
+    ASSERT_EQ(messages.size(), 1u);
+    EXPECT_TRUE(contains(messages[0], *pin_unavailable_reason())) << messages[0];
+  }
+
+  again.reset();
+  EXPECT_FALSE(again);
+  second = PinnedPool::Lease{};  // move-assigning returns the old buffer
+  stats = pool.stats();
+  EXPECT_EQ(stats.bytes_leased, 4 * kMiB);
+  EXPECT_EQ(pool.trim(), 4 * kMiB);  // the two idle 2 MiB buffers
+  stats = pool.stats();
+  EXPECT_EQ(stats.buffers, 1u);
+  EXPECT_EQ(stats.bytes_pinned + stats.bytes_pageable, 4 * kMiB);
+}
+
+TEST(PinnedPool, SizeClassesAndBadRequests) {
+  PinnedPool pool(PinOptions{.enable = false}, 4096);
+  EXPECT_EQ(pool.granularity(), 4096u);
+  EXPECT_EQ(pool.size_class(1), 4096u);
+  EXPECT_EQ(pool.size_class(4096), 4096u);
+  EXPECT_EQ(pool.size_class(4097), 8192u);
+  EXPECT_THROW(pool.size_class(std::numeric_limits<std::size_t>::max()), std::invalid_argument);
+  EXPECT_THROW(pool.acquire(0), std::invalid_argument);
+  EXPECT_THROW(PinnedPool(PinOptions{}, 0), std::invalid_argument);
+
+  PinnedPool::Lease lease = pool.acquire(4097);
+  EXPECT_EQ(lease.capacity(), 8192u);
+  EXPECT_FALSE(lease.is_pinned());
+  EXPECT_EQ(lease.span<std::uint8_t>().size(), 4097u);
+  EXPECT_THROW(lease.span<float>(), std::logic_error);
+  EXPECT_EQ(pool.stats().bytes_pageable, 8192u);
+  EXPECT_EQ(pool.stats().bytes_pinned, 0u);
+
+  PinnedPool moved(std::move(pool));
+  EXPECT_THROW(pool.acquire(1), std::logic_error);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved.stats().buffers, 1u);
+}
+
+TEST(PinnedPool, LeaseMayOutliveThePool) {
+  PinnedPool::Lease lease;
+  {
+    PinnedPool pool(PinOptions{.enable = false}, 4096);
+    lease = pool.acquire(100);
+  }
+  auto bytes = lease.span<std::uint8_t>();
+  std::fill(bytes.begin(), bytes.end(), std::uint8_t{3});
+  PinnedPool::Lease moved(std::move(lease));
+  EXPECT_FALSE(lease);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved.span<std::uint8_t>()[99], 3);
+}
+
+TEST(PinnedPool, FourThreadsShareThePoolSafely) {
+  WarningCapture warnings;  // thread-safe sink; the pool warns at most once
+  PinnedPool pool(PinOptions{}, 4096);
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 1000;
+  std::mutex live_mutex;
+  std::set<const void*> live;
+  std::atomic<int> errors{0};
+
+  const auto worker = [&](int id) {
+    std::mt19937 gen(static_cast<std::uint32_t>(id));
+    std::uniform_int_distribution<std::size_t> size(1, 3 * 4096);
+    for (int i = 0; i < kIterations; ++i) {
+      PinnedPool::Lease lease = pool.acquire(size(gen));
+      {
+        const std::lock_guard<std::mutex> lock(live_mutex);
+        if (!live.insert(lease.data()).second) ++errors;  // handed out twice
+      }
+      const auto tag = static_cast<std::uint8_t>(id * 31 + i);
+      auto bytes = lease.span<std::uint8_t>();
+      std::fill(bytes.begin(), bytes.end(), tag);
+      std::this_thread::yield();
+      if (!std::all_of(bytes.begin(), bytes.end(), [&](std::uint8_t v) { return v == tag; })) {
+        ++errors;
+      }
+      const std::lock_guard<std::mutex> lock(live_mutex);
+      live.erase(lease.data());
+    }  // the lease returns here, after leaving `live`
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back(worker, t);
+  for (std::thread& t : threads)
+    t.join();
+
+  EXPECT_EQ(errors.load(), 0);
+  const PoolStats stats = pool.stats();
+  EXPECT_EQ(stats.hits + stats.misses, std::uint64_t{kThreads * kIterations});
+  EXPECT_LE(stats.buffers, std::size_t{kThreads * 3});  // at most one per thread per class
+  EXPECT_GT(stats.hits, stats.misses);
+  EXPECT_EQ(stats.bytes_leased, 0u);
+  EXPECT_LE(warnings.messages().size(), 1u);
+}
+
+// ---- BucketRing ---------------------------------------------------------------------------------
+
+TEST(BucketRing, RejectsZeroSlotsZeroBytesAndOverflow) {
+  EXPECT_THROW(BucketRing(0, 1024), std::invalid_argument);
+  EXPECT_THROW(BucketRing(4, 0), std::invalid_argument);
+  EXPECT_THROW(BucketRing(std::numeric_limits<std::size_t>::max() / 2, 8192),
+               std::invalid_argument);
+  EXPECT_THROW(BucketRing(2, std::numeric_limits<std::size_t>::max()), std::invalid_argument);
+}
+
+TEST(BucketRing, HandsOutSlotsRoundRobinFromOneBuffer) {
+  BucketRing ring(4, 1000, PinOptions{.enable = false});
+  EXPECT_EQ(ring.slot_count(), 4u);
+  EXPECT_EQ(ring.slot_bytes(), 1000u);
+  EXPECT_EQ(ring.slot_stride(), 4096u);
+  EXPECT_EQ(ring.pinned().size(), 4 * 4096u);
+  EXPECT_FALSE(ring.pinned().is_pinned());
+  const auto* base = static_cast<const std::byte*>(ring.pinned().data());
+
+  std::vector<BucketRing::Slot> slots;
+  for (std::size_t i = 0; i < 4; ++i) {
+    slots.push_back(ring.acquire());
+    EXPECT_EQ(slots.back().index(), i);
+    EXPECT_EQ(slots.back().bytes(), 1000u);
+    EXPECT_EQ(slots.back().data(), base + i * 4096);
+    EXPECT_EQ(slots.back().span<float>().size(), 250u);
+  }
+  // Released out of order, reused in ring order.
+  for (const std::size_t i : {2u, 0u, 3u, 1u})
+    ring.release(slots[i]);
+  for (std::size_t round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < 4; ++i) {
+      BucketRing::Slot slot = ring.acquire();
+      EXPECT_EQ(slot.index(), i) << "round " << round;
+      ring.release(std::move(slot));
+    }
+  }
+}
+
+TEST(BucketRing, SingleSlotRingBlocksUntilReleased) {
+  BucketRing ring(1, 64, PinOptions{.enable = false});
+  BucketRing::Slot held = ring.acquire();
+  std::atomic<bool> released{false};
+  std::atomic<bool> acquired{false};
+  std::thread waiter([&] {
+    BucketRing::Slot slot = ring.acquire();
+    EXPECT_TRUE(released.load()) << "acquire returned while the only slot was still held";
+    EXPECT_EQ(slot.index(), 0u);
+    acquired = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(acquired.load());
+  released = true;
+  ring.release(held);
+  waiter.join();
+  EXPECT_TRUE(acquired.load());
+  EXPECT_FALSE(held);
+}
+
+TEST(BucketRing, AcquireWaitsForTheFenceOutsideTheLock) {
+  BucketRing ring(3, 256, PinOptions{.enable = false});
+  BucketRing::Slot s0 = ring.acquire();
+  BucketRing::Slot s1 = ring.acquire();
+  BucketRing::Slot s2 = ring.acquire();
+
+  std::promise<void> copy_done;
+  std::shared_future<void> copy_future = copy_done.get_future().share();
+  std::atomic<bool> copy_finished{false};
+  std::atomic<bool> in_fence{false};
+  std::atomic<int> fence_calls{0};
+  ring.release(s0, [&, copy_future] {
+    ++fence_calls;
+    in_fence = true;
+    copy_future.wait();
+  });
+  ring.release(s1);
+
+  std::atomic<bool> acquired{false};
+  std::thread consumer([&] {
+    BucketRing::Slot slot = ring.acquire();  // slot 0: waits for its fence
+    EXPECT_EQ(slot.index(), 0u);
+    EXPECT_TRUE(copy_finished.load()) << "slot 0 was handed out before its copy completed";
+    acquired = true;
+  });
+  while (!in_fence.load() && !acquired.load())
+    std::this_thread::yield();
+  EXPECT_TRUE(in_fence.load()) << "acquire() did not call the slot's fence";
+  EXPECT_FALSE(acquired.load());
+  // The ring's lock is free while a fence waits: releasing another slot does not block.
+  auto release_s2 = std::async(std::launch::async, [&] { ring.release(s2); });
+  ASSERT_EQ(release_s2.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "release() blocked behind a fence";
+  std::thread copier([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    copy_finished = true;
+    copy_done.set_value();
+  });
+  consumer.join();
+  copier.join();
+  EXPECT_TRUE(acquired.load());
+  EXPECT_EQ(fence_calls.load(), 1);
+  // Slots 1 and 2 come next, without fences.
+  EXPECT_EQ(ring.acquire().index(), 1u);
+  EXPECT_EQ(ring.acquire().index(), 2u);
+  EXPECT_EQ(fence_calls.load(), 1);
+}
+
+TEST(BucketRing, SlotIsNotRewrittenBeforeItsCopyCompletes) {
+  // The H2D pattern: the CPU fills a slot, "enqueues a copy" that reads it later on another
+  // thread, and releases the slot with a fence on that copy. A slot reused early would be
+  // overwritten while the copier still reads it.
+  constexpr std::size_t kSlots = 4;
+  constexpr std::size_t kWords = 1024;
+  constexpr std::uint32_t kBuckets = 3000;
+  BucketRing ring(kSlots, kWords * sizeof(std::uint32_t), PinOptions{.warn = false});
+
+  struct Copy {
+    const std::uint32_t* data;
+    std::uint32_t bucket;
+    std::shared_ptr<std::promise<void>> done;
+  };
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<Copy> queue;
+  std::atomic<int> corrupted{0};
+  std::atomic<int> fences_run{0};
+
+  std::thread copier([&] {
+    std::mt19937 gen(5);
+    for (std::uint32_t n = 0; n < kBuckets; ++n) {
+      Copy copy;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        ready.wait(lock, [&] { return !queue.empty(); });
+        copy = std::move(queue.front());
+        queue.pop_front();
+      }
+      if (gen() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      for (std::size_t j = 0; j < kWords; ++j) {
+        if (copy.data[j] != copy.bucket * 7919u + j) {
+          ++corrupted;
+          break;
+        }
+      }
+      copy.done->set_value();
+    }
+  });
+
+  {
+    std::vector<std::atomic<bool>> in_use(kSlots);
+    for (std::uint32_t bucket = 0; bucket < kBuckets; ++bucket) {
+      BucketRing::Slot slot = ring.acquire();
+      ASSERT_EQ(slot.index(), bucket % kSlots);
+      ASSERT_FALSE(in_use[slot.index()].exchange(true));
+      const auto words = slot.span<std::uint32_t>();
+      for (std::size_t j = 0; j < kWords; ++j) {
+        words[j] = static_cast<std::uint32_t>(bucket * 7919u + j);
+      }
+      auto done = std::make_shared<std::promise<void>>();
+      std::shared_future<void> finished = done->get_future().share();
+      {
+        const std::lock_guard<std::mutex> lock(mutex);
+        queue.push_back({words.data(), bucket, done});
+      }
+      ready.notify_one();
+      in_use[slot.index()] = false;
+      ring.release(slot, [finished, &fences_run] {
+        finished.wait();
+        ++fences_run;
+      });
+    }
+  }
+  copier.join();
+  EXPECT_EQ(corrupted.load(), 0);
+  EXPECT_EQ(fences_run.load(), static_cast<int>(kBuckets - kSlots));
+  ring = BucketRing(1, 1, PinOptions{.enable = false});  // destroying the old ring runs the rest
+  EXPECT_EQ(fences_run.load(), static_cast<int>(kBuckets));
+}
+
+TEST(BucketRing, ManyThreadsNeverShareASlot) {
+  constexpr std::size_t kSlots = 3;
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 500;
+  BucketRing ring(kSlots, 4096, PinOptions{.enable = false});
+  std::vector<std::atomic<int>> holders(kSlots);
+  std::atomic<int> errors{0};
+  const auto worker = [&](int id) {
+    for (int i = 0; i < kIterations; ++i) {
+      BucketRing::Slot slot = ring.acquire();
+      if (holders[slot.index()].fetch_add(1) != 0) ++errors;
+      const auto tag = static_cast<std::uint8_t>(id * 17 + i);
+      auto bytes = slot.span<std::uint8_t>();
+      std::fill(bytes.begin(), bytes.end(), tag);
+      std::this_thread::yield();
+      if (!std::all_of(bytes.begin(), bytes.end(), [&](std::uint8_t v) { return v == tag; })) {
+        ++errors;
+      }
+      holders[slot.index()].fetch_sub(1);
+      if (i % 2 == 0) {
+        ring.release(slot, [] { std::this_thread::yield(); });
+      }  // odd iterations: the Slot's destructor releases it
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back(worker, t);
+  for (std::thread& t : threads)
+    t.join();
+  EXPECT_EQ(errors.load(), 0);
+}
+
+TEST(BucketRing, ReleaseChecksTheSlot) {
+  BucketRing ring(2, 128, PinOptions{.enable = false});
+  BucketRing other(2, 128, PinOptions{.enable = false});
+  BucketRing::Slot mine = ring.acquire();
+  BucketRing::Slot theirs = other.acquire();
+  EXPECT_THROW(ring.release(theirs), std::invalid_argument);
+  EXPECT_TRUE(theirs);  // still held, still usable
+  other.release(theirs);
+  EXPECT_FALSE(theirs);
+  EXPECT_THROW(other.release(theirs), std::invalid_argument);  // already released
+  BucketRing::Slot empty;
+  EXPECT_THROW(ring.release(empty), std::invalid_argument);
+
+  // Move-assigning over a held slot releases it.
+  BucketRing::Slot next = ring.acquire();
+  EXPECT_EQ(next.index(), 1u);
+  mine = std::move(next);
+  EXPECT_EQ(mine.index(), 1u);
+  EXPECT_EQ(ring.acquire().index(), 0u);  // slot 0 was released by the assignment
+
+  BucketRing moved(std::move(ring));
+  EXPECT_THROW(ring.acquire(), std::logic_error);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(ring.slot_count(), 0u);                // NOLINT(bugprone-use-after-move)
+  EXPECT_TRUE(ring.pinned().empty());              // NOLINT(bugprone-use-after-move)
+  moved.release(mine);
+}
+
+TEST(BucketRing, ThrowingFenceKeepsTheSlotFencedForItsNextTurn) {
+  BucketRing ring(2, 64, PinOptions{.enable = false});
+  BucketRing::Slot s0 = ring.acquire();
+  BucketRing::Slot s1 = ring.acquire();
+  int calls = 0;
+  ring.release(s0, [&calls] {
+    if (++calls == 1) throw std::runtime_error("copy failed");
+  });
+  ring.release(s1);
+  EXPECT_THROW(ring.acquire(), std::runtime_error);  // slot 0's turn, fence throws
+  EXPECT_EQ(ring.acquire().index(), 1u);             // the ring moves on
+  BucketRing::Slot again = ring.acquire();           // slot 0 again: the fence runs again
+  EXPECT_EQ(again.index(), 0u);
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(BucketRing, DestructionRunsPendingFencesAndSlotsKeepMemoryAlive) {
+  std::atomic<int> calls{0};
+  BucketRing::Slot survivor;
+  {
+    BucketRing ring(3, 512, PinOptions{.enable = false});
+    BucketRing::Slot a = ring.acquire();
+    BucketRing::Slot b = ring.acquire();
+    survivor = ring.acquire();
+    ring.release(a, [&] { ++calls; });
+    ring.release(b, [&] { ++calls; });
+    EXPECT_EQ(calls.load(), 0);
+  }
+  EXPECT_EQ(calls.load(), 0);  // a Slot still holds the memory
+  std::memset(survivor.data(), 0x7f, survivor.bytes());
+  survivor = BucketRing::Slot{};
+  EXPECT_EQ(calls.load(), 2);  // the last owner drained the fences
+}
+
+TEST(BucketRing, WarnsOnceWhenItCannotPin) {
+  if (!pin_unavailable_reason())
+    GTEST_SKIP() << "pinning works here: see BucketRing.IsPinnedWithGpu";
+  WarningCapture warnings;
+  BucketRing ring(8, kMiB);
+  EXPECT_FALSE(ring.pinned().is_pinned());
+  EXPECT_EQ(warnings.messages().size(), 1u);
+}
+
+TEST(BucketRing, IsPinnedWithGpu) {
+  if (pin_unavailable_reason()) GTEST_SKIP() << no_gpu_skip_message();
+  const std::size_t bytes = 4 * kMiB;
+  if (pin_precheck(bytes, memlock_limit_bytes(), host_available_bytes())) {
+    GTEST_SKIP() << "RLIMIT_MEMLOCK too low to pin " << bytes << " bytes";
+  }
+  WarningCapture warnings;
+  BucketRing ring(4, kMiB);
+  EXPECT_TRUE(ring.pinned().is_pinned()) << ring.pinned().fallback_reason();
+  EXPECT_TRUE(warnings.messages().empty());
 }
 
 }  // namespace

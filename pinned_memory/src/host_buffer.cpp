@@ -1,5 +1,7 @@
 #include "pinned_memory/host_buffer.h"
 
+#include "internal.h"
+
 #include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
@@ -56,18 +58,7 @@ std::optional<std::size_t> meminfo_bytes(const std::string& key) {
   return std::nullopt;
 }
 
-std::string human_bytes(std::size_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  auto value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 6) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f %s", value, kUnits[unit]);
-  return text;
-}
+using internal::human_bytes;
 
 [[noreturn]] void throw_out_of_memory(std::size_t requested, const std::string& reason) {
   const std::size_t available = host_available_bytes();
