@@ -1,23 +1,23 @@
 // Launcher of adamw (kernel, math and launch shape in gpu/adamw.cuh).
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 
 #include "gpu/adamw.cuh"
 #include "gpu/check.h"
 #include "gpu/dispatch.cuh"
 #include "gpu/ops.h"
+#include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
 
+using detail::aligned;
+
 constexpr const char* kOp = "launch_adamw";
 
 [[noreturn]] void bad_argument(const std::string& what) {
-  throw std::invalid_argument(std::string(kOp) + ": " + what);
+  detail::bad_arg(kOp, what);
 }
 
 // The checks (and messages) of cpu_adam's AdamConfig::validate and update(): cpu_adam.h itself
@@ -54,10 +54,6 @@ void check_hyperparameters(const AdamWArgs& a) {
   check_finite_nonneg(a.grad_mult, "grad_mult");
 }
 
-bool valid(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
-
 // cpu_adam's detail::derive_scalars for decoupled weight decay: double, then rounded to float.
 AdamWScalars derive_scalars(const AdamWArgs& a) {
   const double b1 = a.beta1, b2 = a.beta2, lr = a.lr, wd = a.weight_decay;
@@ -76,19 +72,8 @@ AdamWScalars derive_scalars(const AdamWArgs& a) {
   return k;
 }
 
-bool aligned(const void* p, std::size_t alignment) {
-  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
-}
-
-// Enough blocks to fill the GPU once; the grid-stride loop covers the rest.
 int fill_grid(std::size_t threads_needed) {
-  int device = 0;
-  int sms = 0;
-  ZO_CUDA_CHECK(cudaGetDevice(&device));
-  ZO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::size_t wanted = (threads_needed + kAdamWThreads - 1) / kAdamWThreads;
-  const std::size_t cap = static_cast<std::size_t>(std::max(sms, 1)) * (2048 / kAdamWThreads);
-  return static_cast<int>(std::clamp<std::size_t>(wanted, 1, cap));
+  return detail::fill_grid(threads_needed, kAdamWThreads);
 }
 
 template <typename GT, typename PT>
@@ -111,20 +96,14 @@ void launch_typed(float* master, float* m, float* v, const void* grads, void* pa
 
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamWArgs& a, cudaStream_t s) {
-  if (!valid(gt) || !valid(pt)) {
+  if (!detail::valid_dtype(gt) || !detail::valid_dtype(pt)) {
     bad_argument("invalid DType value (grads " + std::to_string(static_cast<int>(gt)) +
                  ", params_out " + std::to_string(static_cast<int>(pt)) + ")");
   }
   check_hyperparameters(a);
   if (n == 0) return;
-  const char* null_name = master == nullptr  ? "master"
-                          : m == nullptr     ? "m"
-                          : v == nullptr     ? "v"
-                          : grads == nullptr ? "grads"
-                                             : nullptr;
-  if (null_name != nullptr) {
-    bad_argument(std::string(null_name) + " is null (" + std::to_string(n) + " elements)");
-  }
+  detail::check_not_null(kOp, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}},
+                         [n] { return detail::elements(n); });
   const AdamWScalars k = derive_scalars(a);
   ZO_DISPATCH_DTYPE(
       gt, G,

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -13,6 +12,7 @@
 #include "gpu/check.h"
 #include "gpu/dispatch.cuh"
 #include "gpu/ops.h"
+#include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
@@ -20,13 +20,7 @@ namespace {
 constexpr int kMaxHeadSize = 128;
 constexpr int kDefaultSmem = 48 * 1024;
 
-[[noreturn]] void bad_arg(const char* op, const std::string& what) {
-  throw std::invalid_argument(std::string(op) + ": " + what);
-}
-
-bool aligned(const void* p, std::size_t alignment) {
-  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
-}
+using detail::bad_arg;
 
 // Tile rows per block for a head size: 64 up to hs = 64, 32 above (bounds shared memory).
 int tile_for(int hs) {
@@ -36,7 +30,7 @@ int tile_for(int hs) {
 // Checks the shape, the pointers and the dtype; returns the shape with its tiling constants.
 // `ptrs` are the storage-type tensors, whose alignment decides the vector path.
 AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
-                          std::initializer_list<std::pair<const void*, const char*>> ptrs) {
+                          std::initializer_list<detail::Named> ptrs) {
   const std::pair<int, const char*> dims[] = {{B, "B"}, {T, "T"}, {C, "C"}, {NH, "NH"}};
   for (const auto& [v, name] : dims) {
     if (v <= 0) bad_arg(op, std::string(name) + " = " + std::to_string(v) + " must be > 0");
@@ -51,12 +45,8 @@ AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
                     " is not supported; supported head sizes are 1.." +
                     std::to_string(kMaxHeadSize) + " (GPT-2 uses 64)");
   }
-  for (const auto& [p, name] : ptrs) {
-    if (p == nullptr) bad_arg(op, std::string(name) + " is null");
-  }
-  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
-    bad_arg(op, "invalid DType value " + std::to_string(static_cast<int>(t)));
-  }
+  detail::check_not_null(op, ptrs);
+  detail::check_dtype(op, t);
   const int tile = tile_for(hs);
   const std::int64_t n_tiles = (std::int64_t{T} + tile - 1) / tile;
   if (std::int64_t{B} * NH * n_tiles > std::numeric_limits<int>::max() ||
@@ -78,10 +68,8 @@ AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
   sh.scale_log2 = sh.scale * 1.4426950408889634f;
   const std::size_t vec_bytes = 4 * dtype_size(t);
   sh.vec = hs % 4 == 0;
-  for (const auto& [p, name] : ptrs) {
-    (void)name;
-    sh.vec = sh.vec && aligned(p, vec_bytes);
-  }
+  for (const detail::Named& p : ptrs)
+    sh.vec = sh.vec && detail::aligned(p.p, vec_bytes);
   return sh;
 }
 
@@ -89,10 +77,8 @@ AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
 template <typename Kernel>
 void set_smem(const char* op, Kernel* kernel, std::size_t bytes) {
   if (bytes <= kDefaultSmem) return;
-  int device = 0;
-  int optin = 0;
-  ZO_CUDA_CHECK(cudaGetDevice(&device));
-  ZO_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int device = detail::current_device();
+  const int optin = detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (bytes > static_cast<std::size_t>(optin)) {
     bad_arg(op, "needs " + std::to_string(bytes) + " bytes of shared memory per block; device " +
                     std::to_string(device) + " allows " + std::to_string(optin));
@@ -109,20 +95,23 @@ std::size_t smem_bytes(const AttentionShape& sh, int tile, int tiles, int ptiles
           rows);
 }
 
-std::size_t grid_blocks(const AttentionShape& sh) {
-  return static_cast<std::size_t>(sh.B) * sh.NH * sh.n_tiles;
+// Launches `kernel` on one block of kTile * 4 threads per (b, h, tile), with `smem` bytes of
+// dynamic shared memory (opted into when above the default).
+template <int kTile, typename Kernel, typename... Args>
+void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, const AttentionShape& sh,
+                  cudaStream_t s, Args... args) {
+  set_smem(op, kernel, smem);
+  const std::size_t blocks = static_cast<std::size_t>(sh.B) * sh.NH * sh.n_tiles;
+  kernel<<<static_cast<unsigned>(blocks), kTile * 4, smem, s>>>(args..., sh);
+  ZO_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int kTile, int kChunks>
 void forward_typed(void* out, float* lse, const void* qkv, const AttentionShape& sh,
                    cudaStream_t s) {
-  constexpr const char* op = "launch_attention_forward";
-  auto* kernel = &attention_forward_kernel<T, kTile, kChunks>;
-  const std::size_t smem = smem_bytes(sh, kTile, 3, 1, 0);
-  set_smem(op, kernel, smem);
-  kernel<<<static_cast<unsigned>(grid_blocks(sh)), kTile * 4, smem, s>>>(
-      static_cast<T*>(out), lse, static_cast<const T*>(qkv), sh);
-  ZO_CUDA_CHECK_LAUNCH();
+  launch_tiles<kTile>("launch_attention_forward", &attention_forward_kernel<T, kTile, kChunks>,
+                      smem_bytes(sh, kTile, 3, 1, 0), sh, s, static_cast<T*>(out), lse,
+                      static_cast<const T*>(qkv));
 }
 
 template <typename T, int kTile, int kChunks>
@@ -135,25 +124,16 @@ void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* o
 
   constexpr int kDThreads = 256;  // one warp per (b, h, t) row
   const std::int64_t rows = std::int64_t{sh.B} * sh.NH * sh.T;
-  const auto d_blocks = static_cast<unsigned>((rows + kDThreads / 32 - 1) / (kDThreads / 32));
+  const auto d_blocks = static_cast<unsigned>(detail::ceil_div(rows, std::int64_t{kDThreads / 32}));
   attention_backward_d_kernel<T>
       <<<d_blocks, kDThreads, 0, s>>>(scratch, dout_t, static_cast<const T*>(out), sh);
   ZO_CUDA_CHECK_LAUNCH();
 
   // dk/dv and dq write disjoint thirds of dqkv, so their order does not matter.
-  auto* dkv_kernel = &attention_backward_dkv_kernel<T, kTile, kChunks>;
-  const std::size_t dkv_smem = smem_bytes(sh, kTile, 4, 2, 2);
-  set_smem(op, dkv_kernel, dkv_smem);
-  dkv_kernel<<<static_cast<unsigned>(grid_blocks(sh)), kTile * 4, dkv_smem, s>>>(
-      dqkv_t, dout_t, qkv_t, lse, scratch, sh);
-  ZO_CUDA_CHECK_LAUNCH();
-
-  auto* dq_kernel = &attention_backward_dq_kernel<T, kTile, kChunks>;
-  const std::size_t dq_smem = smem_bytes(sh, kTile, 4, 1, 2);
-  set_smem(op, dq_kernel, dq_smem);
-  dq_kernel<<<static_cast<unsigned>(grid_blocks(sh)), kTile * 4, dq_smem, s>>>(
-      dqkv_t, dout_t, qkv_t, lse, scratch, sh);
-  ZO_CUDA_CHECK_LAUNCH();
+  launch_tiles<kTile>(op, &attention_backward_dkv_kernel<T, kTile, kChunks>,
+                      smem_bytes(sh, kTile, 4, 2, 2), sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
+  launch_tiles<kTile>(op, &attention_backward_dq_kernel<T, kTile, kChunks>,
+                      smem_bytes(sh, kTile, 4, 1, 2), sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
 }
 
 }  // namespace
@@ -162,7 +142,7 @@ void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int
                               DType t, cudaStream_t s) {
   const AttentionShape sh =
       make_shape("launch_attention_forward", B, T, C, NH, t, {{out, "out"}, {qkv, "qkv"}});
-  if (lse == nullptr) bad_arg("launch_attention_forward", "lse is null");
+  detail::check_not_null("launch_attention_forward", {{lse, "lse"}});
   ZO_DISPATCH_DTYPE(t, T_, {
     if (tile_for(sh.hs) == 64) {
       forward_typed<T_, 64, 1>(out, lse, qkv, sh, s);
@@ -178,8 +158,7 @@ void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, co
   const AttentionShape sh =
       make_shape("launch_attention_backward", B, T, C, NH, t,
                  {{dqkv, "dqkv"}, {dout, "dout"}, {qkv, "qkv"}, {out, "out"}});
-  if (lse == nullptr) bad_arg("launch_attention_backward", "lse is null");
-  if (scratch == nullptr) bad_arg("launch_attention_backward", "scratch is null");
+  detail::check_not_null("launch_attention_backward", {{lse, "lse"}, {scratch, "scratch"}});
   ZO_DISPATCH_DTYPE(t, T_, {
     if (tile_for(sh.hs) == 64) {
       backward_typed<T_, 64, 1>(dqkv, dout, qkv, out, lse, scratch, sh, s);

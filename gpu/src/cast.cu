@@ -1,18 +1,19 @@
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "gpu/cast.cuh"
 #include "gpu/check.h"
+#include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
 
+constexpr const char* kOp = "launch_cast";
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 2048 / kThreads;  // a full SM on sm_80/sm_90
 
 template <typename T>
 struct Tag {
@@ -35,23 +36,10 @@ void visit_dtype(zo::DType t, F&& f) {
   }
 }
 
-bool valid(zo::DType t) {
-  return t == zo::DType::kF32 || t == zo::DType::kF16 || t == zo::DType::kBF16;
-}
-
-bool aligned(const void* p, std::size_t alignment) {
-  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
-}
+using detail::aligned;
 
 int grid_for(std::size_t threads_needed) {
-  int device = 0;
-  int sms = 0;
-  ZO_CUDA_CHECK(cudaGetDevice(&device));
-  ZO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // Enough blocks to fill the GPU once; the grid-stride loop covers the rest.
-  const std::size_t wanted = (threads_needed + kThreads - 1) / kThreads;
-  const std::size_t cap = static_cast<std::size_t>(std::max(sms, 1)) * kBlocksPerSm;
-  return static_cast<int>(std::clamp<std::size_t>(wanted, 1, cap));
+  return detail::fill_grid(threads_needed, kThreads);
 }
 
 template <typename Src, typename Dst>
@@ -77,28 +65,24 @@ std::string describe(zo::DType src_t, zo::DType dst_t, std::size_t n) {
 
 void launch_cast(const void* src, zo::DType src_t, void* dst, zo::DType dst_t, std::size_t n,
                  cudaStream_t stream) {
-  if (!valid(src_t) || !valid(dst_t)) {
-    throw std::invalid_argument("launch_cast: invalid DType value (src " +
-                                std::to_string(static_cast<int>(src_t)) + ", dst " +
-                                std::to_string(static_cast<int>(dst_t)) + ")");
+  if (!detail::valid_dtype(src_t) || !detail::valid_dtype(dst_t)) {
+    detail::bad_arg(kOp, "invalid DType value (src " + std::to_string(static_cast<int>(src_t)) +
+                             ", dst " + std::to_string(static_cast<int>(dst_t)) + ")");
   }
   if (n == 0) return;
-  if (src == nullptr || dst == nullptr) {
-    throw std::invalid_argument(std::string("launch_cast: ") + (src == nullptr ? "src" : "dst") +
-                                " is null (" + describe(src_t, dst_t, n) + ")");
-  }
+  detail::check_not_null(kOp, {{src, "src"}, {dst, "dst"}},
+                         [&] { return describe(src_t, dst_t, n); });
   const std::size_t src_size = zo::dtype_size(src_t);
   const std::size_t dst_size = zo::dtype_size(dst_t);
   if (n > std::numeric_limits<std::size_t>::max() / sizeof(float)) {
-    throw std::invalid_argument("launch_cast: element count overflows (" +
-                                describe(src_t, dst_t, n) + ")");
+    detail::bad_arg(kOp, "element count overflows (" + describe(src_t, dst_t, n) + ")");
   }
   if (src_t == dst_t && src == dst) return;
   const auto src_begin = reinterpret_cast<std::uintptr_t>(src);
   const auto dst_begin = reinterpret_cast<std::uintptr_t>(dst);
   if (src_begin < dst_begin + n * dst_size && dst_begin < src_begin + n * src_size) {
-    throw std::invalid_argument("launch_cast: src and dst overlap (" + describe(src_t, dst_t, n) +
-                                "); cast into a separate buffer");
+    detail::bad_arg(kOp, "src and dst overlap (" + describe(src_t, dst_t, n) +
+                             "); cast into a separate buffer");
   }
 
   if (src_t == dst_t) {

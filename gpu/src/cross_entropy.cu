@@ -1,12 +1,12 @@
 // Launcher of cross_entropy (kernel and launch shape in gpu/cross_entropy.cuh).
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "gpu/check.h"
 #include "gpu/cross_entropy.cuh"
 #include "gpu/dispatch.cuh"
 #include "gpu/ops.h"
+#include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
@@ -34,24 +34,11 @@ void launch_cross_entropy(float* losses, void* dlogits, const void* logits,
                           const std::int32_t* targets, int N, int V, float dloss_scale, DType t,
                           cudaStream_t s) {
   constexpr const char* op = "launch_cross_entropy";
-  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
-    throw std::invalid_argument(std::string(op) + ": invalid DType value " +
-                                std::to_string(static_cast<int>(t)));
-  }
+  detail::check_dtype(op, t);
   const std::string shape = "N = " + std::to_string(N) + ", V = " + std::to_string(V);
-  if (N < 0) throw std::invalid_argument(std::string(op) + ": negative row count (" + shape + ")");
-  if (N == 0) return;
-  if (V <= 0) {
-    throw std::invalid_argument(std::string(op) + ": V must be > 0, a softmax needs classes (" +
-                                shape + ")");
-  }
-  const char* null_name = losses == nullptr    ? "losses"
-                          : logits == nullptr  ? "logits"
-                          : targets == nullptr ? "targets"
-                                               : nullptr;
-  if (null_name != nullptr) {
-    throw std::invalid_argument(std::string(op) + ": " + null_name + " is null (" + shape + ")");
-  }
+  if (!detail::check_rows(op, N, V, "V", "a softmax needs classes", shape)) return;
+  detail::check_not_null(op, {{losses, "losses"}, {logits, "logits"}, {targets, "targets"}},
+                         [&] { return shape; });
   ZO_DISPATCH_DTYPE(t, T,
                     launch_typed<T>(losses, static_cast<T*>(dlogits), static_cast<const T*>(logits),
                                     targets, N, V, dloss_scale, s));

@@ -1,25 +1,23 @@
 // Launchers of embedding_forward and embedding_backward (kernels and launch shapes in
 // gpu/embedding.cuh).
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <initializer_list>
-#include <stdexcept>
 #include <string>
 
 #include "gpu/check.h"
 #include "gpu/dispatch.cuh"
 #include "gpu/embedding.cuh"
 #include "gpu/ops.h"
+#include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
 
-struct Named {
-  const void* p;
-  const char* name;
-};
+using detail::aligned;
+using detail::bad_arg;
+using detail::StreamScratch;
 
 std::string shape(int B, int T, int C) {
   return "B = " + std::to_string(B) + ", T = " + std::to_string(T) + ", C = " + std::to_string(C);
@@ -27,65 +25,21 @@ std::string shape(int B, int T, int C) {
 
 // False when there is nothing to do (B, T or C is 0). Throws for an invalid dtype, negative
 // sizes, B*T beyond int or a null pointer.
-bool check_args(const char* op, int B, int T, int C, DType t, std::initializer_list<Named> ptrs) {
-  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
-    throw std::invalid_argument(std::string(op) + ": invalid DType value " +
-                                std::to_string(static_cast<int>(t)));
-  }
-  if (B < 0 || T < 0 || C < 0) {
-    throw std::invalid_argument(std::string(op) + ": negative size (" + shape(B, T, C) + ")");
-  }
+bool check_args(const char* op, int B, int T, int C, DType t,
+                std::initializer_list<detail::Named> ptrs) {
+  detail::check_dtype(op, t);
+  if (B < 0 || T < 0 || C < 0) bad_arg(op, "negative size (" + shape(B, T, C) + ")");
   if (B == 0 || T == 0 || C == 0) return false;
   if (static_cast<long long>(B) * T > INT_MAX) {
-    throw std::invalid_argument(std::string(op) + ": B * T exceeds " + std::to_string(INT_MAX) +
-                                " rows (" + shape(B, T, C) + ")");
+    bad_arg(op, "B * T exceeds " + std::to_string(INT_MAX) + " rows (" + shape(B, T, C) + ")");
   }
-  for (const Named& p : ptrs) {
-    if (p.p == nullptr) {
-      throw std::invalid_argument(std::string(op) + ": " + p.name + " is null (" + shape(B, T, C) +
-                                  ")");
-    }
-  }
+  detail::check_not_null(op, ptrs, [&] { return shape(B, T, C); });
   return true;
 }
 
-bool aligned(const void* p, std::size_t alignment) {
-  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
-}
-
-// Enough blocks to fill the GPU once; the grid-stride loops cover the rest.
 int fill_grid(std::size_t threads_needed) {
-  int device = 0;
-  int sms = 0;
-  ZO_CUDA_CHECK(cudaGetDevice(&device));
-  ZO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::size_t wanted = (threads_needed + kEmbeddingThreads - 1) / kEmbeddingThreads;
-  const std::size_t cap = static_cast<std::size_t>(std::max(sms, 1)) * (2048 / kEmbeddingThreads);
-  return static_cast<int>(std::clamp<std::size_t>(wanted, 1, cap));
+  return detail::fill_grid(threads_needed, kEmbeddingThreads);
 }
-
-std::size_t round_up(std::size_t bytes, std::size_t to) {
-  return (bytes + to - 1) / to * to;
-}
-
-// Stream-ordered scratch: freed on the stream after the kernels that use it, even when a launch
-// check throws in between.
-class StreamScratch {
- public:
-  StreamScratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
-    ZO_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, s));
-  }
-  ~StreamScratch() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  char* bytes() const { return static_cast<char*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
 
 template <typename T>
 void forward_typed(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
@@ -126,15 +80,16 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
       nullptr, sort_bytes, tokens, static_cast<std::int32_t*>(nullptr),
       static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), N, 0,
       static_cast<int>(sizeof(std::int32_t) * 8), s));
-  const std::size_t ints = round_up(sizeof(std::int32_t) * static_cast<std::size_t>(N), 256);
+  const std::size_t ints =
+      detail::round_up(sizeof(std::int32_t) * static_cast<std::size_t>(N), 256);
   StreamScratch scratch(3 * ints + sort_bytes, s);
-  auto* sorted_tokens = reinterpret_cast<std::int32_t*>(scratch.bytes());
-  auto* rows = reinterpret_cast<std::int32_t*>(scratch.bytes() + ints);
-  auto* sorted_rows = reinterpret_cast<std::int32_t*>(scratch.bytes() + 2 * ints);
-  void* sort_temp = scratch.bytes() + 3 * ints;
+  auto* sorted_tokens = scratch.as<std::int32_t>();
+  auto* rows = scratch.as<std::int32_t>(ints);
+  auto* sorted_rows = scratch.as<std::int32_t>(2 * ints);
+  void* sort_temp = scratch.as<char>(3 * ints);
 
   embedding_iota_kernel<std::int32_t>
-      <<<(N + kEmbeddingThreads - 1) / kEmbeddingThreads, kEmbeddingThreads, 0, s>>>(rows, N);
+      <<<detail::ceil_div(N, kEmbeddingThreads), kEmbeddingThreads, 0, s>>>(rows, N);
   ZO_CUDA_CHECK_LAUNCH();
   ZO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       sort_temp, sort_bytes, tokens, sorted_tokens, static_cast<const std::int32_t*>(rows),

@@ -1,13 +1,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "gpu/cast.cuh"
 #include "gpu/check.h"
 #include "gpu/dispatch.cuh"
 #include "gpu/matmul_bias.cuh"
+#include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
@@ -71,14 +71,12 @@ __global__ void bias_broadcast_kernel(T* __restrict__ out, const T* __restrict__
     out[i] = bias[i % static_cast<std::size_t>(OC)];
 }
 
-int ceil_div(int a, int b) {
-  return (a + b - 1) / b;
-}
+using detail::ceil_div;
 
 void check_shape(const char* op, int N, int OC) {
   if (N <= 0 || OC <= 0) {
-    throw std::invalid_argument(std::string(op) + ": N = " + std::to_string(N) +
-                                " and OC = " + std::to_string(OC) + " must both be > 0");
+    detail::bad_arg(
+        op, "N = " + std::to_string(N) + " and OC = " + std::to_string(OC) + " must both be > 0");
   }
 }
 
@@ -88,7 +86,7 @@ void launch_bias_broadcast(void* out, const void* bias, int N, int OC, DType t, 
   constexpr const char* op = "launch_bias_broadcast";
   check_shape(op, N, OC);
   if (out == nullptr || bias == nullptr) {
-    throw std::invalid_argument(std::string(op) + ": out and bias must not be null");
+    detail::bad_arg(op, "out and bias must not be null");
   }
   const std::size_t n = static_cast<std::size_t>(N) * static_cast<std::size_t>(OC);
   const std::size_t blocks =
@@ -105,7 +103,7 @@ void launch_bias_backward(void* dbias, const void* dout, int N, int OC, DType t,
   constexpr const char* op = "launch_bias_backward";
   check_shape(op, N, OC);
   if (dbias == nullptr || dout == nullptr) {
-    throw std::invalid_argument(std::string(op) + ": dbias and dout must not be null");
+    detail::bad_arg(op, "dbias and dout must not be null");
   }
   const std::size_t room =
       scratch == nullptr ? 0 : scratch_bytes / (sizeof(float) * static_cast<std::size_t>(OC));

@@ -40,7 +40,7 @@
 //                                         68.0 KiB,  80 regs, 3 blocks / 54.0 KiB, 108 regs, 4
 //   bwd D      one warp per (b, h, t) row: D = dout . out into `scratch`; no shared memory, 56 regs
 //   bwd dk/dv  per key tile, loops query tiles >= it: K, V, Q, dout + P, dS + lse, D (kTile each)
-//                                        102.5 KiB, 128 regs, 2 blocks / 75.3 KiB, 156 regs, 2
+//                                        102.5 KiB, 128 regs, 2 blocks / 75.3 KiB, 154 regs, 2
 //   bwd dq     per query tile, loops key tiles <= it: Q, dout, K, V + dS^T + lse, D
 //                                         85.5 KiB, 126 regs, 2 blocks / 70.8 KiB, 124 regs, 3
 // Above 48 KiB (all of the above; small heads may fit) the launchers opt in with
@@ -132,6 +132,41 @@ __device__ __forceinline__ void load_rows(float* __restrict__ dst, const float* 
     dst[r] = r < rows ? mult * src[r] : 0.0f;
 }
 
+// Loads one key tile's K and V slices into sK and sV; `row` points at the q slice of the tile's
+// first key in qkv (row stride c3 = 3C) and `rows` (<= kTile) of its rows are before T.
+template <typename T, int kTile>
+__device__ __forceinline__ void load_kv_tiles(float* sK, float* sV, const T* row, std::int64_t c3,
+                                              int rows, const AttentionShape& sh) {
+  load_tile<T, kTile>(sK, row + sh.C, c3, rows, sh);
+  load_tile<T, kTile>(sV, row + 2 * sh.C, c3, rows, sh);
+}
+
+// Loads one query tile's inputs to the backward kernels: Q (`q`: the q slice of the tile's first
+// query in qkv, row stride c3 = 3C), dout (`dout_rows`, row stride C), and the rows' lse (times
+// log2(e)) and D; `rows` (<= kTile) of the tile's rows are before T.
+template <typename T, int kTile>
+__device__ __forceinline__ void load_query_tiles(float* sQ, float* sdO, float* sL, float* sD,
+                                                 const T* q, const T* dout_rows,
+                                                 const float* lse_rows, const float* D_rows,
+                                                 std::int64_t c3, int rows,
+                                                 const AttentionShape& sh) {
+  load_tile<T, kTile>(sQ, q, c3, rows, sh);
+  load_tile<T, kTile>(sdO, dout_rows, sh.C, rows, sh);
+  load_rows<kTile>(sL, lse_rows, rows, kLog2e);
+  load_rows<kTile>(sD, D_rows, rows, 1.0f);
+}
+
+// Zeroes a thread's (4 rows, kChunks float4 chunks) output accumulator.
+template <int kChunks>
+__device__ __forceinline__ void zero_acc(float4 (&acc)[4][kChunks]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int cc = 0; cc < kChunks; ++cc)
+      acc[i][cc] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 // acc[i][k] += A[i] . B[16 k] over the first 4*n4 columns; A and B point at this thread's first
 // row of two (., ld) shared tiles (A: 4 contiguous rows, B: kCols rows 16 apart).
 template <int kCols>
@@ -220,6 +255,18 @@ __device__ __forceinline__ void store4(T* dst, const float4& v, int n, bool vec)
   }
 }
 
+// Writes (kAdd: adds) scale * acc to one head row of this thread: chunk cc to columns
+// 4 (tx + 16 cc) .. of dst (the row's column 0); chunks at or past hs are skipped.
+template <typename T, bool kAdd, int kChunks>
+__device__ __forceinline__ void store_row(T* dst, const float4 (&acc)[kChunks], float scale, int tx,
+                                          const AttentionShape& sh) {
+#pragma unroll
+  for (int cc = 0; cc < kChunks; ++cc) {
+    const int d = 4 * (tx + 16 * cc);
+    if (d < sh.hs) store4<T, kAdd>(dst + d, mul4(acc[cc], scale), min(4, sh.hs - d), sh.vec);
+  }
+}
+
 // Block -> (b, h, tile): blockIdx.x = rank * (B*NH) + b*NH + h. `reverse` maps rank 0 to the
 // last tile, so that the tiles with the longest loops are scheduled first.
 struct BlockCoords {
@@ -263,16 +310,13 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forwar
   for (int i = 0; i < 4; ++i) {
     m[i] = -INFINITY;
     l[i] = 0.0f;
-#pragma unroll
-    for (int cc = 0; cc < kChunks; ++cc)
-      o[i][cc] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
+  zero_acc(o);
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's readers of sK, sV, sPt are done
-    load_tile<T, kTile>(sK, head + k0 * c3 + sh.C, c3, min(kTile, sh.T - k0), sh);
-    load_tile<T, kTile>(sV, head + k0 * c3 + 2 * sh.C, c3, min(kTile, sh.T - k0), sh);
+    load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
     __syncthreads();
 
     float s[4][kCols] = {};
@@ -317,12 +361,8 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forwar
     if (q >= sh.T) continue;
     if (tx == 0) lse[static_cast<std::int64_t>(bc.bh) * sh.T + q] = (m[i] + log2f(row_sum)) * kLn2;
     const float inv = 1.0f / row_sum;
-    T* dst = out + (static_cast<std::int64_t>(bc.b) * sh.T + q) * sh.C + bc.h * sh.hs;
-#pragma unroll
-    for (int cc = 0; cc < kChunks; ++cc) {
-      const int d = 4 * (tx + 16 * cc);
-      if (d < sh.hs) store4<T, false>(dst + d, mul4(o[i][cc], inv), min(4, sh.hs - d), sh.vec);
-    }
+    store_row<T, false>(out + (static_cast<std::int64_t>(bc.b) * sh.T + q) * sh.C + bc.h * sh.hs,
+                        o[i], inv, tx, sh);
   }
 }
 
@@ -379,26 +419,18 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   const float* lse_bh = lse + static_cast<std::int64_t>(bc.bh) * sh.T;
   const float* D_bh = D + static_cast<std::int64_t>(bc.bh) * sh.T;
 
-  load_tile<T, kTile>(sK, head + k0 * c3 + sh.C, c3, min(kTile, sh.T - k0), sh);
-  load_tile<T, kTile>(sV, head + k0 * c3 + 2 * sh.C, c3, min(kTile, sh.T - k0), sh);
+  load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
 
   float4 dk[4][kChunks], dv[4][kChunks];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int cc = 0; cc < kChunks; ++cc) {
-      dk[i][cc] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      dv[i][cc] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
+  zero_acc(dk);
+  zero_acc(dv);
 
   for (int qt = kt; qt < sh.n_tiles; ++qt) {
     const int q0 = qt * kTile, rows = min(kTile, sh.T - q0);
     __syncthreads();  // the previous tile's readers of sQ, sdO, sP, sdS, sL, sD are done
-    load_tile<T, kTile>(sQ, head + q0 * c3, c3, rows, sh);
-    load_tile<T, kTile>(sdO, dout_head + static_cast<std::int64_t>(q0) * sh.C, sh.C, rows, sh);
-    load_rows<kTile>(sL, lse_bh + q0, rows, kLog2e);
-    load_rows<kTile>(sD, D_bh + q0, rows, 1.0f);
+    load_query_tiles<T, kTile>(sQ, sdO, sL, sD, head + q0 * c3,
+                               dout_head + static_cast<std::int64_t>(q0) * sh.C, lse_bh + q0,
+                               D_bh + q0, c3, rows, sh);
     __syncthreads();
 
     float s[4][kCols] = {}, dp[4][kCols] = {};  // [key i][query k]
@@ -430,14 +462,8 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
     const int key = k0 + 4 * ty + i;
     if (key >= sh.T) continue;
     T* dst = dqkv + (tok0 + key) * c3 + bc.h * sh.hs;
-#pragma unroll
-    for (int cc = 0; cc < kChunks; ++cc) {
-      const int d = 4 * (tx + 16 * cc);
-      if (d >= sh.hs) continue;
-      const int n = min(4, sh.hs - d);
-      store4<T, true>(dst + sh.C + d, mul4(dk[i][cc], sh.scale), n, sh.vec);
-      store4<T, true>(dst + 2 * sh.C + d, dv[i][cc], n, sh.vec);
-    }
+    store_row<T, true>(dst + sh.C, dk[i], sh.scale, tx, sh);
+    store_row<T, true>(dst + 2 * sh.C, dv[i], 1.0f, tx, sh);
   }
 }
 
@@ -467,24 +493,18 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   const std::int64_t tok0 = static_cast<std::int64_t>(bc.b) * sh.T;
   const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
 
-  load_tile<T, kTile>(sQ, head + q0 * c3, c3, rows, sh);
-  load_tile<T, kTile>(sdO, dout + (tok0 + q0) * sh.C + bc.h * sh.hs, sh.C, rows, sh);
-  load_rows<kTile>(sL, lse + static_cast<std::int64_t>(bc.bh) * sh.T + q0, rows, kLog2e);
-  load_rows<kTile>(sD, D + static_cast<std::int64_t>(bc.bh) * sh.T + q0, rows, 1.0f);
+  load_query_tiles<T, kTile>(sQ, sdO, sL, sD, head + q0 * c3,
+                             dout + (tok0 + q0) * sh.C + bc.h * sh.hs,
+                             lse + static_cast<std::int64_t>(bc.bh) * sh.T + q0,
+                             D + static_cast<std::int64_t>(bc.bh) * sh.T + q0, c3, rows, sh);
 
   float4 dq[4][kChunks];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int cc = 0; cc < kChunks; ++cc)
-      dq[i][cc] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
+  zero_acc(dq);
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's readers of sK, sV, sdSt are done
-    load_tile<T, kTile>(sK, head + k0 * c3 + sh.C, c3, min(kTile, sh.T - k0), sh);
-    load_tile<T, kTile>(sV, head + k0 * c3 + 2 * sh.C, c3, min(kTile, sh.T - k0), sh);
+    load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
     __syncthreads();
 
     float s[4][kCols] = {}, dp[4][kCols] = {};  // [query i][key k]
@@ -515,12 +535,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   for (int i = 0; i < 4; ++i) {
     const int q = q0 + 4 * ty + i;
     if (q >= sh.T) continue;
-    T* dst = dqkv + (tok0 + q) * c3 + bc.h * sh.hs;
-#pragma unroll
-    for (int cc = 0; cc < kChunks; ++cc) {
-      const int d = 4 * (tx + 16 * cc);
-      if (d < sh.hs) store4<T, true>(dst + d, mul4(dq[i][cc], sh.scale), min(4, sh.hs - d), sh.vec);
-    }
+    store_row<T, true>(dqkv + (tok0 + q) * c3 + bc.h * sh.hs, dq[i], sh.scale, tx, sh);
   }
 }
 

@@ -34,6 +34,38 @@ namespace zo::gpu {
 
 constexpr int kEmbeddingThreads = 256;
 
+namespace embedding_detail {
+
+// acc = the kVec elements at src (one aligned pack), widened to fp32.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_pack(float (&acc)[kVec], const T* src) {
+  const Pack<T, kVec> p = *reinterpret_cast<const Pack<T, kVec>*>(src);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    acc[k] = to_float(p.v[k]);
+}
+
+// acc += the kVec elements at src (one aligned pack), in fp32.
+template <typename T, int kVec>
+__device__ __forceinline__ void add_pack(float (&acc)[kVec], const T* src) {
+  const Pack<T, kVec> p = *reinterpret_cast<const Pack<T, kVec>*>(src);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    acc[k] += to_float(p.v[k]);
+}
+
+// The kVec elements at dst (one aligned pack) = acc, rounded to T.
+template <typename T, int kVec>
+__device__ __forceinline__ void store_pack(T* dst, const float (&acc)[kVec]) {
+  Pack<T, kVec> p;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    p.v[k] = from_float<T>(acc[k]);
+  *reinterpret_cast<Pack<T, kVec>*>(dst) = p;
+}
+
+}  // namespace embedding_detail
+
 // out (N, C) written. seq_len = T.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kEmbeddingThreads)
@@ -71,6 +103,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kEmbeddingThreads)
     embedding_dwpe_kernel(T* __restrict__ dwpe, const T* __restrict__ dout, int B, int seq_len,
                           int C) {
+  using namespace embedding_detail;
   const std::size_t row_packs = static_cast<std::size_t>(C / kVec);
   const std::size_t total = static_cast<std::size_t>(seq_len) * row_packs;
   const std::size_t batch_stride = static_cast<std::size_t>(seq_len) * C;
@@ -79,23 +112,12 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
        p += stride) {
     const std::size_t t = p / row_packs;
     const std::size_t c = (p - t * row_packs) * kVec;
-    auto* dst = reinterpret_cast<Pack<T, kVec>*>(dwpe + t * C + c);
-    Pack<T, kVec> d = *dst;
+    T* dst = dwpe + t * C + c;
     float acc[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k)
-      acc[k] = to_float(d.v[k]);
-    for (int b = 0; b < B; ++b) {
-      const Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(
-          dout + static_cast<std::size_t>(b) * batch_stride + t * C + c);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k)
-        acc[k] += to_float(g.v[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < kVec; ++k)
-      d.v[k] = from_float<T>(acc[k]);
-    *dst = d;
+    load_pack<T, kVec>(acc, dst);
+    for (int b = 0; b < B; ++b)
+      add_pack<T, kVec>(acc, dout + static_cast<std::size_t>(b) * batch_stride + t * C + c);
+    store_pack<T, kVec>(dst, acc);
   }
 }
 
@@ -114,6 +136,7 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     embedding_dwte_kernel(T* __restrict__ dwte, const T* __restrict__ dout,
                           const std::int32_t* __restrict__ sorted_tokens,
                           const std::int32_t* __restrict__ sorted_rows, int N, int C) {
+  using namespace embedding_detail;
   const std::size_t row_packs = static_cast<std::size_t>(C / kVec);
   const std::size_t total = static_cast<std::size_t>(N) * row_packs;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -123,23 +146,12 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     const std::size_t c = (p - static_cast<std::size_t>(i) * row_packs) * kVec;
     const std::int32_t tok = sorted_tokens[i];
     if (tok < 0 || (i > 0 && sorted_tokens[i - 1] == tok)) continue;  // not the head of a run
-    auto* dst = reinterpret_cast<Pack<T, kVec>*>(dwte + static_cast<std::size_t>(tok) * C + c);
-    Pack<T, kVec> d = *dst;
+    T* dst = dwte + static_cast<std::size_t>(tok) * C + c;
     float acc[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k)
-      acc[k] = to_float(d.v[k]);
-    for (int j = i; j < N && sorted_tokens[j] == tok; ++j) {
-      const std::size_t row = static_cast<std::size_t>(sorted_rows[j]);
-      const Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(dout + row * C + c);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k)
-        acc[k] += to_float(g.v[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < kVec; ++k)
-      d.v[k] = from_float<T>(acc[k]);
-    *dst = d;
+    load_pack<T, kVec>(acc, dst);
+    for (int j = i; j < N && sorted_tokens[j] == tok; ++j)
+      add_pack<T, kVec>(acc, dout + static_cast<std::size_t>(sorted_rows[j]) * C + c);
+    store_pack<T, kVec>(dst, acc);
   }
 }
 
