@@ -13,29 +13,32 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu_adam/adam_checks.h"
 #include "kernel_table.h"
 
 namespace zo::cpu_adam {
 namespace {
 
-[[noreturn]] void bad_argument(const std::string& what) {
-  throw std::invalid_argument("cpu_adam: " + what);
+constexpr const char* kWho = "cpu_adam";
+
+[[noreturn]] void bad_argument(const char* who, const std::string& what) {
+  throw std::invalid_argument(std::string(who) + ": " + what);
 }
 
-void check_finite_nonneg(float x, const char* name) {
+void check_finite_nonneg(const char* who, float x, const char* name) {
   if (!std::isfinite(x) || x < 0.0f) {
     std::ostringstream os;
     os << name << " = " << x << " is invalid: it must be finite and >= 0";
-    bad_argument(os.str());
+    bad_argument(who, os.str());
   }
 }
 
-void check_beta(float b, const char* name) {
+void check_beta(const char* who, float b, const char* name) {
   if (!(b >= 0.0f && b < 1.0f)) {
     std::ostringstream os;
     os << name << " = " << b << " is outside [0, 1); typical values are 0.9 (beta1), 0.95-0.999 "
        << "(beta2)";
-    bad_argument(os.str());
+    bad_argument(who, os.str());
   }
 }
 
@@ -50,7 +53,7 @@ const detail::KernelTable& kernels_for(Isa isa) {
     case Isa::kAvx512Bf16:
       return detail::kernels_avx512_bf16();
   }
-  bad_argument("invalid ISA value");
+  bad_argument(kWho, "invalid ISA value");
 }
 
 int dtype_index(DType t) {
@@ -84,8 +87,8 @@ bool parallel_chunks(tbb::task_arena& arena, std::size_t n, Fn&& fn) {
 
 void check_dtype(DType t, const char* name) {
   if (static_cast<int>(t) > static_cast<int>(DType::kBF16)) {
-    bad_argument(std::string(name) + " has an invalid dtype value " +
-                 std::to_string(static_cast<int>(t)));
+    bad_argument(kWho, std::string(name) + " has an invalid dtype value " +
+                           std::to_string(static_cast<int>(t)));
   }
 }
 
@@ -97,10 +100,11 @@ void validate_buffers(const AdamBuffers& b) {
   check_dtype(b.params_out.dtype, "params_out");
   auto check_array = [n](const void* data, std::size_t size, const char* name) {
     if (size != n) {
-      bad_argument(std::string(name) + " has " + std::to_string(size) +
-                   " elements but params has " + std::to_string(n) + "; all arrays must match");
+      bad_argument(kWho, std::string(name) + " has " + std::to_string(size) +
+                             " elements but params has " + std::to_string(n) +
+                             "; all arrays must match");
     }
-    if (n > 0 && data == nullptr) bad_argument(std::string(name) + " is a null pointer");
+    if (n > 0 && data == nullptr) bad_argument(kWho, std::string(name) + " is a null pointer");
   };
   check_array(b.params.data(), n, "params");
   check_array(b.exp_avg.data, b.exp_avg.size, "exp_avg");
@@ -109,31 +113,44 @@ void validate_buffers(const AdamBuffers& b) {
   if (b.params_out.data != nullptr) check_array(b.params_out.data, b.params_out.size, "params_out");
 
   if (b.exp_avg.dtype != b.exp_avg_sq.dtype) {
-    bad_argument("exp_avg is " + std::string(dtype_name(b.exp_avg.dtype)) + " but exp_avg_sq is " +
-                 std::string(dtype_name(b.exp_avg_sq.dtype)) + "; both must be fp32 or both bf16");
+    bad_argument(kWho, "exp_avg is " + std::string(dtype_name(b.exp_avg.dtype)) +
+                           " but exp_avg_sq is " + std::string(dtype_name(b.exp_avg_sq.dtype)) +
+                           "; both must be fp32 or both bf16");
   }
   if (b.exp_avg.dtype == DType::kF16) {
-    bad_argument(
-        "fp16 optimizer state is not supported (its range is too small for v): use fp32 "
-        "or bf16");
+    bad_argument(kWho,
+                 "fp16 optimizer state is not supported (its range is too small for v): use fp32 "
+                 "or bf16");
   }
   if (b.params_out.data != nullptr && b.params_out.dtype == DType::kF32) {
-    bad_argument("params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
+    bad_argument(kWho,
+                 "params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
   }
 }
 
 }  // namespace
 
-void AdamConfig::validate() const {
-  check_finite_nonneg(lr, "lr");
-  check_beta(beta1, "beta1");
-  check_beta(beta2, "beta2");
+void check_adam_hyperparameters(const char* who, float lr, float beta1, float beta2, float eps,
+                                float weight_decay) {
+  check_finite_nonneg(who, lr, "lr");
+  check_beta(who, beta1, "beta1");
+  check_beta(who, beta2, "beta2");
   if (!std::isfinite(eps) || eps <= 0.0f) {
     std::ostringstream os;
     os << "eps = " << eps << " is invalid: it must be finite and > 0 (typically 1e-8)";
-    bad_argument(os.str());
+    bad_argument(who, os.str());
   }
-  check_finite_nonneg(weight_decay, "weight_decay");
+  check_finite_nonneg(who, weight_decay, "weight_decay");
+}
+
+void check_adam_step(const char* who, std::int64_t t, float grad_multiplier) {
+  if (t < 1)
+    bad_argument(who, "step t = " + std::to_string(t) + " is invalid: updates count from 1");
+  check_finite_nonneg(who, grad_multiplier, "grad_multiplier");
+}
+
+void AdamConfig::validate() const {
+  check_adam_hyperparameters(kWho, lr, beta1, beta2, eps, weight_decay);
 }
 
 namespace detail {
@@ -169,14 +186,14 @@ CpuAdam::CpuAdam(const AdamConfig& config, const Options& options)
     : config_(config), isa_(options.isa) {
   config_.validate();
   if (!isa_supported(isa_)) {
-    bad_argument("ISA '" + std::string(isa_name(isa_)) +
-                 "' is not supported by this CPU; best "
-                 "available is '" +
-                 std::string(isa_name(best_isa())) + "'");
+    bad_argument(kWho, "ISA '" + std::string(isa_name(isa_)) +
+                           "' is not supported by this CPU; best "
+                           "available is '" +
+                           std::string(isa_name(best_isa())) + "'");
   }
   if (options.threads < 0) {
-    bad_argument("threads = " + std::to_string(options.threads) +
-                 " is invalid: use 0 (all cores) or a positive count");
+    bad_argument(kWho, "threads = " + std::to_string(options.threads) +
+                           " is invalid: use 0 (all cores) or a positive count");
   }
   pool_ = std::make_unique<Pool>(options.threads);
 }
@@ -211,8 +228,7 @@ StepResult CpuAdam::step(const AdamBuffers& buffers, AdamState& state, const Ste
 }
 
 StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptions& options) const {
-  if (t < 1) bad_argument("step t = " + std::to_string(t) + " is invalid: updates count from 1");
-  check_finite_nonneg(options.grad_multiplier, "grad_multiplier");
+  check_adam_step(kWho, t, options.grad_multiplier);
   validate_buffers(b);
   const std::size_t n = b.params.size();
   if (n == 0) return {false, true};
@@ -239,8 +255,8 @@ StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptio
 }
 
 bool CpuAdam::has_nonfinite(ConstArrayView grads, float multiplier) const {
-  check_finite_nonneg(multiplier, "grad multiplier");
-  if (grads.size > 0 && grads.data == nullptr) bad_argument("grads is a null pointer");
+  check_finite_nonneg(kWho, multiplier, "grad multiplier");
+  if (grads.size > 0 && grads.data == nullptr) bad_argument(kWho, "grads is a null pointer");
   check_dtype(grads.dtype, "grads");
   const detail::NonFiniteRangeFn fn = kernels_for(isa_).nonfinite[dtype_index(grads.dtype)];
   return parallel_chunks(pool_->arena, grads.size, [&](std::size_t begin, std::size_t end) {

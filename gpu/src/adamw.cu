@@ -1,8 +1,8 @@
 // Launcher of adamw (kernel, math and launch shape in gpu/adamw.cuh).
 #include <cmath>
-#include <sstream>
 #include <string>
 
+#include "cpu_adam/adam_checks.h"
 #include "gpu/adamw.cuh"
 #include "gpu/check.h"
 #include "gpu/dispatch.cuh"
@@ -20,38 +20,9 @@ constexpr const char* kOp = "launch_adamw";
   detail::bad_arg(kOp, what);
 }
 
-// The checks (and messages) of cpu_adam's AdamConfig::validate and update(): cpu_adam.h itself
-// needs C++20, which this CUDA target does not compile with.
-void check_finite_nonneg(float x, const char* name) {
-  if (!std::isfinite(x) || x < 0.0f) {
-    std::ostringstream os;
-    os << name << " = " << x << " is invalid: it must be finite and >= 0";
-    bad_argument(os.str());
-  }
-}
-
-void check_beta(float b, const char* name) {
-  if (!(b >= 0.0f && b < 1.0f)) {
-    std::ostringstream os;
-    os << name << " = " << b << " is outside [0, 1); typical values are 0.9 (beta1), 0.95-0.999 "
-       << "(beta2)";
-    bad_argument(os.str());
-  }
-}
-
 void check_hyperparameters(const AdamWArgs& a) {
-  check_finite_nonneg(a.lr, "lr");
-  check_beta(a.beta1, "beta1");
-  check_beta(a.beta2, "beta2");
-  if (!std::isfinite(a.eps) || a.eps <= 0.0f) {
-    std::ostringstream os;
-    os << "eps = " << a.eps << " is invalid: it must be finite and > 0 (typically 1e-8)";
-    bad_argument(os.str());
-  }
-  check_finite_nonneg(a.weight_decay, "weight_decay");
-  if (a.t < 1)
-    bad_argument("step t = " + std::to_string(a.t) + " is invalid: updates count from 1");
-  check_finite_nonneg(a.grad_mult, "grad_mult");
+  cpu_adam::check_adam_hyperparameters(kOp, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
+  cpu_adam::check_adam_step(kOp, a.t, a.grad_mult);
 }
 
 // cpu_adam's detail::derive_scalars for decoupled weight decay: double, then rounded to float.

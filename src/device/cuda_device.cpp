@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_adam/cpu_adam.h"
+#include "cpu_adam/adam_checks.h"
 #include "gpu/cast.h"
 #include "gpu/check.h"
 #include "gpu/device.h"
@@ -580,15 +580,9 @@ class CudaDevice final : public Device {
              const AdamWStep& a, Stream& s) override {
     constexpr const char* op = "adamw";
     CudaStream& cs = cuda_stream(s, op);
-    if (a.t < 1) bad_arg(op, "step t = " + std::to_string(a.t) + " must be >= 1");
-    cpu_adam::AdamConfig c;  // the same hyperparameter checks (and messages) as the host backend
-    c.lr = a.lr;
-    c.beta1 = a.beta1;
-    c.beta2 = a.beta2;
-    c.eps = a.eps;
-    c.weight_decay = a.weight_decay;
-    c.bias_correction = a.bias_correction;
-    c.validate();
+    // The shared hyperparameter checks run eagerly, before any n == 0 shortcut.
+    cpu_adam::check_adam_hyperparameters(op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
+    cpu_adam::check_adam_step(op, a.t, a.grad_mult);
     if (n == 0) return;
     gpu::AdamWArgs args;
     args.lr = a.lr;

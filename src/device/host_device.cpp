@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "cpu_adam/adam_checks.h"
 #include "cpu_adam/cpu_adam.h"
 #include "device/device.h"
 #include "device/host_ops.h"
@@ -286,10 +287,11 @@ class HostDevice final : public Device {
     launch(s, op, [=](host::Arena& a) { host::cast(a, dst, dst_t, src, src_t, n); });
   }
 
-  void adamw(float* master, float* m, float* v, const void* grads, void* params_out,
-             std::size_t n, const AdamWStep& a, Stream& s) override {
+  void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
+             const AdamWStep& a, Stream& s) override {
     constexpr const char* op = "adamw";
-    if (a.t < 1) bad_arg(op, "step t = " + std::to_string(a.t) + " must be >= 1");
+    cpu_adam::check_adam_hyperparameters(op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
+    cpu_adam::check_adam_step(op, a.t, a.grad_mult);
     if (!require_elementwise(s, op, n, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}}))
       return;
     cpu_adam::AdamConfig c;
@@ -299,7 +301,6 @@ class HostDevice final : public Device {
     c.eps = a.eps;
     c.weight_decay = a.weight_decay;
     c.bias_correction = a.bias_correction;
-    c.validate();  // eagerly, so bad hyperparameters throw at the call
     launch(s, op, [=](host::Arena&) {
       // The same fused kernel as the host optimizer; fp32 on this backend, so params_out (if it
       // is not the master itself) is a plain copy.
