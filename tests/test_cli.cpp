@@ -101,7 +101,8 @@ TEST(Cli, TrainResumeExportSample) {
       ++n;
       EXPECT_EQ(j["step"], n);
       for (const char* k : {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms",
-                            "forward_ms", "backward_ms", "optimizer_ms"}) {
+                            "forward_ms", "backward_ms", "d2h_ms", "adam_ms", "h2d_ms",
+                            "d2h_exposed_ms", "adam_exposed_ms", "h2d_exposed_ms"}) {
         EXPECT_TRUE(j.contains(k)) << k;
       }
     }

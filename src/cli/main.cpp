@@ -39,7 +39,7 @@ struct ByteSize {
 };
 
 void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
-                       std::string& state_dtype, ByteSize& devmem) {
+                       std::string& state_dtype, ByteSize& devmem, ByteSize& bucket) {
   t->add_option("--model", c.model,
                 presets_help() + "; default tiny, or the checkpoint's with --resume");
   t->add_option("--init-from", c.init_from, "start from Hugging Face GPT-2 weights (.safetensors)");
@@ -95,7 +95,15 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
                 "overflow-free steps before a dynamic scale doubles")
       ->capture_default_str();
   t->add_option("--device-memory", devmem.text,
-                "host backend memory capacity, e.g. 512MiB (default: unlimited)");
+                "device memory to plan for and use, e.g. 24GiB (default: all of it; unlimited "
+                "on the host backend)");
+  t->add_option("--bucket-size", bucket.text, "offload: gradient bytes per bucket (default 32MiB)");
+  t->add_flag("--dpu", c.dpu,
+              "offload: delayed parameter update (the CPU update overlaps the next step)");
+  t->add_option("--dpu-warmup", c.dpu_warmup, "ordinary steps before --dpu starts")
+      ->capture_default_str();
+  t->add_flag("!--no-pin", c.pin, "offload: pageable instead of page-locked host buffers");
+  t->add_option("--trace", c.trace, "write a Chrome trace-event JSON of the run (Perfetto)");
   t->add_option("--threads", c.threads, "host backend compute threads; 0 = all cores");
   t->add_option("--eval-every", c.eval_interval, "validation every N steps; 0 = at the end only");
   t->add_option("--eval-batches", c.eval_batches, "micro-batches per validation")
@@ -112,11 +120,12 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
 }
 
 int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
-              const ByteSize& devmem, bool model_given) {
+              const ByteSize& devmem, const ByteSize& bucket, bool model_given) {
   c.lr.decay = zo::train::parse_decay(decay);
   c.lr.total_steps = c.steps;
   c.optimizer_state = zo::parse_dtype(state_dtype);
   c.device_memory = devmem.bytes();
+  if (!bucket.text.empty()) c.bucket_size = bucket.bytes();
   if (!model_given) c.model.clear();  // resume takes the checkpoint's spec
   zo::train::Trainer trainer(c);
   trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
@@ -152,9 +161,9 @@ int main(int argc, char** argv) {
   // train
   zo::train::TrainConfig tc;
   std::string decay = "cosine", state_dtype = "fp32";
-  ByteSize devmem;
+  ByteSize devmem, bucket;
   auto* train = app.add_subcommand("train", "Train a GPT-2-architecture model");
-  add_train_options(train, tc, decay, state_dtype, devmem);
+  add_train_options(train, tc, decay, state_dtype, devmem, bucket);
 
   // plan
   auto* plan = app.add_subcommand("plan",
@@ -171,8 +180,15 @@ int main(int argc, char** argv) {
   plan->add_option("--precision", plan_precision, "device dtype: fp32 (host backend), bf16, fp16")
       ->capture_default_str();
   plan->add_option("--optimizer-state", plan_state, "fp32 or bf16")->capture_default_str();
-  bool plan_resident = false;
-  plan->add_flag("--resident", plan_resident, "plan resident mode (optimizer state on the device)");
+  std::string plan_mode = "auto";
+  int plan_accum = 1;
+  bool plan_dpu = false;
+  ByteSize plan_bucket;
+  plan->add_option("--mode", plan_mode, "auto (both modes and the choice), resident or offload")
+      ->capture_default_str();
+  plan->add_option("--grad-accum", plan_accum, "micro-batches per step")->capture_default_str();
+  plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
+  plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
 
   // export
@@ -224,7 +240,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) {
-      return run_train(tc, decay, state_dtype, devmem, train->count("--model") > 0);
+      return run_train(tc, decay, state_dtype, devmem, bucket, train->count("--model") > 0);
     }
     if (plan->parsed()) {
       zo::train::PlanInput pi;
@@ -236,11 +252,30 @@ int main(int argc, char** argv) {
       pi.act_dtype = zo::parse_dtype(plan_precision);
       pi.optimizer_state = zo::parse_dtype(plan_state);
       pi.device_capacity = plan_devmem.bytes();
-      pi.resident = plan_resident;
       pi.host_available = zo::pinned::host_available_bytes();
-      const auto p = zo::train::plan_memory(pi);
-      std::fputs(p.format(pi).c_str(), stdout);
-      return p.device_fits && p.host_fits ? 0 : 3;
+      if (plan_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
+      pi.engine.grad_accum = plan_accum;
+      pi.engine.dpu = plan_dpu;
+      if (!plan_bucket.text.empty()) pi.engine.bucket_bytes = plan_bucket.bytes();
+      if (plan_mode != "auto" && plan_mode != "resident" && plan_mode != "offload") {
+        throw std::invalid_argument("--mode must be auto, resident or offload");
+      }
+      const bool gpu = pi.act_dtype != zo::DType::kF32;
+      const auto choice = zo::train::choose_mode(pi, gpu);
+      bool fits = false;
+      for (const bool resident : {true, false}) {
+        if (plan_mode != "auto" && (plan_mode == "resident") != resident) continue;
+        pi.resident = resident;
+        const auto& p = resident ? choice.resident : choice.offload;
+        std::fputs(p.format(pi).c_str(), stdout);
+        const bool chosen = plan_mode == "auto" ? choice.choose_resident == resident : true;
+        if (chosen) fits = p.device_fits && p.host_fits;
+      }
+      if (plan_mode == "auto") {
+        std::printf("recommended: --mode %s (%s)\n", choice.choose_resident ? "resident" : "offload",
+                    choice.reason.c_str());
+      }
+      return fits ? 0 : 3;
     }
     if (exp->parsed()) {
       const zo::DType dtype = zo::parse_dtype(exp_dtype);

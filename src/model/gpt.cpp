@@ -147,7 +147,8 @@ void Gpt::block_forward(const void* params, int l, int t, dev::Stream& s) {
   device_.residual_forward(out, a.res2, fcproj_, NC, s);
 }
 
-void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s) {
+void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s,
+                  const std::function<void(int)>& before_read) {
   const ModelSpec& spec = layout_.spec();
   if (t < 1 || t > shape_.T || (t < shape_.T && shape_.B != 1)) {
     throw std::invalid_argument("forward over " + std::to_string(t) +
@@ -157,10 +158,17 @@ void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scal
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
   const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
+  auto reading = [&](int group) {
+    if (before_read) before_read(group);
+  };
+  reading(-1);
   device_.embedding_forward(residuals_[0], tokens_, at(params, layout_.wte()),
                             at(params, layout_.wpe()), shape_.B, t, C, s);
-  for (int l = 0; l < spec.n_layer; ++l)
+  for (int l = 0; l < spec.n_layer; ++l) {
+    reading(l);
     block_forward(params, l, t, s);
+  }
+  reading(spec.n_layer);
   device_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residuals_.back(),
                             at(params, layout_.lnf_w()), at(params, layout_.lnf_b()), N, C, s);
   device_.matmul_forward(logits_, lnf_, at(params, layout_.wte()), nullptr, {N, C, V}, s);
@@ -170,8 +178,18 @@ void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scal
   }
 }
 
-void Gpt::backward(const void* params, void* grads, dev::Stream& s,
-                   const std::function<void(int)>& on_block_done) {
+void Gpt::backward(const void* params, void* grads, dev::Stream& s) {
+  struct Flat final : GradSink {
+    const Gpt* gpt;
+    void* base;
+    void* grad(std::size_t offset) override { return gpt->at(base, offset); }
+  } flat;
+  flat.gpt = this;
+  flat.base = grads;
+  backward(params, flat, s);
+}
+
+void Gpt::backward(const void* params, GradSink& grads, dev::Stream& s) {
   if (!grads_ready_) {
     throw std::logic_error(
         "Gpt::backward needs a preceding training forward (targets and a "
@@ -182,7 +200,8 @@ void Gpt::backward(const void* params, void* grads, dev::Stream& s,
   const int t = t_, N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
   const std::size_t NC = std::size_t(N) * C;
   auto p = [&](std::size_t off) { return at(params, off); };
-  auto g = [&](std::size_t off) { return at(grads, off); };
+  auto g = [&](std::size_t off) { return grads.grad(off); };
+  auto done = [&](std::size_t off) { grads.complete_from(off); };
   auto zero = [&](void* x, std::size_t elements) { device_.fill_zero(x, elements * esize_, s); };
 
   // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf).
@@ -192,6 +211,7 @@ void Gpt::backward(const void* params, void* grads, dev::Stream& s,
   zero(dres_, NC);
   device_.layernorm_backward(dres_, g(layout_.lnf_w()), g(layout_.lnf_b()), dln1_,
                              residuals_.back(), p(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, s);
+  done(layout_.lnf_w());
 
   // dres_ carries dL/d(residual stream) down through the blocks.
   for (int l = spec.n_layer - 1; l >= 0; --l) {
@@ -206,23 +226,28 @@ void Gpt::backward(const void* params, void* grads, dev::Stream& s,
     zero(dqkv_, 3 * NC);
     device_.matmul_backward(dfch_gelu_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
                             p(bp.fcproj_w), {N, 4 * C, C}, s);
+    done(bp.fcproj_w);
     device_.gelu_backward(dfch_, a.fch, dfch_gelu_, 4 * NC, s);
     device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w), {N, C, 4 * C},
                             s);
+    done(bp.fc_w);
     device_.layernorm_backward(dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
                                a.ln2_mean, a.ln2_rstd, N, C, s);
+    done(bp.ln2_w);
     device_.matmul_backward(datty_, g(bp.attproj_w), g(bp.attproj_b), dres_, a.atty,
                             p(bp.attproj_w), {N, C, C}, s);
+    done(bp.attproj_w);
     device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, {shape_.B, t, C, spec.n_head},
                                s);
     device_.matmul_backward(dln1_, g(bp.qkv_w), g(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
                             {N, C, 3 * C}, s);
+    done(bp.qkv_w);
     device_.layernorm_backward(dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w), a.ln1_mean,
                                a.ln1_rstd, N, C, s);
-    if (on_block_done) on_block_done(l);
+    done(bp.ln1_w);
   }
   device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens_, shape_.B, t, C, s);
-  if (on_block_done) on_block_done(-1);
+  done(0);
 }
 
 }  // namespace zo::model

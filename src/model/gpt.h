@@ -14,6 +14,20 @@
 
 namespace zo::model {
 
+// Where Gpt::backward puts parameter gradients. grad(offset) returns the pointer for the tensor
+// starting at layout element `offset` (the whole tensor, act dtype); backward accumulates (+=) into
+// it. Parameter tensors are written in descending layout order, except wte, which the LM head
+// writes first and the embedding backward writes again last. After every op that writes parameter
+// gradients, backward calls complete_from(x): every tensor at offset >= x other than wte is final
+// for this backward. complete_from(0) comes last: everything is final. The offload engine streams
+// buckets to the host from these calls (docs/offload_design.md).
+class GradSink {
+ public:
+  virtual ~GradSink() = default;
+  virtual void* grad(std::size_t offset) = 0;
+  virtual void complete_from(std::size_t offset) { (void)offset; }
+};
+
 struct GptShape {
   int B = 1;               // micro-batch
   int T = 1;               // sequence length (<= block_size)
@@ -38,14 +52,16 @@ class Gpt {
 
   // Forward over the first t <= T positions of the batch. With targets, per-position losses are
   // computed; with dloss_scale != 0 the logits buffer is overwritten with dloss_scale * dL/dlogits
-  // for the backward pass that must follow.
-  void forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s);
+  // for the backward pass that must follow. before_read(g) is called before the first op that
+  // reads parameter group g is enqueued: -1 the embeddings (wte, wpe), l block l, n_layer ln_f
+  // (the offload engine makes the stream wait there for that group's upload only).
+  void forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s,
+               const std::function<void(int)>& before_read = {});
 
-  // Accumulates (+=) gradients into grads (layout.size(), act dtype). Calls on_block_done(l)
-  // right after enqueueing the last op that writes block l's gradients (l = L-1 .. 0), then
-  // on_block_done(-1) after the embeddings' (wte, wpe, ln_f are then complete too).
-  void backward(const void* params, void* grads, dev::Stream& s,
-                const std::function<void(int)>& on_block_done = {});
+  // Accumulates (+=) gradients into the sink (see GradSink).
+  void backward(const void* params, GradSink& grads, dev::Stream& s);
+  // Accumulates (+=) gradients into one flat buffer (layout.size(), act dtype).
+  void backward(const void* params, void* grads, dev::Stream& s);
 
   // Device pointers for the last forward: losses (B*T fp32), logits (B*T*V act dtype; holds
   // dlogits after a training forward).

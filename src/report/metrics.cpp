@@ -33,6 +33,8 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"step_ms", m.step_ms}};
   for (const auto& [k, v] : m.phase_ms)
     j[k + "_ms"] = v;
+  for (const auto& [k, v] : m.exposed_ms)
+    j[k + "_exposed_ms"] = v;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   out_ << j.dump() << '\n';
   out_.flush();
@@ -64,6 +66,16 @@ std::string progress_line(const StepMetrics& m, std::int64_t total_steps, double
     s += " (";
     bool first = true;
     for (const auto& [k, v] : m.phase_ms) {
+      std::snprintf(buf, sizeof buf, "%s%s %.0f", first ? "" : ", ", k.c_str(), v);
+      s += buf;
+      first = false;
+    }
+    s += ")";
+  }
+  if (!m.exposed_ms.empty()) {
+    s += " exposed (";
+    bool first = true;
+    for (const auto& [k, v] : m.exposed_ms) {
       std::snprintf(buf, sizeof buf, "%s%s %.0f", first ? "" : ", ", k.c_str(), v);
       s += buf;
       first = false;

@@ -20,7 +20,8 @@ struct StepMetrics {
   double tokens_per_s = 0.0;
   double tflops = 0.0;  // achieved model FLOP/s (6N + attention, PaLM appendix B) / 1e12
   double step_ms = 0.0;
-  std::map<std::string, double> phase_ms;  // forward, backward, optimizer, ...
+  std::map<std::string, double> phase_ms;    // busy time: forward, backward, adam, d2h, h2d, ...
+  std::map<std::string, double> exposed_ms;  // offload: the part of d2h, adam, h2d not hidden
   std::optional<double> val_loss;
 };
 

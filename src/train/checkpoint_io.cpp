@@ -9,7 +9,7 @@ namespace zo::train {
 namespace fs = std::filesystem;
 
 fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& layout,
-                         HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last) {
+                         offload::HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last) {
   const auto step = trainer_state.at("step").get<std::uint64_t>();
   ckpt::AtomicDirectory dir(parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step),
                             ckpt::IfExists::kReplace);
@@ -96,7 +96,7 @@ model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state) {
 }
 
 nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout& layout,
-                               HostOptimizer& opt) {
+                               offload::HostOptimizer& opt) {
   nlohmann::json state = read_trainer_state(dir);
   const model::ModelSpec spec = checkpoint_spec(state);
   if (!spec.same_architecture(layout.spec())) {

@@ -12,7 +12,7 @@
 #include <optional>
 
 #include "model/layout.h"
-#include "train/host_optimizer.h"
+#include "offload/host_optimizer.h"
 
 namespace zo::train {
 
@@ -22,7 +22,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // Writes <parent>/step_<step>; trainer_state must hold "step". Replaces an existing directory of
 // the same step. Then keeps the newest keep_last (0 = all).
 std::filesystem::path save_checkpoint(const std::filesystem::path& parent,
-                                      const model::ParameterLayout& layout, HostOptimizer& opt,
+                                      const model::ParameterLayout& layout, offload::HostOptimizer& opt,
                                       const nlohmann::json& trainer_state, int keep_last);
 
 // Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
@@ -37,6 +37,6 @@ model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
 // Loads master weights, m, v and the Adam step into opt; returns trainer_state. Throws
 // ckpt::CheckpointError when the checkpoint is corrupt or for a different model.
 nlohmann::json load_checkpoint(const std::filesystem::path& dir,
-                               const model::ParameterLayout& layout, HostOptimizer& opt);
+                               const model::ParameterLayout& layout, offload::HostOptimizer& opt);
 
 }  // namespace zo::train

@@ -54,6 +54,11 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
   if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
   if (log_interval < 1) bad("--log-every must be >= 1");
+  if (bucket_size < 4096) bad("--bucket-size must be at least 4KiB (default 32MiB)");
+  if (dpu_warmup < 0) bad("--dpu-warmup must be >= 0");
+  if (dpu && mode == "resident") {
+    bad("--dpu delays the CPU update of offload mode; drop it or use --mode offload");
+  }
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -86,6 +91,10 @@ nlohmann::json TrainConfig::to_json() const {
           {"precision", precision},
           {"loss_scale", loss_scale},
           {"device_memory", device_memory},
+          {"bucket_size", bucket_size},
+          {"dpu", dpu},
+          {"dpu_warmup", dpu_warmup},
+          {"pin", pin},
           {"eval_interval", eval_interval},
           {"eval_batches", eval_batches},
           {"checkpoint_dir", checkpoint_dir},

@@ -53,7 +53,14 @@ struct TrainConfig {
   std::int64_t loss_scale_window = 1000;  // overflow-free steps before the scale doubles
   // Testing hook (not a CLI flag): treat these steps' gradients as overflowed (1-based).
   std::vector<std::int64_t> inject_overflow_steps;
-  std::size_t device_memory = 0;  // host backend capacity in bytes; 0 = unlimited
+  // Offload engine (docs/offload_design.md). Bucket: gradient bytes streamed to the host at a
+  // time. DPU: one-step delayed parameter update after dpu_warmup ordinary steps.
+  std::size_t bucket_size = std::size_t{32} << 20;
+  bool dpu = false;
+  std::int64_t dpu_warmup = 10;
+  bool pin = true;          // page-lock host staging buffers (--no-pin: pageable)
+  std::string trace;        // Chrome trace-event JSON path ("" = none)
+  std::size_t device_memory = 0;  // device capacity in bytes; 0 = all of it
   int threads = 0;                // host backend compute threads; 0 = all cores
 
   // evaluation, checkpoints, output

@@ -10,12 +10,20 @@ MemoryPlan plan_memory(const PlanInput& in) {
   MemoryPlan p;
   const std::size_t n = in.spec.num_parameters();
   const std::size_t esize = dtype_size(in.act_dtype);
+  const model::ParameterLayout layout(in.spec);
+  const offload::EngineFootprint f = offload::engine_footprint(layout, in.act_dtype, in.engine);
   p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ")", n * esize});
-  p.device.push_back({"gradients", n * esize});
+  if (in.resident) {
+    p.device.push_back({"gradients", n * esize});
+  } else {
+    p.device.push_back({"gradient buckets (embeddings + " +
+                            std::to_string(in.engine.device_slots) + " slots)",
+                        f.device_grad_slots + f.device_stats});
+  }
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
                       model::gpt_activation_bytes(in.spec, in.shape, esize)});
-  p.device.push_back({"norm scratch", 64});
+  if (in.resident) p.device.push_back({"norm scratch", 64});
   const std::size_t sb = dtype_size(in.optimizer_state);
   std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)
   state.append(dtype_name(in.optimizer_state)).append(")");
@@ -28,8 +36,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.host.push_back({"fp32 master weights", n * 4});
     p.host.push_back({"Adam m " + state, n * sb});
     p.host.push_back({"Adam v " + state, n * sb});
-    p.host.push_back({"gradient copy", n * esize});
-    if (in.act_dtype != DType::kF32) p.host.push_back({"16-bit upload copy", n * esize});
+    const std::string two = in.engine.dpu ? " x2 (DPU)" : "";
+    if (f.host_grads) p.host.push_back({"gradient landing buffer" + two, f.host_grads});
+    if (f.host_accum) p.host.push_back({"fp32 accumulated gradients" + two, f.host_accum});
+    if (f.host_ring) p.host.push_back({"accumulation ring", f.host_ring});
+    if (f.host_upload) p.host.push_back({"16-bit upload buffer", f.host_upload});
   }
   for (const auto& l : p.device)
     p.device_total += l.bytes;
@@ -57,6 +68,26 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   p.advice = advice.str();
   return p;
+}
+
+ModeChoice choose_mode(PlanInput in, bool gpu) {
+  ModeChoice c;
+  in.resident = true;
+  c.resident = plan_memory(in);
+  in.resident = false;
+  c.offload = plan_memory(in);
+  if (!gpu) {
+    c.reason = "the host backend runs the offload engine (resident mode is for a GPU)";
+  } else if (in.optimizer_state != DType::kF32) {
+    c.reason = "bf16 optimizer state lives on the host";
+  } else if (!c.resident.device_fits) {
+    c.reason = "the whole training state (" + format_bytes(c.resident.device_total) +
+               ") does not fit on the device (" + format_bytes(in.device_capacity) + ")";
+  } else {
+    c.choose_resident = true;
+    c.reason = "everything fits on the device, so nothing needs to cross PCIe";
+  }
+  return c;
 }
 
 std::string MemoryPlan::format(const PlanInput& in) const {

@@ -9,6 +9,7 @@
 #include "cpu_adam/dtype.h"
 #include "model/gpt.h"
 #include "model/spec.h"
+#include "offload/engine.h"
 
 namespace zo::train {
 
@@ -20,6 +21,7 @@ struct PlanInput {
   std::size_t device_capacity = 0;      // 0 = unlimited / unknown
   std::size_t host_available = 0;       // 0 = unknown
   bool resident = false;  // fp32 master, m, v on the device (AdamW there) instead of the host
+  offload::EngineConfig engine;  // offload mode: buckets, accumulation, DPU
 };
 
 struct PlanLine {
@@ -36,9 +38,19 @@ struct MemoryPlan {
   std::string format(const PlanInput& in) const;
 };
 
-// Offload mode: the device holds parameters, a full gradient buffer and activations; the host
-// holds fp32 master, m, v and a gradient copy. Resident mode: the device also holds fp32 master,
-// m and v; the host keeps a staging copy of them for initialisation and checkpoints.
+// Offload mode: the device holds 16-bit parameters, activations and a few gradient buckets; the
+// host holds fp32 master, m, v and the engine's staging (offload::engine_footprint). Resident
+// mode: the device holds parameters, a full gradient buffer, activations and fp32 master, m, v;
+// the host keeps a staging copy of them for initialisation and checkpoints.
 MemoryPlan plan_memory(const PlanInput& in);
+
+// Both modes, the one `--mode auto` picks, and why: resident when the whole training state fits
+// on a GPU (and the optimizer state is fp32), offload otherwise.
+struct ModeChoice {
+  MemoryPlan resident, offload;
+  bool choose_resident = false;
+  std::string reason;
+};
+ModeChoice choose_mode(PlanInput in, bool gpu);
 
 }  // namespace zo::train

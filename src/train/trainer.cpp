@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <map>
 #include <numeric>
 #include <sstream>
 
@@ -13,13 +14,16 @@
 #include "gpu/device.h"
 #endif
 #include "data/loader.h"
+#include "device/event_clock.h"
 #include "data/token_source.h"
 #include "model/gpt.h"
 #include "model/hf_weights.h"
+#include "offload/engine.h"
 #include "pinned_memory/host_buffer.h"
 #include "report/metrics.h"
+#include "report/trace.h"
 #include "train/checkpoint_io.h"
-#include "train/host_optimizer.h"
+#include "offload/host_optimizer.h"
 #include "train/loss_scaler.h"
 #include "train/plan.h"
 
@@ -89,6 +93,41 @@ LossScalerConfig scaler_config(const TrainConfig& c, DType act) {
   return s;
 }
 
+// Per-phase sums over a run, for the summary line: mean busy and exposed time per step, and the
+// step time over its largest component (1.0 = perfect overlap).
+struct PhaseTotals {
+  std::map<std::string, double> busy, exposed;
+  double step_ms = 0.0;
+  void add(const report::StepMetrics& m) {
+    for (const auto& [k, v] : m.phase_ms)
+      busy[k] += v;
+    for (const auto& [k, v] : m.exposed_ms)
+      exposed[k] += v;
+    step_ms += m.step_ms;
+  }
+  std::string format(std::int64_t steps) const {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << "per step (ms):";
+    for (const auto& [k, v] : busy) {
+      os << " " << k << " " << v / double(steps);
+      if (auto it = exposed.find(k); it != exposed.end())
+        os << " (exposed " << it->second / double(steps) << ")";
+    }
+    // The largest component: the compute stream, or one of the offload pipeline's stages.
+    double compute = 0.0, largest = 0.0;
+    for (const char* k : {"forward", "backward"})
+      if (auto it = busy.find(k); it != busy.end()) compute += it->second;
+    largest = compute;
+    for (const char* k : {"d2h", "adam", "h2d"})
+      if (auto it = busy.find(k); it != busy.end()) largest = std::max(largest, it->second);
+    if (largest > 0.0) {
+      os << "; step " << step_ms / double(steps) << " = " << std::setprecision(2)
+         << step_ms / largest << " x max(component)";
+    }
+    return os.str();
+  }
+};
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -101,12 +140,15 @@ struct Trainer::Impl {
   data::Loaders loaders;
   std::unique_ptr<dev::Device> dev;
   std::unique_ptr<dev::Stream> stream;
-  std::unique_ptr<HostOptimizer> opt;
+  std::unique_ptr<offload::HostOptimizer> opt;
   std::unique_ptr<model::Gpt> gpt;
-  bool resident = false;            // optimizer state on the device (see TrainConfig::mode)
-  dev::Buffer params, grads, norm;
-  dev::Buffer master_dev, m_dev, v_dev;  // resident mode: fp32 (n) each
-  pinned::HostBuffer grads_host, params_out;
+  bool resident = false;  // optimizer state on the device (see TrainConfig::mode)
+  report::Trace trace;
+  std::unique_ptr<offload::Engine> engine;  // offload mode
+  dev::Buffer params, grads, norm;          // resident mode: (n) act dtype; fp32 scratch
+  dev::Buffer master_dev, m_dev, v_dev;     // resident mode: fp32 (n) each
+  pinned::HostBuffer params_out;            // resident mode: 16-bit staging for the upload
+  dev::EventClock clock;
   DType act = DType::kF32;
   std::int64_t start_step = 0, tokens = 0;
   LossScaler scaler;
@@ -157,21 +199,19 @@ struct Trainer::Impl {
                  act,
                  cfg.optimizer_state,
                  dev->capacity_bytes(),
-                 pinned::host_available_bytes()};
-    // auto: resident on a GPU when it fits (and the state is fp32), offload otherwise.
-    if (cfg.mode == "auto") {
-      pi.resident = dev->backend() == dev::Backend::kCuda && cfg.optimizer_state == DType::kF32;
-      if (pi.resident && !plan_memory(pi).device_fits) pi.resident = false;
-    } else {
-      pi.resident = cfg.mode == "resident";
-    }
-    resident = pi.resident;
-    const MemoryPlan plan = plan_memory(pi);
+                 pinned::host_available_bytes(),
+                 false,
+                 engine_config()};
+    // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
+    const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
+    resident = cfg.mode == "auto" ? choice.choose_resident : cfg.mode == "resident";
+    pi.resident = resident;
+    const MemoryPlan& plan = resident ? choice.resident : choice.offload;
     if (!plan.device_fits || !plan.host_fits) {
       throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
     }
 
-    OptimizerConfig oc;
+    offload::OptimizerConfig oc;
     oc.adam.beta1 = cfg.beta1;
     oc.adam.beta2 = cfg.beta2;
     oc.adam.eps = cfg.eps;
@@ -181,23 +221,26 @@ struct Trainer::Impl {
     oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
     oc.state_dtype = cfg.optimizer_state;
     oc.threads = cfg.adam_threads;
-    opt = std::make_unique<HostOptimizer>(*layout, oc);
+    opt = std::make_unique<offload::HostOptimizer>(*layout, oc);
 
+    if (!cfg.trace.empty()) trace = report::Trace(cfg.trace);
     stream = dev->create_stream();
     const std::size_t n = layout->size(), esize = dtype_size(act);
-    params = dev->alloc(n * esize, "parameters");
-    grads = dev->alloc(n * esize, "gradients");
-    norm = dev->alloc(64, "gradient norm");
-    gpt = std::make_unique<model::Gpt>(*dev, *layout,
-                                       model::GptShape{cfg.micro_batch, T, cfg.recompute});
     if (resident) {
+      params = dev->alloc(n * esize, "parameters");
+      grads = dev->alloc(n * esize, "gradients");
+      norm = dev->alloc(64, "gradient norm");
       master_dev = dev->alloc(n * 4, "fp32 master weights");
       m_dev = dev->alloc(n * 4, "Adam m");
       v_dev = dev->alloc(n * 4, "Adam v");
+      if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
     } else {
-      grads_host = pinned::HostBuffer(n * esize);
+      engine = std::make_unique<offload::Engine>(*dev, *stream, *layout, *opt, engine_config(),
+                                                 &trace);
     }
-    if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
+    gpt = std::make_unique<model::Gpt>(*dev, *layout,
+                                       model::GptShape{cfg.micro_batch, T, cfg.recompute});
+    clock = dev::EventClock(*dev, *stream, trace.now_us());
     for (int k = 0; k < 3 * cfg.grad_accum; ++k)
       events.push_back(dev->create_event());
     losses_host.resize(std::size_t(cfg.grad_accum) * cfg.micro_batch * T);
@@ -213,8 +256,30 @@ struct Trainer::Impl {
     } else {
       model::init_gpt2(*layout, cfg.seed, opt->master().data());
     }
-    upload_params();
-    if (resident) upload_optimizer_state();
+    if (resident) {
+      upload_params();
+      upload_optimizer_state();
+    } else {
+      engine->upload_all();
+    }
+  }
+
+  offload::EngineConfig engine_config() const {
+    offload::EngineConfig e;
+    e.bucket_bytes = cfg.bucket_size;
+    e.grad_accum = cfg.grad_accum;
+    e.pin = cfg.pin;
+    e.dpu = cfg.dpu;
+    return e;
+  }
+  const void* params_ptr() const { return resident ? params.data() : engine->params(); }
+  std::function<void(int)> read_hook() {
+    if (!engine) return {};
+    return [this](int g) { engine->before_read(g); };
+  }
+  // Makes master, m, v and the device parameters agree (checkpoints, evaluation, the end).
+  void settle() {
+    if (engine) engine->drain();
   }
 
   // Resident mode keeps master, m and v on the device; the HostOptimizer's arrays stage them.
@@ -257,6 +322,7 @@ struct Trainer::Impl {
   ~Impl() {
     if (!stream) return;
     try {
+      engine.reset();  // waits for its threads and streams
       stream->synchronize();
     } catch (const std::exception&) {
       // The error was (or will be) reported by whoever failed; nothing to add while unwinding.
@@ -278,6 +344,7 @@ struct Trainer::Impl {
   }
 
   double evaluate() {
+    settle();
     data::DataLoader& val = *loaders.val;
     val.reset();
     const std::size_t BT = std::size_t(cfg.micro_batch) * T;
@@ -285,7 +352,7 @@ struct Trainer::Impl {
     for (int b = 0; b < cfg.eval_batches; ++b) {
       val.next_batch(inputs, targets);
       gpt->set_batch(inputs, targets, *stream);
-      gpt->forward(params.data(), T, true, 0.0f, *stream);
+      gpt->forward(params_ptr(), T, true, 0.0f, *stream, read_hook());
       dev->copy_to_host(l.data() + b * BT, gpt->losses(), BT * 4, *stream);
     }
     stream->synchronize();
@@ -347,31 +414,53 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   double ema_step_ms = 0.0;
   const auto run_t0 = Clock::now();
   std::int64_t run_tokens = 0;
+  PhaseTotals totals;
   for (std::int64_t step = I.start_step; step < cfg.steps; ++step) {
+    report::ScopedSpan step_span(&I.trace, "main", "step", {{"step", step + 1}});
     const auto t0 = Clock::now();
     const float lr = cfg.lr.at(step);
     const float scale = I.scaler.scale();
     const float dloss = dloss_unscaled * scale;
-    I.dev->fill_zero(I.grads.data(), I.grads.bytes(), *I.stream);
+    const bool dpu = cfg.dpu && step >= cfg.dpu_warmup;
+    if (I.engine) {
+      I.engine->begin_step(dpu);
+    } else {
+      I.dev->fill_zero(I.grads.data(), I.grads.bytes(), *I.stream);
+    }
+    const void* params = I.params_ptr();
+    const auto hook = I.read_hook();
     for (int a = 0; a < A; ++a) {
       I.loaders.train->next_batch(I.inputs, I.targets);
       I.gpt->set_batch(I.inputs, I.targets, *I.stream);
       I.dev->record(*I.events[3 * a], *I.stream);
-      I.gpt->forward(I.params.data(), T, true, dloss, *I.stream);
+      I.gpt->forward(params, T, true, dloss, *I.stream, hook);
       I.dev->record(*I.events[3 * a + 1], *I.stream);
-      I.gpt->backward(I.params.data(), I.grads.data(), *I.stream);
+      if (I.engine) {
+        I.engine->begin_micro_batch(a);
+        I.gpt->backward(params, *I.engine, *I.stream);
+      } else {
+        I.gpt->backward(params, I.grads.data(), *I.stream);
+      }
       I.dev->record(*I.events[3 * a + 2], *I.stream);
       I.dev->copy_to_host(I.losses_host.data() + a * BT, I.gpt->losses(), BT * 4, *I.stream);
     }
-    float sumsq = 0.0f;
-    I.dev->fill_zero(I.norm.data(), 4, *I.stream);
-    I.dev->sum_squares(I.norm.as<float>(), I.grads.data(), n, *I.stream);
-    I.dev->copy_to_host(&sumsq, I.norm.data(), 4, *I.stream);
-    if (!I.resident) {
-      I.dev->copy_to_host(I.grads_host.data(), I.grads.data(), I.grads.bytes(), *I.stream);
-    }
+    // The step's one host synchronisation: gradient statistics (and the losses).
     const auto wait_t0 = Clock::now();
-    I.stream->synchronize();
+    double sumsq = 0.0;
+    bool nonfinite = false;
+    if (I.engine) {
+      const offload::GradStats st = I.engine->finish_gradients();
+      sumsq = st.sumsq;
+      nonfinite = st.nonfinite;
+    } else {
+      float s = 0.0f;
+      I.dev->fill_zero(I.norm.data(), 4, *I.stream);
+      I.dev->sum_squares(I.norm.as<float>(), I.grads.data(), n, *I.stream);
+      I.dev->copy_to_host(&s, I.norm.data(), 4, *I.stream);
+      I.stream->synchronize();
+      sumsq = s;
+    }
+    I.stream->synchronize();  // the losses
     const double wait_ms = ms_since(wait_t0);
 
     report::StepMetrics m;
@@ -382,11 +471,17 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     const bool injected = std::find(cfg.inject_overflow_steps.begin(),
                                     cfg.inject_overflow_steps.end(),
                                     step + 1) != cfg.inject_overflow_steps.end();
-    m.grad_norm = injected ? INFINITY : std::sqrt(double(sumsq)) / double(scale);
+    m.grad_norm = injected || nonfinite ? INFINITY : std::sqrt(sumsq) / double(scale);
     double fwd = 0, bwd = 0;
     for (int a = 0; a < A; ++a) {
       fwd += I.events[3 * a + 1]->elapsed_ms_since(*I.events[3 * a]);
       bwd += I.events[3 * a + 2]->elapsed_ms_since(*I.events[3 * a + 1]);
+      if (I.trace.enabled()) {
+        I.trace.span("compute", "forward", I.clock.us(*I.events[3 * a]),
+                     I.clock.us(*I.events[3 * a + 1]), {{"micro_batch", a}});
+        I.trace.span("compute", "backward", I.clock.us(*I.events[3 * a + 1]),
+                     I.clock.us(*I.events[3 * a + 2]), {{"micro_batch", a}});
+      }
     }
     const auto opt_t0 = Clock::now();
     const bool overflow = !std::isfinite(m.grad_norm);
@@ -404,14 +499,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       if (I.resident) {
         I.resident_step(lr, coef);
       } else {
-        cpu_adam::ArrayView out;
-        if (I.act != DType::kF32) out = {I.params_out.data(), n, I.act};
-        I.opt->step({I.grads_host.data(), n, I.act}, lr, coef, out);
-        if (I.act == DType::kF32) {
-          I.dev->copy_to_device(I.params.data(), I.opt->master().data(), n * 4, *I.stream);
-        } else {
-          I.dev->copy_to_device(I.params.data(), I.params_out.data(), n * 2, *I.stream);
-        }
+        I.engine->start_update(lr, coef);  // runs on the Adam thread, overlapping what follows
       }
     }
     const double opt_ms = ms_since(opt_t0);
@@ -421,7 +509,15 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     m.step_ms = ms_since(t0);
     m.tokens_per_s = double(BT * A) / (m.step_ms * 1e-3);
     m.tflops = fpt * m.tokens_per_s * 1e-12;
-    m.phase_ms = {{"forward", fwd}, {"backward", bwd}, {"optimizer", opt_ms}, {"wait", wait_ms}};
+    if (I.engine) {
+      const offload::PhaseTimes p = I.engine->phase_times();
+      m.phase_ms = {{"forward", fwd}, {"backward", bwd}, {"d2h", p.d2h}, {"adam", p.adam},
+                    {"h2d", p.h2d}};
+      m.exposed_ms = {{"d2h", p.d2h_exposed}, {"adam", p.adam_exposed}, {"h2d", p.h2d_exposed}};
+    } else {
+      m.phase_ms = {{"forward", fwd}, {"backward", bwd}, {"optimizer", opt_ms}, {"wait", wait_ms}};
+    }
+    totals.add(m);
 
     const bool last = step + 1 == cfg.steps;
     if (I.loaders.val && ((cfg.eval_interval > 0 && (step + 1) % cfg.eval_interval == 0) || last)) {
@@ -441,12 +537,14 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_interval > 0 && (step + 1) % cfg.checkpoint_interval == 0) || last)) {
       if (I.resident) I.download_optimizer_state();
+      I.settle();
       const auto dir = save_checkpoint(cfg.checkpoint_dir, *I.layout, *I.opt,
                                        I.trainer_state(step + 1), cfg.keep_last);
       summary.last_checkpoint = dir.string();
       say("checkpoint " + dir.string());
     }
   }
+  I.settle();
   I.stream->synchronize();
   const double run_s = ms_since(run_t0) * 1e-3;
   summary.tokens_per_s = run_s > 0 ? double(run_tokens) / run_s : 0.0;
@@ -459,6 +557,12 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     if (summary.final_val_loss) os << ", val loss " << *summary.final_val_loss;
     if (summary.skipped_steps) os << ", " << summary.skipped_steps << " skipped";
     say(os.str());
+    if (summary.steps_done > 0) say(totals.format(summary.steps_done));
+  }
+  if (I.trace.enabled()) {
+    I.trace.write();
+    say("trace " + I.trace.path().string() + " (" + std::to_string(I.trace.event_count()) +
+        " events; open in https://ui.perfetto.dev)");
   }
   return summary;
 }

@@ -1,8 +1,9 @@
-#include "train/host_optimizer.h"
+#include "offload/host_optimizer.h"
 
+#include <algorithm>
 #include <stdexcept>
 
-namespace zo::train {
+namespace zo::offload {
 namespace {
 
 cpu_adam::CpuAdam::Options adam_options(int threads) {
@@ -48,25 +49,38 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
 
 cpu_adam::StepResult HostOptimizer::step(cpu_adam::ConstArrayView grads, float lr,
                                          float grad_multiplier, cpu_adam::ArrayView params_out) {
-  if (grads.size != n_) throw std::invalid_argument("HostOptimizer::step: gradient size mismatch");
   const std::int64_t t = state_.step + 1;
-  cpu_adam::StepResult result{false, true};
-  for (const Run& r : runs_) {
-    cpu_adam::AdamConfig c = config_.adam;
-    c.lr = lr;
-    if (!r.decay) c.weight_decay = 0.0f;
-    adam_.set_config(c);
-    cpu_adam::AdamBuffers b;
-    b.params = master().subspan(r.begin, r.end - r.begin);
-    b.exp_avg = slice(exp_avg(), r.begin, r.end);
-    b.exp_avg_sq = slice(exp_avg_sq(), r.begin, r.end);
-    b.grads = slice(grads, r.begin, r.end);
-    b.params_out = slice(params_out, r.begin, r.end);
-    const auto rr = adam_.update(b, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
-    result.found_nonfinite = result.found_nonfinite || rr.found_nonfinite;
-  }
+  const auto result = update_range(0, n_, grads, t, lr, grad_multiplier, params_out);
   state_.step = t;
   return result;
 }
 
-}  // namespace zo::train
+cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t end,
+                                                 cpu_adam::ConstArrayView grads, std::int64_t t,
+                                                 float lr, float grad_multiplier,
+                                                 cpu_adam::ArrayView params_out) {
+  if (grads.size != n_ || (params_out.data != nullptr && params_out.size != n_)) {
+    throw std::invalid_argument("HostOptimizer: gradient or output size differs from the model's");
+  }
+  if (begin > end || end > n_) throw std::out_of_range("HostOptimizer::update_range: bad range");
+  cpu_adam::StepResult result{false, true};
+  for (const Run& run : runs_) {
+    const std::size_t b = std::max(run.begin, begin), e = std::min(run.end, end);
+    if (b >= e) continue;
+    cpu_adam::AdamConfig c = config_.adam;
+    c.lr = lr;
+    if (!run.decay) c.weight_decay = 0.0f;
+    adam_.set_config(c);
+    cpu_adam::AdamBuffers buf;
+    buf.params = master().subspan(b, e - b);
+    buf.exp_avg = slice(exp_avg(), b, e);
+    buf.exp_avg_sq = slice(exp_avg_sq(), b, e);
+    buf.grads = slice(grads, b, e);
+    buf.params_out = slice(params_out, b, e);
+    const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+    result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+  }
+  return result;
+}
+
+}  // namespace zo::offload

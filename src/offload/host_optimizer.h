@@ -11,7 +11,7 @@
 #include "model/layout.h"
 #include "pinned_memory/host_buffer.h"
 
-namespace zo::train {
+namespace zo::offload {
 
 struct OptimizerConfig {
   cpu_adam::AdamConfig adam;  // lr is set per step from the schedule
@@ -35,6 +35,12 @@ class HostOptimizer {
   // has data, the new params are also written there in its 16-bit dtype.
   cpu_adam::StepResult step(cpu_adam::ConstArrayView grads, float lr, float grad_multiplier,
                             cpu_adam::ArrayView params_out = {});
+  // Update number t over layout elements [begin, end) only, without touching state().step: the
+  // offload engine updates group by group, every group with the same t. grads and params_out
+  // are whole (n) arrays. Call from one thread at a time.
+  cpu_adam::StepResult update_range(std::size_t begin, std::size_t end,
+                                    cpu_adam::ConstArrayView grads, std::int64_t t, float lr,
+                                    float grad_multiplier, cpu_adam::ArrayView params_out = {});
 
   // Maximal runs of tensors with the same weight-decay setting, in layout order; the
   // GPU-resident mode applies the device AdamW run by run too.
@@ -53,4 +59,4 @@ class HostOptimizer {
   cpu_adam::AdamState state_;
 };
 
-}  // namespace zo::train
+}  // namespace zo::offload
