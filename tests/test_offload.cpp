@@ -87,3 +87,268 @@ TEST(BucketPlan, LastBlocksAreReadyFirst) {
 }
 
 }  // namespace
+
+// ---- the engine on the host backend (streams are threads) -----------------------------------
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "device/device.h"
+#include "model/gpt.h"
+#include "offload/engine.h"
+#include "offload/host_optimizer.h"
+
+namespace {
+
+using zo::offload::Engine;
+using zo::offload::EngineConfig;
+using zo::offload::HostOptimizer;
+
+// Odd sizes everywhere: 3 heads of 16, a 97-token vocabulary, 3 blocks.
+const zo::model::ModelSpec& odd_spec() {
+  static const auto s = zo::model::model_spec_from_json(
+      {{"n_layer", 3}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 97}, {"block_size", 16}},
+      "engine-test");
+  return s;
+}
+
+struct Batches {
+  std::vector<std::vector<std::int32_t>> tokens, targets;
+  Batches(int count, int BT, std::uint64_t seed) {
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    std::uniform_int_distribution<int> tok(0, 96);
+    for (int k = 0; k < count; ++k) {
+      tokens.emplace_back(BT);
+      targets.emplace_back(BT);
+      for (auto& t : tokens.back()) t = tok(rng);
+      for (auto& t : targets.back()) t = tok(rng);
+    }
+  }
+};
+
+zo::offload::OptimizerConfig opt_config() {
+  zo::offload::OptimizerConfig c;
+  c.adam.beta1 = 0.9f;
+  c.adam.beta2 = 0.95f;
+  c.adam.weight_decay = 0.1f;
+  c.threads = 2;
+  return c;
+}
+
+// The reference: flat-buffer backward over all micro-batches, then one HostOptimizer step.
+struct Reference {
+  std::vector<float> grads;
+  double sumsq = 0.0;
+};
+Reference flat_gradients(zo::dev::Device& d, const zo::model::ParameterLayout& layout,
+                         const std::vector<float>& params, const Batches& b, int B, int T,
+                         float dloss) {
+  auto stream = d.create_stream();
+  const std::size_t n = layout.size();
+  auto p = d.alloc(n * 4, "params"), g = d.alloc(n * 4, "grads");
+  d.copy_to_device(p.data(), params.data(), n * 4, *stream);
+  d.fill_zero(g.data(), n * 4, *stream);
+  zo::model::Gpt gpt(d, layout, {B, T, false});
+  for (std::size_t k = 0; k < b.tokens.size(); ++k) {
+    gpt.set_batch(b.tokens[k], b.targets[k], *stream);
+    gpt.forward(p.data(), T, true, dloss, *stream);
+    gpt.backward(p.data(), g.data(), *stream);
+  }
+  Reference r;
+  r.grads.resize(n);
+  d.copy_to_host(r.grads.data(), g.data(), n * 4, *stream);
+  stream->synchronize();
+  for (float x : r.grads) r.sumsq += double(x) * x;
+  return r;
+}
+
+// One engine step (forward with the read hook, backward into the engine, the update) and the
+// statistics it reported.
+zo::offload::GradStats engine_step(zo::dev::Device& d, zo::dev::Stream& s, Engine& e,
+                                   zo::model::Gpt& gpt, const Batches& b, int T, float dloss,
+                                   float lr, bool dpu = false) {
+  e.begin_step(dpu);
+  for (std::size_t k = 0; k < b.tokens.size(); ++k) {
+    gpt.set_batch(b.tokens[k], b.targets[k], s);
+    gpt.forward(e.params(), T, true, dloss, s, [&](int g) { e.before_read(g); });
+    e.begin_micro_batch(static_cast<int>(k));
+    gpt.backward(e.params(), e, s);
+  }
+  const auto st = e.finish_gradients();
+  e.start_update(lr, 1.0f);
+  (void)d;
+  return st;
+}
+
+std::vector<float> download(zo::dev::Device& d, const void* p, std::size_t n) {
+  auto s = d.create_stream();
+  std::vector<float> out(n);
+  d.copy_to_host(out.data(), p, n * 4, *s);
+  s->synchronize();
+  return out;
+}
+
+class EngineTest : public ::testing::TestWithParam<std::size_t> {};
+
+// Streaming through bucket slots changes no bit: gradients, the update of master, m and v, and
+// the uploaded parameters equal the flat-buffer path, for bucket sizes that do not divide the
+// tensors or blocks (and one bucket per tensor, and one for everything).
+TEST_P(EngineTest, OneMicroBatchEqualsTheFlatPathBitForBit) {
+  const auto& spec = odd_spec();
+  const zo::model::ParameterLayout layout(spec);
+  const int B = 2, T = 16;
+  const std::size_t n = layout.size();
+  auto d = zo::dev::make_host_device({});
+  auto stream = d->create_stream();
+  HostOptimizer ref(layout, opt_config()), off(layout, opt_config());
+  zo::model::init_gpt2(layout, 7, ref.master().data());
+  zo::model::init_gpt2(layout, 7, off.master().data());
+  EngineConfig ec;
+  ec.bucket_bytes = GetParam();
+  Engine e(*d, *stream, layout, off, ec);
+  e.upload_all();
+  zo::model::Gpt gpt(*d, layout, {B, T, false});
+  const float dloss = 1.0f / float(B * T), lr = 2e-3f;
+  for (int step = 0; step < 3; ++step) {
+    const Batches b(1, B * T, 100 + step);
+    const std::vector<float> before(ref.master().begin(), ref.master().end());
+    const Reference r = flat_gradients(*d, layout, before, b, B, T, dloss);
+    const auto st = engine_step(*d, *stream, e, gpt, b, T, dloss, lr);
+    EXPECT_FALSE(st.nonfinite);
+    EXPECT_NEAR(st.sumsq, r.sumsq, 1e-5 * r.sumsq) << "step " << step;
+    ref.step({r.grads.data(), n, zo::DType::kF32}, lr, 1.0f);
+    e.drain();
+    ASSERT_EQ(off.state().step, ref.state().step);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(off.master()[i], ref.master()[i]) << "step " << step << " element " << i;
+    }
+    const auto m1 = static_cast<const float*>(off.exp_avg().data);
+    const auto m2 = static_cast<const float*>(ref.exp_avg().data);
+    const auto v1 = static_cast<const float*>(off.exp_avg_sq().data);
+    const auto v2 = static_cast<const float*>(ref.exp_avg_sq().data);
+    ASSERT_TRUE(std::equal(m1, m1 + n, m2));
+    ASSERT_TRUE(std::equal(v1, v1 + n, v2));
+    // The device parameters the next forward reads are the new master weights.
+    EXPECT_EQ(download(*d, e.params(), n), std::vector<float>(off.master().begin(), off.master().end()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BucketSizes, EngineTest,
+                         ::testing::Values(std::size_t{1}, std::size_t{4096} + 12,
+                                           std::size_t{30011}, std::size_t{1} << 30));
+
+// Accumulating three micro-batches on the host in fp32 matches accumulating them on the device
+// (only the summation order differs), and the norm is that of the accumulated gradient.
+TEST(Engine, AccumulationMatchesTheFlatPath) {
+  const auto& spec = odd_spec();
+  const zo::model::ParameterLayout layout(spec);
+  const int B = 1, T = 16, A = 3;
+  const std::size_t n = layout.size();
+  auto d = zo::dev::make_host_device({});
+  auto stream = d->create_stream();
+  HostOptimizer ref(layout, opt_config()), off(layout, opt_config());
+  zo::model::init_gpt2(layout, 11, ref.master().data());
+  zo::model::init_gpt2(layout, 11, off.master().data());
+  EngineConfig ec;
+  ec.bucket_bytes = 20000;
+  ec.grad_accum = A;
+  ec.host_slots = 2;  // fewer slots than buckets: the producer must wait for the accumulator
+  Engine e(*d, *stream, layout, off, ec);
+  e.upload_all();
+  zo::model::Gpt gpt(*d, layout, {B, T, false});
+  const float dloss = 1.0f / float(B * T * A), lr = 3e-3f;
+  for (int step = 0; step < 2; ++step) {
+    // Each step starts the reference from the engine's state, so differences do not compound.
+    std::copy(off.master().begin(), off.master().end(), ref.master().begin());
+    for (auto [from, to] : {std::pair{off.exp_avg(), ref.exp_avg()},
+                            std::pair{off.exp_avg_sq(), ref.exp_avg_sq()}}) {
+      std::memcpy(to.data, from.data, n * 4);
+    }
+    ref.state().step = off.state().step;
+    const Batches b(A, B * T, 200 + step);
+    const std::vector<float> before(ref.master().begin(), ref.master().end());
+    const Reference r = flat_gradients(*d, layout, before, b, B, T, dloss);
+    const auto st = engine_step(*d, *stream, e, gpt, b, T, dloss, lr);
+    EXPECT_NEAR(st.sumsq, r.sumsq, 1e-5 * r.sumsq);
+    ref.step({r.grads.data(), n, zo::DType::kF32}, lr, 1.0f);
+    e.drain();
+    double max_rel = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double delta = std::abs(double(off.master()[i]) - ref.master()[i]);
+      max_rel = std::max(max_rel, delta / (std::abs(double(ref.master()[i])) + 1e-3));
+    }
+    EXPECT_LT(max_rel, 1e-4) << "step " << step;
+  }
+}
+
+// A NaN anywhere in one micro-batch's gradients is reported; nothing has been updated yet.
+TEST(Engine, NonFiniteGradientsAreReportedBeforeAnyUpdate) {
+  const zo::model::ParameterLayout layout(odd_spec());
+  auto d = zo::dev::make_host_device({});
+  auto stream = d->create_stream();
+  HostOptimizer off(layout, opt_config());
+  zo::model::init_gpt2(layout, 5, off.master().data());
+  off.master()[layout.block(1).fc_w + 17] = NAN;  // poisons the gradients of everything below
+  for (int accum : {1, 2}) {
+    EngineConfig ec;
+    ec.bucket_bytes = 8192;
+    ec.grad_accum = accum;
+    Engine e(*d, *stream, layout, off, ec);
+    e.upload_all();
+    zo::model::Gpt gpt(*d, layout, {1, 16, false});
+    const Batches b(accum, 16, 9);
+    e.begin_step(false);
+    for (int k = 0; k < accum; ++k) {
+      gpt.set_batch(b.tokens[std::size_t(k)], b.targets[std::size_t(k)], *stream);
+      gpt.forward(e.params(), 16, true, 1.0f, *stream, [&](int g) { e.before_read(g); });
+      e.begin_micro_batch(k);
+      gpt.backward(e.params(), e, *stream);
+    }
+    EXPECT_TRUE(e.finish_gradients().nonfinite) << "grad_accum " << accum;
+    EXPECT_EQ(off.state().step, 0);
+  }
+}
+
+// DPU: the forward of step t+1 reads the parameters of update t-1 (one step stale), and the
+// update itself is the same computation as without DPU, given the gradients it received.
+TEST(Engine, DelayedUpdateReadsParametersOneStepStale) {
+  const zo::model::ParameterLayout layout(odd_spec());
+  const std::size_t n = layout.size();
+  auto d = zo::dev::make_host_device({});
+  auto stream = d->create_stream();
+  HostOptimizer off(layout, opt_config());
+  zo::model::init_gpt2(layout, 3, off.master().data());
+  EngineConfig ec;
+  ec.bucket_bytes = 10000;
+  ec.dpu = true;
+  Engine e(*d, *stream, layout, off, ec);
+  e.upload_all();
+  zo::model::Gpt gpt(*d, layout, {1, 16, false});
+  const std::vector<float> initial(off.master().begin(), off.master().end());
+  std::vector<std::vector<float>> seen, after_update;
+  for (int step = 0; step < 4; ++step) {
+    const Batches b(1, 16, 50 + step);
+    e.begin_step(true);
+    gpt.set_batch(b.tokens[0], b.targets[0], *stream);
+    gpt.forward(e.params(), 16, true, 1.0f / 16, *stream, [&](int g) { e.before_read(g); });
+    stream->synchronize();
+    seen.push_back(download(*d, e.params(), n));  // what this step's forward read
+    e.begin_micro_batch(0);
+    gpt.backward(e.params(), e, *stream);
+    e.finish_gradients();  // with DPU: waits for update step-1 and uploads it
+    if (step > 0) after_update.emplace_back(off.master().begin(), off.master().end());
+    e.start_update(1e-2f, 1.0f);
+  }
+  e.drain();
+  EXPECT_EQ(seen[0], initial);
+  EXPECT_EQ(seen[1], initial) << "step 1 runs while update 0 is still delayed";
+  EXPECT_NE(after_update[0], initial);
+  EXPECT_EQ(seen[2], after_update[0]);
+  EXPECT_EQ(seen[3], after_update[1]);
+  EXPECT_EQ(download(*d, e.params(), n), std::vector<float>(off.master().begin(), off.master().end()))
+      << "drain uploads the last update";
+  EXPECT_EQ(off.state().step, 4);
+}
+
+}  // namespace

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "checkpoint/atomic_io.h"
@@ -173,6 +175,120 @@ TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {
   EXPECT_EQ(Trainer(cont).run().first_step, 5);
   res.optimizer_state = zo::DType::kBF16;
   EXPECT_NE(error_of([&] { Trainer t(res); }).find("--mode offload"), std::string::npos);
+}
+
+// The offload engine streams gradients through bucket slots; with bucket sizes that cut tensors
+// and blocks anywhere it still equals resident mode bit for bit (clipping off: the norm is summed
+// per bucket, so a clip coefficient may differ in the last bit), and with clipping on and
+// accumulation it matches closely.
+TEST(Trainer, OffloadEqualsResidentForAnyBucketSize) {
+  for (std::size_t bucket : {std::size_t{4096} + 12, std::size_t{30011}}) {
+    TempDir a, b;
+    TrainConfig off = tiny_config(4);
+    off.grad_clip = 0.0f;
+    off.mode = "offload";
+    off.bucket_size = bucket;
+    off.checkpoint_dir = a.path.string();
+    TrainConfig res = off;
+    res.mode = "resident";
+    res.checkpoint_dir = b.path.string();
+    EXPECT_EQ(Trainer(off).run().losses, Trainer(res).run().losses) << "bucket " << bucket;
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+      EXPECT_EQ(file_bytes(a.path / "step_00000004" / f), file_bytes(b.path / "step_00000004" / f))
+          << f << ", bucket " << bucket;
+    }
+  }
+  TrainConfig off = tiny_config(4);
+  off.mode = "offload";
+  off.grad_clip = 0.5f;  // active: the tiny model's norm is above 1 early on
+  off.grad_accum = 3;
+  off.bucket_size = 9000;
+  TrainConfig res = off;
+  res.mode = "resident";
+  const auto s1 = Trainer(off).run(), s2 = Trainer(res).run();
+  for (std::size_t i = 0; i < s1.losses.size(); ++i)
+    EXPECT_NEAR(s1.losses[i], s2.losses[i], 1e-5 * s2.losses[i]) << "step " << i + 1;
+}
+
+// DPU (one-step stale parameters after a warm-up) still learns the synthetic task.
+TEST(Trainer, DelayedParameterUpdateLearnsTheSyntheticTask) {
+  TrainConfig c = tiny_config(200);
+  c.micro_batch = 4;
+  c.seq_len = 64;
+  c.lr.warmup_steps = 20;
+  c.dpu = true;
+  c.dpu_warmup = 5;
+  c.bucket_size = 65536;
+  const auto s = Trainer(c).run();
+  ASSERT_TRUE(s.final_val_loss.has_value());
+  EXPECT_LT(*s.final_val_loss, 2.0);
+}
+
+// Resuming an offloaded run with host accumulation and small buckets equals the uninterrupted
+// run bit for bit.
+TEST(Trainer, OffloadWithAccumulationResumesBitForBit) {
+  TempDir a, b;
+  TrainConfig c = tiny_config(6);
+  c.grad_accum = 2;
+  c.bucket_size = 12345;
+  c.checkpoint_dir = a.path.string();
+  c.checkpoint_interval = 3;
+  c.keep_last = 0;
+  const auto full = Trainer(c).run();
+  fs::copy(a.path / "step_00000003", b.path / "step_00000003", fs::copy_options::recursive);
+  TrainConfig r = c;
+  r.checkpoint_dir = b.path.string();
+  r.resume = "latest";
+  const auto resumed = Trainer(r).run();
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(resumed.losses[std::size_t(i)], full.losses[std::size_t(3 + i)]);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_EQ(file_bytes(a.path / "step_00000006" / f), file_bytes(b.path / "step_00000006" / f));
+  }
+}
+
+// A model whose whole training state exceeds --device-memory: resident mode is refused with the
+// planner's numbers, offload (chosen by auto) trains within that capacity.
+TEST(Trainer, OffloadTrainsWhatDoesNotFitResident) {
+  TrainConfig c = tiny_config(2);
+  zo::train::PlanInput in;
+  in.spec = zo::model::load_model_spec("tiny");
+  in.shape = {c.micro_batch, c.seq_len, false};
+  const auto choice = zo::train::choose_mode(in, true);
+  ASSERT_LT(choice.offload.device_total, choice.resident.device_total);
+  c.device_memory = choice.offload.device_total;  // exactly what offload needs
+  c.mode = "resident";
+  const std::string e = error_of([&] { Trainer t(c); });
+  EXPECT_NE(e.find("does not fit"), std::string::npos) << e;
+  EXPECT_NE(e.find("fp32 master weights"), std::string::npos) << e;
+  EXPECT_NE(e.find("--mode offload"), std::string::npos) << e;
+  c.mode = "auto";
+  EXPECT_EQ(Trainer(c).run().steps_done, 2) << "the engine allocates what the planner counted";
+}
+
+// --trace writes a Chrome trace with a track per stream / thread and spans of every stage.
+TEST(Trainer, TraceHasEveryPipelineStage) {
+  TempDir d;
+  TrainConfig c = tiny_config(3);
+  c.bucket_size = 20000;
+  c.trace = (d.path / "trace.json").string();
+  Trainer(c).run();
+  std::ifstream in(c.trace);
+  const auto j = nlohmann::json::parse(in);
+  std::map<int, std::string> tracks;
+  std::map<std::string, int> spans;
+  for (const auto& ev : j.at("traceEvents")) {
+    if (ev.at("ph") == "M" && ev.at("name") == "thread_name") {
+      tracks[ev.at("tid").get<int>()] = ev.at("args").at("name").get<std::string>();
+    }
+  }
+  for (const auto& ev : j.at("traceEvents")) {
+    if (ev.at("ph") == "X") ++spans[tracks.at(ev.at("tid").get<int>())];
+  }
+  for (const char* t : {"main", "compute", "d2h", "adam", "h2d"})
+    EXPECT_GT(spans[t], 0) << t;
+  EXPECT_EQ(spans["main"], 3);
 }
 
 // A power-of-two loss scale changes no bit in fp32: every backward op is linear in the scale,
