@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "cpu_adam/dtype.h"
 
@@ -159,6 +160,26 @@ TEST(DType, FloatToBf16MatchesNearestNeighbour) {
     } else {
       ASSERT_EQ(got, reference_bf16(x)) << std::hexfloat << x;
     }
+  }
+}
+
+// The bulk conversion used for parameter uploads equals the scalar converters element by element.
+TEST(DType, BulkConversionMatchesScalar) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> in(1237);
+  for (float& x : in) x = dist(rng);
+  in[5] = INFINITY;
+  in[6] = 1e-42f;  // subnormal
+  std::vector<std::uint16_t> h(in.size()), b(in.size());
+  std::vector<float> f(in.size());
+  zo::convert_from_float(in.data(), h.data(), zo::DType::kF16, in.size());
+  zo::convert_from_float(in.data(), b.data(), zo::DType::kBF16, in.size());
+  zo::convert_from_float(in.data(), f.data(), zo::DType::kF32, in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(h[i], zo::float_to_half(in[i])) << i;
+    ASSERT_EQ(b[i], zo::float_to_bf16(in[i])) << i;
+    ASSERT_EQ(std::memcmp(&f[i], &in[i], 4), 0) << i;
   }
 }
 

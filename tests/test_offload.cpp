@@ -136,6 +136,24 @@ zo::offload::OptimizerConfig opt_config() {
   return c;
 }
 
+// A host device, its stream, and two optimizers with the same GPT-2 initialisation: `off` feeds
+// the engine, `ref` the flat-buffer reference.
+struct Rig {
+  zo::model::ParameterLayout layout{odd_spec()};
+  std::unique_ptr<zo::dev::Device> d = zo::dev::make_host_device({});
+  std::unique_ptr<zo::dev::Stream> stream = d->create_stream();
+  HostOptimizer ref{layout, opt_config()}, off{layout, opt_config()};
+  explicit Rig(std::uint64_t seed) {
+    zo::model::init_gpt2(layout, seed, ref.master().data());
+    zo::model::init_gpt2(layout, seed, off.master().data());
+  }
+  std::unique_ptr<Engine> engine(const EngineConfig& c) {
+    auto e = std::make_unique<Engine>(*d, *stream, layout, off, c);
+    e->upload_all();
+    return e;
+  }
+};
+
 // The reference: flat-buffer backward over all micro-batches, then one HostOptimizer step.
 struct Reference {
   std::vector<float> grads;
@@ -195,19 +213,18 @@ class EngineTest : public ::testing::TestWithParam<std::size_t> {};
 // the uploaded parameters equal the flat-buffer path, for bucket sizes that do not divide the
 // tensors or blocks (and one bucket per tensor, and one for everything).
 TEST_P(EngineTest, OneMicroBatchEqualsTheFlatPathBitForBit) {
-  const auto& spec = odd_spec();
-  const zo::model::ParameterLayout layout(spec);
+  Rig rig(7);
+  const auto& layout = rig.layout;
+  auto& d = rig.d;
+  auto& stream = rig.stream;
+  HostOptimizer& ref = rig.ref;
+  HostOptimizer& off = rig.off;
   const int B = 2, T = 16;
   const std::size_t n = layout.size();
-  auto d = zo::dev::make_host_device({});
-  auto stream = d->create_stream();
-  HostOptimizer ref(layout, opt_config()), off(layout, opt_config());
-  zo::model::init_gpt2(layout, 7, ref.master().data());
-  zo::model::init_gpt2(layout, 7, off.master().data());
   EngineConfig ec;
   ec.bucket_bytes = GetParam();
-  Engine e(*d, *stream, layout, off, ec);
-  e.upload_all();
+  const auto engine = rig.engine(ec);
+  Engine& e = *engine;
   zo::model::Gpt gpt(*d, layout, {B, T, false});
   const float dloss = 1.0f / float(B * T), lr = 2e-3f;
   for (int step = 0; step < 3; ++step) {
@@ -241,21 +258,20 @@ INSTANTIATE_TEST_SUITE_P(BucketSizes, EngineTest,
 // Accumulating three micro-batches on the host in fp32 matches accumulating them on the device
 // (only the summation order differs), and the norm is that of the accumulated gradient.
 TEST(Engine, AccumulationMatchesTheFlatPath) {
-  const auto& spec = odd_spec();
-  const zo::model::ParameterLayout layout(spec);
+  Rig rig(11);
+  const auto& layout = rig.layout;
+  auto& d = rig.d;
+  auto& stream = rig.stream;
+  HostOptimizer& ref = rig.ref;
+  HostOptimizer& off = rig.off;
   const int B = 1, T = 16, A = 3;
   const std::size_t n = layout.size();
-  auto d = zo::dev::make_host_device({});
-  auto stream = d->create_stream();
-  HostOptimizer ref(layout, opt_config()), off(layout, opt_config());
-  zo::model::init_gpt2(layout, 11, ref.master().data());
-  zo::model::init_gpt2(layout, 11, off.master().data());
   EngineConfig ec;
   ec.bucket_bytes = 20000;
   ec.grad_accum = A;
   ec.host_slots = 2;  // fewer slots than buckets: the producer must wait for the accumulator
-  Engine e(*d, *stream, layout, off, ec);
-  e.upload_all();
+  const auto engine = rig.engine(ec);
+  Engine& e = *engine;
   zo::model::Gpt gpt(*d, layout, {B, T, false});
   const float dloss = 1.0f / float(B * T * A), lr = 3e-3f;
   for (int step = 0; step < 2; ++step) {
@@ -284,19 +300,18 @@ TEST(Engine, AccumulationMatchesTheFlatPath) {
 
 // A NaN anywhere in one micro-batch's gradients is reported; nothing has been updated yet.
 TEST(Engine, NonFiniteGradientsAreReportedBeforeAnyUpdate) {
-  const zo::model::ParameterLayout layout(odd_spec());
-  auto d = zo::dev::make_host_device({});
-  auto stream = d->create_stream();
-  HostOptimizer off(layout, opt_config());
-  zo::model::init_gpt2(layout, 5, off.master().data());
+  Rig rig(5);
+  const auto& layout = rig.layout;
+  auto& stream = rig.stream;
+  HostOptimizer& off = rig.off;
   off.master()[layout.block(1).fc_w + 17] = NAN;  // poisons the gradients of everything below
   for (int accum : {1, 2}) {
     EngineConfig ec;
     ec.bucket_bytes = 8192;
     ec.grad_accum = accum;
-    Engine e(*d, *stream, layout, off, ec);
-    e.upload_all();
-    zo::model::Gpt gpt(*d, layout, {1, 16, false});
+    const auto engine = rig.engine(ec);
+    Engine& e = *engine;
+    zo::model::Gpt gpt(*rig.d, layout, {1, 16, false});
     const Batches b(accum, 16, 9);
     e.begin_step(false);
     for (int k = 0; k < accum; ++k) {
@@ -313,17 +328,17 @@ TEST(Engine, NonFiniteGradientsAreReportedBeforeAnyUpdate) {
 // DPU: the forward of step t+1 reads the parameters of update t-1 (one step stale), and the
 // update itself is the same computation as without DPU, given the gradients it received.
 TEST(Engine, DelayedUpdateReadsParametersOneStepStale) {
-  const zo::model::ParameterLayout layout(odd_spec());
+  Rig rig(3);
+  const auto& layout = rig.layout;
   const std::size_t n = layout.size();
-  auto d = zo::dev::make_host_device({});
-  auto stream = d->create_stream();
-  HostOptimizer off(layout, opt_config());
-  zo::model::init_gpt2(layout, 3, off.master().data());
+  auto& d = rig.d;
+  auto& stream = rig.stream;
+  HostOptimizer& off = rig.off;
   EngineConfig ec;
   ec.bucket_bytes = 10000;
   ec.dpu = true;
-  Engine e(*d, *stream, layout, off, ec);
-  e.upload_all();
+  const auto engine = rig.engine(ec);
+  Engine& e = *engine;
   zo::model::Gpt gpt(*d, layout, {1, 16, false});
   const std::vector<float> initial(off.master().begin(), off.master().end());
   std::vector<std::vector<float>> seen, after_update;

@@ -1,5 +1,6 @@
 #include "cpu_adam/dtype.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -42,6 +43,21 @@ std::uint16_t float_to_bf16(float x) {
 }
 float bf16_to_float(std::uint16_t b) {
   return cpu_adam::bf16_bits_to_f32(b);
+}
+
+void convert_from_float(const float* in, void* out, DType dtype, std::size_t n) {
+  auto* o16 = static_cast<std::uint16_t*>(out);
+  switch (dtype) {
+    case DType::kF32:
+      std::copy(in, in + n, static_cast<float*>(out));
+      return;
+    case DType::kF16:
+      for (std::size_t i = 0; i < n; ++i) o16[i] = float_to_half(in[i]);
+      return;
+    case DType::kBF16:
+      for (std::size_t i = 0; i < n; ++i) o16[i] = float_to_bf16(in[i]);
+      return;
+  }
 }
 
 }  // namespace zo

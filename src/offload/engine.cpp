@@ -159,11 +159,8 @@ void Engine::upload_all() {
   const std::size_t n = layout_.size();
   const void* src = opt_.master().data();
   if (act_ != DType::kF32) {
-    const auto m = opt_.master();
-    auto out = upload_.span<std::uint16_t>();
-    for (std::size_t i = 0; i < n; ++i)
-      out[i] = act_ == DType::kF16 ? float_to_half(m[i]) : float_to_bf16(m[i]);
-    src = out.data();
+    convert_from_float(opt_.master().data(), upload_.data(), act_, n);
+    src = upload_.data();
   }
   dev_.copy_to_device(params_.data(), src, n * esize_, *h2d_);
   h2d_->synchronize();

@@ -54,6 +54,25 @@ std::string format_duration(double s) {
   return buf;
 }
 
+namespace {
+
+// " (a 1.0, b 12)": milliseconds, one decimal below 10 ms.
+void append_phases(std::string& s, const char* open, const std::map<std::string, double>& ms) {
+  if (ms.empty()) return;
+  s += open;
+  char buf[96];
+  bool first = true;
+  for (const auto& [k, v] : ms) {
+    std::snprintf(buf, sizeof buf, v < 10.0 ? "%s%s %.1f" : "%s%s %.0f", first ? "" : ", ",
+                  k.c_str(), v);
+    s += buf;
+    first = false;
+  }
+  s += ")";
+}
+
+}  // namespace
+
 std::string progress_line(const StepMetrics& m, std::int64_t total_steps, double eta_s) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
@@ -62,26 +81,8 @@ std::string progress_line(const StepMetrics& m, std::int64_t total_steps, double
                 static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.lr,
                 m.grad_norm, m.tokens_per_s, m.tflops, m.step_ms);
   std::string s = buf;
-  if (!m.phase_ms.empty()) {
-    s += " (";
-    bool first = true;
-    for (const auto& [k, v] : m.phase_ms) {
-      std::snprintf(buf, sizeof buf, "%s%s %.0f", first ? "" : ", ", k.c_str(), v);
-      s += buf;
-      first = false;
-    }
-    s += ")";
-  }
-  if (!m.exposed_ms.empty()) {
-    s += " exposed (";
-    bool first = true;
-    for (const auto& [k, v] : m.exposed_ms) {
-      std::snprintf(buf, sizeof buf, "%s%s %.0f", first ? "" : ", ", k.c_str(), v);
-      s += buf;
-      first = false;
-    }
-    s += ")";
-  }
+  append_phases(s, " (", m.phase_ms);
+  append_phases(s, " exposed (", m.exposed_ms);
   if (m.skipped) s += " | SKIPPED (non-finite gradients)";
   if (m.val_loss) {
     std::snprintf(buf, sizeof buf, " | val %.4f", *m.val_loss);

@@ -334,12 +334,8 @@ struct Trainer::Impl {
     if (act == DType::kF32) {
       dev->copy_to_device(params.data(), opt->master().data(), n * 4, *stream);
     } else {
-      auto m = opt->master();
-      auto out = params_out.span<std::uint16_t>();
-      for (std::size_t i = 0; i < n; ++i) {
-        out[i] = act == DType::kF16 ? float_to_half(m[i]) : float_to_bf16(m[i]);
-      }
-      dev->copy_to_device(params.data(), out.data(), n * 2, *stream);
+      convert_from_float(opt->master().data(), params_out.data(), act, n);
+      dev->copy_to_device(params.data(), params_out.data(), n * 2, *stream);
     }
   }
 

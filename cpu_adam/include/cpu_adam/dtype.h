@@ -20,5 +20,7 @@ std::uint16_t float_to_half(float x);
 float half_to_float(std::uint16_t h);
 std::uint16_t float_to_bf16(float x);
 float bf16_to_float(std::uint16_t b);
+// out (n, dtype) = in (n) converted as above (a copy for kF32).
+void convert_from_float(const float* in, void* out, DType dtype, std::size_t n);
 
 }  // namespace zo
