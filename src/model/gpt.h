@@ -20,7 +20,7 @@ namespace zo::model {
 // writes first and the embedding backward writes again last. After every op that writes parameter
 // gradients, backward calls complete_from(x): every tensor at offset >= x other than wte is final
 // for this backward. complete_from(0) comes last: everything is final. The offload engine streams
-// buckets to the host from these calls (docs/offload_design.md).
+// buckets to the host from these calls (docs/offload.md).
 class GradSink {
  public:
   virtual ~GradSink() = default;

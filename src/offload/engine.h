@@ -1,4 +1,4 @@
-// The ZeRO-Offload engine (DESIGN.md §2, §5; docs/offload_design.md): the device keeps only
+// The ZeRO-Offload engine (DESIGN.md §2, §5; docs/offload.md): the device keeps only
 // 16-bit parameters, activations and a few gradient buckets; the host keeps fp32 master
 // weights, Adam m and v. One step:
 //

@@ -53,7 +53,7 @@ struct TrainConfig {
   std::int64_t loss_scale_window = 1000;  // overflow-free steps before the scale doubles
   // Testing hook (not a CLI flag): treat these steps' gradients as overflowed (1-based).
   std::vector<std::int64_t> inject_overflow_steps;
-  // Offload engine (docs/offload_design.md). Bucket: gradient bytes streamed to the host at a
+  // Offload engine (docs/offload.md). Bucket: gradient bytes streamed to the host at a
   // time. DPU: one-step delayed parameter update after dpu_warmup ordinary steps.
   std::size_t bucket_size = std::size_t{32} << 20;
   bool dpu = false;

@@ -429,13 +429,19 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       I.loaders.train->next_batch(I.inputs, I.targets);
       I.gpt->set_batch(I.inputs, I.targets, *I.stream);
       I.dev->record(*I.events[3 * a], *I.stream);
-      I.gpt->forward(params, T, true, dloss, *I.stream, hook);
+      {
+        const report::NvtxRange range("forward");  // kernels are enqueued inside it (ncu --nvtx)
+        I.gpt->forward(params, T, true, dloss, *I.stream, hook);
+      }
       I.dev->record(*I.events[3 * a + 1], *I.stream);
-      if (I.engine) {
-        I.engine->begin_micro_batch(a);
-        I.gpt->backward(params, *I.engine, *I.stream);
-      } else {
-        I.gpt->backward(params, I.grads.data(), *I.stream);
+      {
+        const report::NvtxRange range("backward");
+        if (I.engine) {
+          I.engine->begin_micro_batch(a);
+          I.gpt->backward(params, *I.engine, *I.stream);
+        } else {
+          I.gpt->backward(params, I.grads.data(), *I.stream);
+        }
       }
       I.dev->record(*I.events[3 * a + 2], *I.stream);
       I.dev->copy_to_host(I.losses_host.data() + a * BT, I.gpt->losses(), BT * 4, *I.stream);
