@@ -168,7 +168,8 @@ TEST(DType, BulkConversionMatchesScalar) {
   std::mt19937 rng(77);
   std::normal_distribution<float> dist(0.0f, 3.0f);
   std::vector<float> in(1237);
-  for (float& x : in) x = dist(rng);
+  for (float& x : in)
+    x = dist(rng);
   in[5] = INFINITY;
   in[6] = 1e-42f;  // subnormal
   std::vector<std::uint16_t> h(in.size()), b(in.size());

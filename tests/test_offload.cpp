@@ -9,10 +9,12 @@ namespace {
 using zo::offload::BucketPlan;
 
 zo::model::ParameterLayout layout_of(int n_layer, int n_embd, int vocab) {
-  return zo::model::ParameterLayout(zo::model::model_spec_from_json(
-      {{"n_layer", n_layer}, {"n_head", 2}, {"n_embd", n_embd}, {"vocab_size", vocab},
-       {"block_size", 32}},
-      "plan-test"));
+  return zo::model::ParameterLayout(zo::model::model_spec_from_json({{"n_layer", n_layer},
+                                                                     {"n_head", 2},
+                                                                     {"n_embd", n_embd},
+                                                                     {"vocab_size", vocab},
+                                                                     {"block_size", 32}},
+                                                                    "plan-test"));
 }
 
 void check_plan(const zo::model::ParameterLayout& layout, std::size_t target_bytes) {
@@ -42,7 +44,8 @@ void check_plan(const zo::model::ParameterLayout& layout, std::size_t target_byt
     }
     EXPECT_FALSE(has_embedding && has_block);
     EXPECT_EQ(x.ready_after, has_embedding ? -1 : ready);
-    for (std::size_t off : {x.begin, x.end - 1}) EXPECT_EQ(plan.bucket_of(off).index, x.index);
+    for (std::size_t off : {x.begin, x.end - 1})
+      EXPECT_EQ(plan.bucket_of(off).index, x.index);
     expect_begin = x.end;
     expect_tensor = x.end_tensor;
   }
@@ -55,14 +58,16 @@ void check_plan(const zo::model::ParameterLayout& layout, std::size_t target_byt
       EXPECT_EQ(std::min(b[i].ready_after, layout.spec().n_layer - 1), after);
     }
   }
-  for (int s : seen) EXPECT_EQ(s, 1);
+  for (int s : seen)
+    EXPECT_EQ(s, 1);
 }
 
 TEST(BucketPlan, CoversTheLayoutWithTensorAlignedBuckets) {
   const auto layout = layout_of(5, 48, 101);
   // Bucket targets that divide nothing: odd byte counts, smaller than a tensor, about a block,
   // and larger than the model.
-  for (std::size_t target : {2u, 1000u, 7777u, 60000u, 1u << 30}) check_plan(layout, target);
+  for (std::size_t target : {2u, 1000u, 7777u, 60000u, 1u << 30})
+    check_plan(layout, target);
 }
 
 TEST(BucketPlan, OneBucketPerTensorWhenTheTargetIsTiny) {
@@ -70,7 +75,8 @@ TEST(BucketPlan, OneBucketPerTensorWhenTheTargetIsTiny) {
   const BucketPlan plan(layout, {2, 2});
   EXPECT_EQ(plan.buckets().size(), layout.tensors().size());
   std::size_t largest = 0;
-  for (const auto& t : layout.tensors()) largest = std::max(largest, t.numel);
+  for (const auto& t : layout.tensors())
+    largest = std::max(largest, t.numel);
   EXPECT_EQ(plan.max_bucket_elements(), largest);
   EXPECT_THROW(BucketPlan(layout, {0, 2}), std::invalid_argument);
   EXPECT_THROW(plan.ready_at(3), std::out_of_range);
@@ -81,8 +87,10 @@ TEST(BucketPlan, LastBlocksAreReadyFirst) {
   const auto layout = layout_of(4, 32, 64);
   const BucketPlan plan(layout, {std::size_t(2) * 32 * 32 * 4, 2});  // ~ a third of a block
   // The top hook (block 3) releases the buckets of block 3 and ln_f; -1 releases wte/wpe.
-  for (std::size_t i : plan.ready_at(3)) EXPECT_GE(plan.buckets()[i].begin, layout.block_begin(3));
-  for (std::size_t i : plan.ready_at(-1)) EXPECT_LT(plan.buckets()[i].begin, layout.block_begin(0));
+  for (std::size_t i : plan.ready_at(3))
+    EXPECT_GE(plan.buckets()[i].begin, layout.block_begin(3));
+  for (std::size_t i : plan.ready_at(-1))
+    EXPECT_LT(plan.buckets()[i].begin, layout.block_begin(0));
   EXPECT_FALSE(plan.ready_at(0).empty());
 }
 
@@ -121,8 +129,10 @@ struct Batches {
     for (int k = 0; k < count; ++k) {
       tokens.emplace_back(BT);
       targets.emplace_back(BT);
-      for (auto& t : tokens.back()) t = tok(rng);
-      for (auto& t : targets.back()) t = tok(rng);
+      for (auto& t : tokens.back())
+        t = tok(rng);
+      for (auto& t : targets.back())
+        t = tok(rng);
     }
   }
 };
@@ -177,7 +187,8 @@ Reference flat_gradients(zo::dev::Device& d, const zo::model::ParameterLayout& l
   r.grads.resize(n);
   d.copy_to_host(r.grads.data(), g.data(), n * 4, *stream);
   stream->synchronize();
-  for (float x : r.grads) r.sumsq += double(x) * x;
+  for (float x : r.grads)
+    r.sumsq += double(x) * x;
   return r;
 }
 
@@ -247,7 +258,8 @@ TEST_P(EngineTest, OneMicroBatchEqualsTheFlatPathBitForBit) {
     ASSERT_TRUE(std::equal(m1, m1 + n, m2));
     ASSERT_TRUE(std::equal(v1, v1 + n, v2));
     // The device parameters the next forward reads are the new master weights.
-    EXPECT_EQ(download(*d, e.params(), n), std::vector<float>(off.master().begin(), off.master().end()));
+    EXPECT_EQ(download(*d, e.params(), n),
+              std::vector<float>(off.master().begin(), off.master().end()));
   }
 }
 
@@ -277,8 +289,8 @@ TEST(Engine, AccumulationMatchesTheFlatPath) {
   for (int step = 0; step < 2; ++step) {
     // Each step starts the reference from the engine's state, so differences do not compound.
     std::copy(off.master().begin(), off.master().end(), ref.master().begin());
-    for (auto [from, to] : {std::pair{off.exp_avg(), ref.exp_avg()},
-                            std::pair{off.exp_avg_sq(), ref.exp_avg_sq()}}) {
+    for (auto [from, to] :
+         {std::pair{off.exp_avg(), ref.exp_avg()}, std::pair{off.exp_avg_sq(), ref.exp_avg_sq()}}) {
       std::memcpy(to.data, from.data, n * 4);
     }
     ref.state().step = off.state().step;
@@ -361,7 +373,8 @@ TEST(Engine, DelayedUpdateReadsParametersOneStepStale) {
   EXPECT_NE(after_update[0], initial);
   EXPECT_EQ(seen[2], after_update[0]);
   EXPECT_EQ(seen[3], after_update[1]);
-  EXPECT_EQ(download(*d, e.params(), n), std::vector<float>(off.master().begin(), off.master().end()))
+  EXPECT_EQ(download(*d, e.params(), n),
+            std::vector<float>(off.master().begin(), off.master().end()))
       << "drain uploads the last update";
   EXPECT_EQ(off.state().step, 4);
 }

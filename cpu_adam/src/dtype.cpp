@@ -52,10 +52,12 @@ void convert_from_float(const float* in, void* out, DType dtype, std::size_t n) 
       std::copy(in, in + n, static_cast<float*>(out));
       return;
     case DType::kF16:
-      for (std::size_t i = 0; i < n; ++i) o16[i] = float_to_half(in[i]);
+      for (std::size_t i = 0; i < n; ++i)
+        o16[i] = float_to_half(in[i]);
       return;
     case DType::kBF16:
-      for (std::size_t i = 0; i < n; ++i) o16[i] = float_to_bf16(in[i]);
+      for (std::size_t i = 0; i < n; ++i)
+        o16[i] = float_to_bf16(in[i]);
       return;
   }
 }

@@ -272,8 +272,8 @@ int main(int argc, char** argv) {
         if (chosen) fits = p.device_fits && p.host_fits;
       }
       if (plan_mode == "auto") {
-        std::printf("recommended: --mode %s (%s)\n", choice.choose_resident ? "resident" : "offload",
-                    choice.reason.c_str());
+        std::printf("recommended: --mode %s (%s)\n",
+                    choice.choose_resident ? "resident" : "offload", choice.reason.c_str());
       }
       return fits ? 0 : 3;
     }

@@ -392,6 +392,7 @@ class CudaDevice final : public Device {
 
   Backend backend() const override { return Backend::kCuda; }
   std::string name() const override { return name_; }
+  int cuda_ordinal() const override { return index_; }
   DType act_dtype() const override { return act_; }
 
   // ---- memory -----------------------------------------------------------------------------

@@ -107,6 +107,8 @@ class Device {
   virtual Backend backend() const = 0;
   virtual std::string name() const = 0;
   virtual DType act_dtype() const = 0;
+  // The CUDA runtime ordinal (for NUMA placement of pinned staging near the GPU); -1 on the host.
+  virtual int cuda_ordinal() const { return -1; }
 
   // ---- memory -------------------------------------------------------------------------------
   // Throws OutOfMemoryError naming `what` when the capacity would be exceeded.

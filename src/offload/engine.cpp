@@ -17,9 +17,14 @@ bool is_embedding(const Bucket& b) {
   return b.ready_after == -1;
 }
 
+// Page-locked on the NUMA node nearest the GPU (DMA crosses no socket link); ordinary memory on
+// the host backend, where "copies" are memcpy on stream threads.
 pinned::PinOptions pin_options(const dev::Device& d, const EngineConfig& c) {
   pinned::PinOptions o;
   o.enable = c.pin && d.backend() == dev::Backend::kCuda;
+  if (d.cuda_ordinal() >= 0) {
+    o.placement = pinned::placement_on_node(pinned::numa_node_of_gpu(d.cuda_ordinal()));
+  }
   return o;
 }
 
@@ -209,8 +214,9 @@ void* Engine::slot_for(std::size_t b) {
     s = &slots_[k];
     index = static_cast<long>(embed_slots_.size() + k);
     if (s->bucket >= 0) {
-      throw std::logic_error("offload engine: every device gradient slot holds a bucket still "
-                             "being written; raise EngineConfig::device_slots");
+      throw std::logic_error(
+          "offload engine: every device gradient slot holds a bucket still "
+          "being written; raise EngineConfig::device_slots");
     }
   }
   // The copy that last read this slot must finish before it is zeroed for this bucket.
@@ -301,7 +307,8 @@ GradStats Engine::finish_gradients() {
   double accumulate_tail_ms = 0.0;
   if (cfg_.grad_accum > 1) {
     accumulator_->wait_idle();
-    accumulate_tail_ms = std::chrono::duration<double, std::milli>(Clock::now() - device_done).count();
+    accumulate_tail_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - device_done).count();
     std::lock_guard lock(accum_mu_);
     st.sumsq = accum_sumsq_;
   }
@@ -418,7 +425,8 @@ void Engine::drain() {
   h2d_->synchronize();
 }
 
-// ---- timings -------------------------------------------------------------------------------------
+// ---- timings
+// -------------------------------------------------------------------------------------
 
 void Engine::collect_times(double accumulate_tail_ms) {
   const std::size_t nb = plan_.buckets().size();
@@ -450,8 +458,8 @@ void Engine::collect_times(double accumulate_tail_ms) {
       t.h2d_exposed += std::min(stall, up);
       t.adam_exposed += stall - std::min(stall, up);
       if (trace_ && trace_->enabled()) {
-        trace_->span("h2d", "upload group " + std::to_string(int(g) - 1),
-                     clock_.us(*up_begin_[g]), clock_.us(*up_end_[g]),
+        trace_->span("h2d", "upload group " + std::to_string(int(g) - 1), clock_.us(*up_begin_[g]),
+                     clock_.us(*up_end_[g]),
                      {{"bytes", (groups_[g].end - groups_[g].begin) * esize_}});
         if (stall > 0.0) {
           trace_->span("compute", "wait params " + std::to_string(int(g) - 1),

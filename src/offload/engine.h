@@ -48,10 +48,10 @@ struct EngineConfig {
 // Device and host bytes the engine allocates (for the planner; equals what it allocates).
 struct EngineFootprint {
   std::size_t device_params = 0, device_grad_slots = 0, device_stats = 0;
-  std::size_t host_grads = 0;     // pinned landing buffer(s), act dtype (grad_accum == 1)
-  std::size_t host_ring = 0;      // pinned accumulation ring (grad_accum > 1)
-  std::size_t host_accum = 0;     // fp32 accumulators (grad_accum > 1)
-  std::size_t host_upload = 0;    // pinned 16-bit upload buffer (16-bit act dtypes)
+  std::size_t host_grads = 0;   // pinned landing buffer(s), act dtype (grad_accum == 1)
+  std::size_t host_ring = 0;    // pinned accumulation ring (grad_accum > 1)
+  std::size_t host_accum = 0;   // fp32 accumulators (grad_accum > 1)
+  std::size_t host_upload = 0;  // pinned 16-bit upload buffer (16-bit act dtypes)
 };
 EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
                                  const EngineConfig& config);
@@ -90,8 +90,8 @@ class Engine final : public model::GradSink {
   void begin_step(bool dpu);
   // Before micro-batch a's backward is enqueued (a = 0 .. grad_accum-1).
   void begin_micro_batch(int a);
-  void* grad(std::size_t offset) override;           // GradSink for Gpt::backward
-  void complete_from(std::size_t offset) override;   // streams finished buckets
+  void* grad(std::size_t offset) override;          // GradSink for Gpt::backward
+  void complete_from(std::size_t offset) override;  // streams finished buckets
   // After the last micro-batch's backward: blocks until the step's gradients are on the host
   // (and, with DPU, uploads the previous update). The only host synchronisation of the step.
   GradStats finish_gradients();
@@ -132,8 +132,8 @@ class Engine final : public model::GradSink {
   std::size_t esize_;
   std::vector<Group> groups_;  // [0] embeddings, [1 + l] block l, [L + 1] ln_f
   std::unique_ptr<dev::Stream> d2h_, h2d_;
-  dev::Buffer params_;  // (n) act dtype
-  dev::Buffer stats_;   // (buckets, 2) fp32: sum of squares, non-finite flag
+  dev::Buffer params_;             // (n) act dtype
+  dev::Buffer stats_;              // (buckets, 2) fp32: sum of squares, non-finite flag
   std::vector<Slot> embed_slots_;  // one per embedding bucket (written first and last)
   std::vector<Slot> slots_;        // the ring every other bucket cycles through
   std::size_t next_slot_ = 0;
@@ -142,11 +142,11 @@ class Engine final : public model::GradSink {
   int micro_ = 0;
 
   // Host staging (two of each with DPU: the delayed update reads one while the next lands).
-  pinned::PinnedBuffer host_grads_[2];            // grad_accum == 1: act dtype (n)
-  std::unique_ptr<pinned::BucketRing> ring_;      // grad_accum > 1: buckets to accumulate
+  pinned::PinnedBuffer host_grads_[2];                    // grad_accum == 1: act dtype (n)
+  std::unique_ptr<pinned::BucketRing> ring_;              // grad_accum > 1: buckets to accumulate
   std::vector<std::unique_ptr<dev::Event>> ring_events_;  // per ring slot: copy landed
-  pinned::HostBuffer accum_[2];                   // grad_accum > 1: fp32 (n)
-  pinned::PinnedBuffer upload_;                   // 16-bit params (fp32 uploads read master)
+  pinned::HostBuffer accum_[2];                           // grad_accum > 1: fp32 (n)
+  pinned::PinnedBuffer upload_;  // 16-bit params (fp32 uploads read master)
   pinned::PinnedBuffer stats_host_;
   int buf_ = 0;
   std::mutex accum_mu_;
@@ -167,7 +167,7 @@ class Engine final : public model::GradSink {
   double adam_ms_ = 0.0;
   // Main thread only.
   std::vector<char> uploaded_, up_recorded_, waited_;
-  bool pending_ = false;      // an update with uploads not yet enqueued
+  bool pending_ = false;  // an update with uploads not yet enqueued
   bool dpu_ = false, update_dpu_ = false;
   bool h2d_waited_bwd_ = false;
   bool uploads_to_time_ = false;

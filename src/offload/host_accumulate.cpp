@@ -40,11 +40,13 @@ double accumulate_grads(float* acc, const void* src, DType dtype, std::size_t n,
     }
     case DType::kF16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
-      return accumulate(acc, n, first, want_sumsq, [s](std::size_t i) { return half_to_float(s[i]); });
+      return accumulate(acc, n, first, want_sumsq,
+                        [s](std::size_t i) { return half_to_float(s[i]); });
     }
     case DType::kBF16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
-      return accumulate(acc, n, first, want_sumsq, [s](std::size_t i) { return bf16_to_float(s[i]); });
+      return accumulate(acc, n, first, want_sumsq,
+                        [s](std::size_t i) { return bf16_to_float(s[i]); });
     }
   }
   throw std::invalid_argument("accumulate_grads: unsupported gradient dtype");

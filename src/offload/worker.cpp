@@ -4,7 +4,8 @@
 
 namespace zo::offload {
 
-SerialWorker::SerialWorker(std::string name) : name_(std::move(name)), thread_([this] { loop(); }) {}
+SerialWorker::SerialWorker(std::string name)
+    : name_(std::move(name)), thread_([this] { loop(); }) {}
 
 SerialWorker::~SerialWorker() {
   {

@@ -21,16 +21,11 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
 
 void MetricsWriter::write(const StepMetrics& m) {
   if (!out_.is_open()) return;
-  nlohmann::json j = {{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"skipped", m.skipped},
-                      {"loss_scale", m.loss_scale},
-                      {"tokens", m.tokens},
-                      {"tokens_per_s", m.tokens_per_s},
-                      {"tflops", m.tflops},
-                      {"step_ms", m.step_ms}};
+  nlohmann::json j = {{"step", m.step},       {"loss", m.loss},
+                      {"lr", m.lr},           {"grad_norm", m.grad_norm},
+                      {"skipped", m.skipped}, {"loss_scale", m.loss_scale},
+                      {"tokens", m.tokens},   {"tokens_per_s", m.tokens_per_s},
+                      {"tflops", m.tflops},   {"step_ms", m.step_ms}};
   for (const auto& [k, v] : m.phase_ms)
     j[k + "_ms"] = v;
   for (const auto& [k, v] : m.exposed_ms)

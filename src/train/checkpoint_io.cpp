@@ -9,7 +9,8 @@ namespace zo::train {
 namespace fs = std::filesystem;
 
 fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& layout,
-                         offload::HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last) {
+                         offload::HostOptimizer& opt, const nlohmann::json& trainer_state,
+                         int keep_last) {
   const auto step = trainer_state.at("step").get<std::uint64_t>();
   ckpt::AtomicDirectory dir(parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step),
                             ckpt::IfExists::kReplace);

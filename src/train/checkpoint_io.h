@@ -22,7 +22,8 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // Writes <parent>/step_<step>; trainer_state must hold "step". Replaces an existing directory of
 // the same step. Then keeps the newest keep_last (0 = all).
 std::filesystem::path save_checkpoint(const std::filesystem::path& parent,
-                                      const model::ParameterLayout& layout, offload::HostOptimizer& opt,
+                                      const model::ParameterLayout& layout,
+                                      offload::HostOptimizer& opt,
                                       const nlohmann::json& trainer_state, int keep_last);
 
 // Resolves "latest" (the newest complete checkpoint in parent) or a directory path.

@@ -47,7 +47,8 @@ struct TrainConfig {
   // (fp32 master, m, v on the host, CPU Adam), or auto (resident when it fits on a GPU; offload
   // on the host backend or when the GPU is too small).
   std::string mode = "auto";
-  std::string precision = "auto";  // device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16, fp16
+  std::string precision =
+      "auto";  // device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16, fp16
   // Loss scaling: auto (dynamic for fp16, off otherwise), dynamic, off, or a fixed number.
   std::string loss_scale = "auto";
   std::int64_t loss_scale_window = 1000;  // overflow-free steps before the scale doubles
@@ -58,8 +59,8 @@ struct TrainConfig {
   std::size_t bucket_size = std::size_t{32} << 20;
   bool dpu = false;
   std::int64_t dpu_warmup = 10;
-  bool pin = true;          // page-lock host staging buffers (--no-pin: pageable)
-  std::string trace;        // Chrome trace-event JSON path ("" = none)
+  bool pin = true;                // page-lock host staging buffers (--no-pin: pageable)
+  std::string trace;              // Chrome trace-event JSON path ("" = none)
   std::size_t device_memory = 0;  // device capacity in bytes; 0 = all of it
   int threads = 0;                // host backend compute threads; 0 = all cores
 

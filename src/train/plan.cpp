@@ -16,9 +16,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (in.resident) {
     p.device.push_back({"gradients", n * esize});
   } else {
-    p.device.push_back({"gradient buckets (embeddings + " +
-                            std::to_string(in.engine.device_slots) + " slots)",
-                        f.device_grad_slots + f.device_stats});
+    p.device.push_back(
+        {"gradient buckets (embeddings + " + std::to_string(in.engine.device_slots) + " slots)",
+         f.device_grad_slots + f.device_stats});
   }
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),

@@ -14,16 +14,16 @@
 #include "gpu/device.h"
 #endif
 #include "data/loader.h"
-#include "device/event_clock.h"
 #include "data/token_source.h"
+#include "device/event_clock.h"
 #include "model/gpt.h"
 #include "model/hf_weights.h"
 #include "offload/engine.h"
+#include "offload/host_optimizer.h"
 #include "pinned_memory/host_buffer.h"
 #include "report/metrics.h"
 #include "report/trace.h"
 #include "train/checkpoint_io.h"
-#include "offload/host_optimizer.h"
 #include "train/loss_scaler.h"
 #include "train/plan.h"
 
@@ -52,12 +52,14 @@ std::unique_ptr<dev::Device> make_device(const TrainConfig& config) {
 #else
   if (which == "auto") which = "host";
   if (which == "cuda") {
-    throw std::runtime_error("--device cuda: this build has no CUDA backend (configured without "
-                             "nvcc or with -DZO_CUDA=OFF); use --device host");
+    throw std::runtime_error(
+        "--device cuda: this build has no CUDA backend (configured without "
+        "nvcc or with -DZO_CUDA=OFF); use --device host");
   }
 #endif
   if (config.precision != "auto" && config.precision != "fp32") {
-    throw std::runtime_error("--precision " + config.precision + ": the host backend computes in "
+    throw std::runtime_error("--precision " + config.precision +
+                             ": the host backend computes in "
                              "fp32 only; use --precision fp32 (or auto) with --device host");
   }
   dev::HostDeviceOptions o;
@@ -235,8 +237,8 @@ struct Trainer::Impl {
       v_dev = dev->alloc(n * 4, "Adam v");
       if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
     } else {
-      engine = std::make_unique<offload::Engine>(*dev, *stream, *layout, *opt, engine_config(),
-                                                 &trace);
+      engine =
+          std::make_unique<offload::Engine>(*dev, *stream, *layout, *opt, engine_config(), &trace);
     }
     gpt = std::make_unique<model::Gpt>(*dev, *layout,
                                        model::GptShape{cfg.micro_batch, T, cfg.recompute});
@@ -470,9 +472,9 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     m.lr = lr;
     m.loss = std::accumulate(I.losses_host.begin(), I.losses_host.end(), 0.0) /
              double(I.losses_host.size());
-    const bool injected = std::find(cfg.inject_overflow_steps.begin(),
-                                    cfg.inject_overflow_steps.end(),
-                                    step + 1) != cfg.inject_overflow_steps.end();
+    const bool injected =
+        std::find(cfg.inject_overflow_steps.begin(), cfg.inject_overflow_steps.end(), step + 1) !=
+        cfg.inject_overflow_steps.end();
     m.grad_norm = injected || nonfinite ? INFINITY : std::sqrt(sumsq) / double(scale);
     double fwd = 0, bwd = 0;
     for (int a = 0; a < A; ++a) {
@@ -513,8 +515,8 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     m.tflops = fpt * m.tokens_per_s * 1e-12;
     if (I.engine) {
       const offload::PhaseTimes p = I.engine->phase_times();
-      m.phase_ms = {{"forward", fwd}, {"backward", bwd}, {"d2h", p.d2h}, {"adam", p.adam},
-                    {"h2d", p.h2d}};
+      m.phase_ms = {
+          {"forward", fwd}, {"backward", bwd}, {"d2h", p.d2h}, {"adam", p.adam}, {"h2d", p.h2d}};
       m.exposed_ms = {{"d2h", p.d2h_exposed}, {"adam", p.adam_exposed}, {"h2d", p.h2d_exposed}};
     } else {
       m.phase_ms = {{"forward", fwd}, {"backward", bwd}, {"optimizer", opt_ms}, {"wait", wait_ms}};
