@@ -337,6 +337,38 @@ TEST(Trainer, InjectedOverflowSkipsExactlyOneStepAndBacksOff) {
   EXPECT_EQ(resumed.losses[1], s.losses[4]);
 }
 
+// The dynamic scale's backoff and range come from the flags (the offload engine skips the
+// overflowed step before any state changes, as the resident path does).
+TEST(Trainer, LossScaleBackoffAndRangeAreConfigurable) {
+  TempDir d;
+  TrainConfig c = tiny_config(4);
+  c.loss_scale = "dynamic";
+  c.loss_scale_window = 1;
+  c.loss_scale_backoff = 0.25f;
+  c.loss_scale_min = 40000.0f;
+  c.loss_scale_max = 131072.0f;
+  c.inject_overflow_steps = {3};
+  c.bucket_size = 5000;
+  c.checkpoint_dir = d.path.string();
+  c.checkpoint_interval = 1;
+  c.keep_last = 0;
+  EXPECT_EQ(Trainer(c).run().skipped_steps, 1);
+  auto scale_at = [&](int k) {
+    return zo::train::read_trainer_state(d.path / zo::ckpt::checkpoint_dir_name("step_", k))
+        .at("loss_scaler")
+        .at("scale")
+        .get<float>();
+  };
+  EXPECT_EQ(scale_at(1), 131072.0f);
+  EXPECT_EQ(scale_at(2), 131072.0f) << "capped at --loss-scale-max";
+  EXPECT_EQ(scale_at(3), 40000.0f) << "131072 x 0.25, raised to --loss-scale-min";
+  c.loss_scale_backoff = 1.0f;
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("--loss-scale-backoff"), std::string::npos);
+  c.loss_scale_backoff = 0.5f;
+  c.loss_scale_min = 1e6f;
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("--loss-scale-min"), std::string::npos);
+}
+
 TEST(Trainer, GradientAccumulationMatchesALargerMicroBatch) {
   TrainConfig one = tiny_config();
   one.micro_batch = 4;

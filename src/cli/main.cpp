@@ -94,6 +94,12 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--loss-scale-window", c.loss_scale_window,
                 "overflow-free steps before a dynamic scale doubles")
       ->capture_default_str();
+  t->add_option("--loss-scale-backoff", c.loss_scale_backoff, "dynamic scale factor on overflow")
+      ->capture_default_str();
+  t->add_option("--loss-scale-min", c.loss_scale_min, "smallest dynamic scale")
+      ->capture_default_str();
+  t->add_option("--loss-scale-max", c.loss_scale_max, "largest dynamic scale")
+      ->capture_default_str();
   t->add_option("--device-memory", devmem.text,
                 "device memory to plan for and use, e.g. 24GiB (default: all of it; unlimited "
                 "on the host backend)");

@@ -47,6 +47,13 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--precision must be auto, fp32, bf16 or fp16");
   }
   if (loss_scale_window < 1) bad("--loss-scale-window must be >= 1");
+  if (!(loss_scale_backoff > 0.0f && loss_scale_backoff < 1.0f)) {
+    bad("--loss-scale-backoff must be in (0, 1) (default 0.5)");
+  }
+  if (!(loss_scale_min > 0.0f && loss_scale_min <= loss_scale_max &&
+        std::isfinite(loss_scale_max))) {
+    bad("need 0 < --loss-scale-min <= --loss-scale-max (finite); defaults 1 and 16777216");
+  }
   if (mode == "resident" && optimizer_state != DType::kF32) {
     bad("--optimizer-state bf16 is for --mode offload (host memory); resident mode keeps fp32 "
         "state on the device");
@@ -90,6 +97,10 @@ nlohmann::json TrainConfig::to_json() const {
           {"mode", mode},
           {"precision", precision},
           {"loss_scale", loss_scale},
+          {"loss_scale_window", loss_scale_window},
+          {"loss_scale_backoff", loss_scale_backoff},
+          {"loss_scale_min", loss_scale_min},
+          {"loss_scale_max", loss_scale_max},
           {"device_memory", device_memory},
           {"bucket_size", bucket_size},
           {"dpu", dpu},

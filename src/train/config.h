@@ -52,6 +52,8 @@ struct TrainConfig {
   // Loss scaling: auto (dynamic for fp16, off otherwise), dynamic, off, or a fixed number.
   std::string loss_scale = "auto";
   std::int64_t loss_scale_window = 1000;  // overflow-free steps before the scale doubles
+  float loss_scale_backoff = 0.5f;        // factor on overflow
+  float loss_scale_min = 1.0f, loss_scale_max = 16777216.0f;  // dynamic range [1, 2^24]
   // Testing hook (not a CLI flag): treat these steps' gradients as overflowed (1-based).
   std::vector<std::int64_t> inject_overflow_steps;
   // Offload engine (docs/offload.md). Bucket: gradient bytes streamed to the host at a

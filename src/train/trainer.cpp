@@ -73,6 +73,9 @@ namespace {
 LossScalerConfig scaler_config(const TrainConfig& c, DType act) {
   LossScalerConfig s;
   s.growth_interval = c.loss_scale_window;
+  s.backoff = c.loss_scale_backoff;
+  s.min_scale = c.loss_scale_min;
+  s.max_scale = c.loss_scale_max;
   if (c.loss_scale == "auto") {
     s.dynamic = act == DType::kF16;
     if (!s.dynamic) s.initial = 1.0f;
