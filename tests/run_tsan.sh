@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# ThreadSanitizer job (docs/testing.md, "ThreadSanitizer job"): builds the threaded host code with
+# -fsanitize=thread in its own build directory and runs the suites that exercise host streams,
+# pinned buffers, the offload engine and the trainer. Exits non-zero on any TSan report (data race,
+# lock-order inversion, ...), on any test failure and on a suite that runs past its time limit.
+#   TSAN_BUILD_DIR     build directory (default: build-tsan)
+#   TSAN_JOBS          parallel compile jobs (default: nproc)
+#   TSAN_GTEST_FILTER  gtest filter for every suite (default: * = all tests)
+#   TSAN_TESTS         suites to build and run, space-separated (default: the four below)
+#   TSAN_TIMEOUT       seconds each suite may run (default: 1800)
+#   TSAN_OPTIONS       extra runtime options, appended to the ones set here
+# Measured on 2 cores: build ~5 min from scratch, runs ~5 min (test_train ~4.8 min of it, mostly
+# Trainer.LearnsTheSyntheticTask and Trainer.DelayedParameterUpdateLearnsTheSyntheticTask), so
+# every test runs; TSAN_GTEST_FILTER='-*LearnsTheSyntheticTask' skips those two locally.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash .ci/install-deps
+
+build_dir=${TSAN_BUILD_DIR:-build-tsan}
+jobs=${TSAN_JOBS:-$(nproc)}
+read -r -a suites <<<"${TSAN_TESTS:-test_host_device test_pinned_memory test_offload test_train}"
+filter=${TSAN_GTEST_FILTER:-*}
+limit=${TSAN_TIMEOUT:-1800}
+
+start=$SECONDS
+cmake -S . -B "$build_dir" -DZO_SANITIZE=thread -DZO_CUDA=OFF -DZO_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+# Only suites this tree declares (tests/CMakeLists.txt adds a module's suite once its source
+# exists); works for the Makefile and Ninja generators.
+known=$(cmake --build "$build_dir" --target help)
+targets=()
+for t in "${suites[@]}"; do
+  if grep -qE "(^|[ .])${t}(:|[[:space:]]|$)" <<<"$known"; then
+    targets+=("$t")
+  else
+    echo "run_tsan: no target $t in this tree; skipping it"
+  fi
+done
+if [[ ${#targets[@]} -eq 0 ]]; then
+  echo "run_tsan: none of ${suites[*]} is a target here; nothing to run" >&2
+  exit 1
+fi
+cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
+echo "run_tsan: configure + build took $((SECONDS - start)) s"
+
+# halt_on_error: the first report fails the suite at once (exit code 66).
+# second_deadlock_stack: lock-order reports show where both mutexes were taken.
+export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1${TSAN_OPTIONS:+ $TSAN_OPTIONS}"
+
+# One CPU: Debian's libtbb is not TSan-instrumented, so the happens-before edges of a TBB
+# parallel_for (task spawn, steal, join) are invisible and TSan reports false races in our own
+# kernels, even with TBB frames suppressed. Restricted to one CPU, tbb::info::default_concurrency()
+# is 1, so the host backend (threads clamped to it) and cpu_adam (threads = 0) take their serial
+# paths and never enter TBB, and TBB starts no worker threads: an arena with an explicit size
+# (cpu_adam threads = 2) runs every task on the thread that entered it. Our own threads (host
+# streams, the engine's workers, pinned pools) still run concurrently and are checked in full.
+# Details and the remaining gap: docs/testing.md.
+cpus=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status)
+cpu=${cpus%%[,-]*}
+wrap=(taskset -c "${cpu:-0}")
+# TSan needs its fixed address-space layout; kernels with more mmap randomization than the
+# runtime expects fail with "unexpected memory mapping". Turn ASLR off where that is allowed.
+if setarch "$(uname -m)" -R true 2>/dev/null; then
+  wrap+=(setarch "$(uname -m)" -R)
+fi
+
+failed=()
+for t in "${targets[@]}"; do
+  echo "=== $t (gtest filter '$filter', ${wrap[*]})"
+  start=$SECONDS
+  rc=0
+  timeout "$limit" "${wrap[@]}" "$build_dir/tests/$t" --gtest_filter="$filter" || rc=$?
+  case $rc in
+    0) echo "=== $t: clean ($((SECONDS - start)) s)" ;;
+    66) echo "=== $t: ThreadSanitizer report above ($((SECONDS - start)) s)"; failed+=("$t") ;;
+    124) echo "=== $t: timed out after $limit s"; failed+=("$t") ;;
+    *) echo "=== $t: failed with exit code $rc ($((SECONDS - start)) s)"; failed+=("$t") ;;
+  esac
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run_tsan: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "run_tsan: clean: ${targets[*]}"
