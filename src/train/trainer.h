@@ -1,6 +1,6 @@
-// The training loop (non-offloaded): forward and backward on the device, gradients copied to
-// the host once per step, AdamW on the host (cpu_adam) over fp32 master weights, parameters
-// copied back. The offload engine replaces the middle with bucketed, overlapped streaming.
+// The training loop: forward and backward on the device, then the optimizer either on the device
+// (resident mode) or on the host through the offload engine (offload/engine.h), which streams
+// gradient buckets during backward and overlaps CPU Adam and the parameter upload with compute.
 #pragma once
 
 #include <cstdint>
