@@ -42,7 +42,7 @@ struct EngineConfig {
   bool pin = true;       // page-lock host staging buffers (off: pageable, copies not async)
   int device_slots = 3;  // device ring of bucket-sized gradient slots (>= 2)
   int host_slots = 4;    // pinned ring for accumulation (grad_accum > 1)
-  bool dpu = false;      // allocate for delayed parameter updates (set_dpu switches them on)
+  bool dpu = false;      // allocate for delayed updates (begin_step(true) delays a step)
 };
 
 // Device and host bytes the engine allocates (for the planner; equals what it allocates).
