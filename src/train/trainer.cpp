@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "checkpoint/error.h"
+#include "comm/comm.h"
 #ifdef ZO_HAVE_CUDA
 #include "device/cuda_device.h"
 #include "gpu/device.h"
@@ -163,6 +164,13 @@ struct Trainer::Impl {
 
   explicit Impl(const TrainConfig& c) : cfg(c) {
     cfg.validate_flags();
+    // Several ranks would each train alone and overwrite each other's checkpoints.
+    if (const comm::RankInfo r = comm::rank_info_from_env(); r.size > 1) {
+      throw std::runtime_error("started as rank " + std::to_string(r.rank) + " of " +
+                               std::to_string(r.size) + " (" + r.source +
+                               "), but data-parallel training is not built yet "
+                               "(docs/scale_out_design.md): run a single process");
+    }
     // The model: from the checkpoint when resuming without --model.
     if (!cfg.resume.empty()) {
       resume_dir = resolve_checkpoint(cfg.resume, cfg.checkpoint_dir);
