@@ -3,6 +3,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/comm.h"
 #include "cpu_adam/cpu_adam.h"
 #include "pinned_memory/host_buffer.h"
 #ifdef ZO_HAVE_CUDA
@@ -43,6 +44,17 @@ nlohmann::json system_info() {
                 "this build has no CUDA backend (configured with ZO_CUDA=OFF or without nvcc); "
                 "use --device host"}};
 #endif
+  // Multi-process: whether MPI is built in and where this process sits (rank discovery errors
+  // are reported here rather than thrown: `info` is for diagnosing exactly those).
+  nlohmann::json ranks = {{"mpi_built", comm::mpi_available()}};
+  try {
+    const comm::RankInfo r = comm::rank_info_from_env();
+    ranks.update(
+        {{"rank", r.rank}, {"size", r.size}, {"local_rank", r.local_rank}, {"source", r.source}});
+  } catch (const std::exception& e) {
+    ranks["error"] = e.what();
+  }
+  j["ranks"] = ranks;
   return j;
 }
 
@@ -71,6 +83,14 @@ std::string format_system_info(const nlohmann::json& j) {
   }
   const auto reason = j["cuda"]["no_device_reason"].get<std::string>();
   if (!reason.empty()) os << "  no GPU: " << reason << "\n";
+  const auto& r = j["ranks"];
+  os << "MPI           : " << (r["mpi_built"].get<bool>() ? "built" : "not built") << "; ";
+  if (r.contains("error")) {
+    os << "bad rank environment: " << r["error"].get<std::string>() << "\n";
+  } else {
+    os << "rank " << r["rank"].get<int>() << " of " << r["size"].get<int>() << " (local rank "
+       << r["local_rank"].get<int>() << ", " << r["source"].get<std::string>() << ")\n";
+  }
   return os.str();
 }
 
