@@ -117,6 +117,9 @@ TEST(SingleProcessComm, CollectivesOfOneRank) {
   EXPECT_EQ(out, in);
   EXPECT_THROW(c->broadcast(v.data(), 8, 1), std::invalid_argument);
   EXPECT_NO_THROW(zo::comm::check_same_on_all_ranks(*c, "config", "{\"a\":1}"));
+  if (!under_mpirun()) {  // one process: the environment picks the single-process communicator
+    EXPECT_EQ(zo::comm::make_comm_from_env()->name(), "single process");
+  }
 }
 
 TEST(MpiComm, AllReduceSumAndMaxMatchTheReference) {

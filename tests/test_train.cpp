@@ -85,6 +85,13 @@ std::string file_bytes(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// Weights and optimizer state of two checkpoint directories are byte for byte the same.
+void expect_same_state(const fs::path& a, const fs::path& b, const std::string& why = "") {
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_EQ(file_bytes(a / f), file_bytes(b / f)) << f << " " << why;
+  }
+}
+
 // The synthetic Markov chain is learnable: the loss falls from ln(256) = 5.55 towards the
 // chain's entropy rate (about 1.0 nats). This is the documented demo target: below 2.0 within
 // 200 steps of the tiny model.
@@ -128,10 +135,7 @@ TEST(Trainer, ResumeContinuesBitForBit) {
   ASSERT_EQ(resumed.losses.size(), 4u);
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
-  EXPECT_EQ(file_bytes(a.path / "step_00000008" / "model.safetensors"),
-            file_bytes(b.path / "step_00000008" / "model.safetensors"));
-  EXPECT_EQ(file_bytes(a.path / "step_00000008" / "optimizer.safetensors"),
-            file_bytes(b.path / "step_00000008" / "optimizer.safetensors"));
+  expect_same_state(a.path / "step_00000008", b.path / "step_00000008");
 }
 
 TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
@@ -163,10 +167,7 @@ TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {
   const auto s1 = Trainer(off).run();
   const auto s2 = Trainer(res).run();
   EXPECT_EQ(s1.losses, s2.losses);
-  EXPECT_EQ(file_bytes(a.path / "step_00000005" / "model.safetensors"),
-            file_bytes(b.path / "step_00000005" / "model.safetensors"));
-  EXPECT_EQ(file_bytes(a.path / "step_00000005" / "optimizer.safetensors"),
-            file_bytes(b.path / "step_00000005" / "optimizer.safetensors"));
+  expect_same_state(a.path / "step_00000005", b.path / "step_00000005");
   // And a resident run resumes from an offload checkpoint (the format is the same).
   TrainConfig cont = res;
   cont.steps = 7;
@@ -193,10 +194,8 @@ TEST(Trainer, OffloadEqualsResidentForAnyBucketSize) {
     res.mode = "resident";
     res.checkpoint_dir = b.path.string();
     EXPECT_EQ(Trainer(off).run().losses, Trainer(res).run().losses) << "bucket " << bucket;
-    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-      EXPECT_EQ(file_bytes(a.path / "step_00000004" / f), file_bytes(b.path / "step_00000004" / f))
-          << f << ", bucket " << bucket;
-    }
+    expect_same_state(a.path / "step_00000004", b.path / "step_00000004",
+                      "bucket " + std::to_string(bucket));
   }
   TrainConfig off = tiny_config(4);
   off.mode = "offload";
@@ -243,9 +242,7 @@ TEST(Trainer, OffloadWithAccumulationResumesBitForBit) {
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(resumed.losses[std::size_t(i)], full.losses[std::size_t(3 + i)]);
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-    EXPECT_EQ(file_bytes(a.path / "step_00000006" / f), file_bytes(b.path / "step_00000006" / f));
-  }
+  expect_same_state(a.path / "step_00000006", b.path / "step_00000006");
 }
 
 // A model whose whole training state exceeds --device-memory: resident mode is refused with the
@@ -314,9 +311,7 @@ TEST(Trainer, InjectedOverflowSkipsExactlyOneStepAndBacksOff) {
   EXPECT_EQ(s.skipped_steps, 1);
   const auto step = [&](int k) { return d.path / zo::ckpt::checkpoint_dir_name("step_", k); };
   // Step 3 changed nothing: weights and moments are those after step 2, byte for byte.
-  EXPECT_EQ(file_bytes(step(2) / "model.safetensors"), file_bytes(step(3) / "model.safetensors"));
-  EXPECT_EQ(file_bytes(step(2) / "optimizer.safetensors"),
-            file_bytes(step(3) / "optimizer.safetensors"));
+  expect_same_state(step(2), step(3));
   EXPECT_NE(file_bytes(step(3) / "model.safetensors"), file_bytes(step(4) / "model.safetensors"));
   auto scale_at = [&](int k) {
     return zo::train::read_trainer_state(step(k)).at("loss_scaler").at("scale").get<float>();

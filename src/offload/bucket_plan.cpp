@@ -9,7 +9,8 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
   if (options.target_bytes == 0 || options.grad_elem_bytes == 0) {
     throw std::invalid_argument("--bucket-size must be > 0");
   }
-  const std::size_t target = std::max<std::size_t>(1, options.target_bytes / options.grad_elem_bytes);
+  const std::size_t target =
+      std::max<std::size_t>(1, options.target_bytes / options.grad_elem_bytes);
   const auto& tensors = layout.tensors();
   const int L = layout.spec().n_layer;
   // When is a tensor complete? Blocks: their index; ln_f: right after the head, i.e. before
@@ -47,7 +48,8 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
     const int after = std::min(b.ready_after, L - 1);
     ready_[static_cast<std::size_t>(after + 1)].push_back(b.index);
   }
-  for (auto& r : ready_) std::sort(r.rbegin(), r.rend());
+  for (auto& r : ready_)
+    std::sort(r.rbegin(), r.rend());
 }
 
 const std::vector<std::size_t>& BucketPlan::ready_at(int after) const {

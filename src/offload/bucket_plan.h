@@ -17,7 +17,7 @@ namespace zo::offload {
 
 struct Bucket {
   std::size_t index = 0;
-  std::size_t begin = 0, end = 0;          // elements of the flat layout
+  std::size_t begin = 0, end = 0;                // elements of the flat layout
   std::size_t first_tensor = 0, end_tensor = 0;  // [first, end) into layout.tensors()
   // The Gpt::backward hook value after which this bucket is complete: a block index l (the
   // bucket's lowest block), or -1 (it holds wte, wpe: complete after the embedding backward).

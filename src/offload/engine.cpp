@@ -49,7 +49,6 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
   const std::size_t es = dtype_size(act), n = layout.size();
   const BucketPlan plan(layout, {c.bucket_bytes, es});
   EngineFootprint f;
-  f.device_params = n * es;
   for (const Bucket& b : plan.buckets())
     if (is_embedding(b)) f.device_grad_slots += b.size() * es;
   f.device_grad_slots += std::size_t(c.device_slots) * max_ring_bucket(plan) * es;
@@ -104,7 +103,7 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
     s.free = dev_.create_event();
     slots_.push_back(std::move(s));
   }
-  bucket_slot_.assign(nb, -1);
+  bucket_slot_.assign(nb, nullptr);
 
   const pinned::PinOptions pin = pin_options(dev_, cfg_);
   const int copies = cfg_.dpu ? 2 : 1;
@@ -192,27 +191,18 @@ void Engine::begin_micro_batch(int a) {
       ensure_uploaded(g);
   }
   micro_ = a;
-  std::fill(bucket_slot_.begin(), bucket_slot_.end(), -1);
+  std::fill(bucket_slot_.begin(), bucket_slot_.end(), nullptr);
   next_stream_ = static_cast<long>(plan_.buckets().size()) - 1;
 }
 
 void* Engine::slot_for(std::size_t b) {
-  if (bucket_slot_[b] >= 0) {
-    const long k = bucket_slot_[b];
-    const Slot& s = k < long(embed_slots_.size()) ? embed_slots_[std::size_t(k)]
-                                                  : slots_[std::size_t(k) - embed_slots_.size()];
-    return s.buf.data();
-  }
+  if (bucket_slot_[b] != nullptr) return bucket_slot_[b]->buf.data();
   const Bucket& bk = plan_.buckets()[b];
-  long index;
   Slot* s;
   if (is_embedding(bk)) {
-    index = static_cast<long>(b);  // embedding buckets come first in the layout
-    s = &embed_slots_.at(b);
+    s = &embed_slots_.at(b);  // embedding buckets come first in the layout
   } else {
-    const std::size_t k = next_slot_++ % slots_.size();
-    s = &slots_[k];
-    index = static_cast<long>(embed_slots_.size() + k);
+    s = &slots_[next_slot_++ % slots_.size()];
     if (s->bucket >= 0) {
       throw std::logic_error(
           "offload engine: every device gradient slot holds a bucket still "
@@ -223,7 +213,7 @@ void* Engine::slot_for(std::size_t b) {
   if (s->used) dev_.wait(compute_, *s->free);
   dev_.fill_zero(s->buf.data(), bk.size() * esize_, compute_);
   s->bucket = static_cast<long>(b);
-  bucket_slot_[b] = index;
+  bucket_slot_[b] = s;
   return s->buf.data();
 }
 
@@ -246,13 +236,11 @@ void Engine::complete_from(std::size_t offset) {
 
 void Engine::stream_bucket(std::size_t b) {
   const Bucket& bk = plan_.buckets()[b];
-  const long k = bucket_slot_[b];
-  if (k < 0) {
+  if (bucket_slot_[b] == nullptr) {
     throw std::logic_error("offload engine: bucket " + std::to_string(b) +
                            " is complete but backward never wrote it");
   }
-  Slot& s = k < long(embed_slots_.size()) ? embed_slots_[std::size_t(k)]
-                                          : slots_[std::size_t(k) - embed_slots_.size()];
+  Slot& s = *bucket_slot_[b];
   const std::size_t bytes = bk.size() * esize_;
   const std::size_t e = std::size_t(micro_) * plan_.buckets().size() + b;
   float* stat = stats_.as<float>() + 2 * b;

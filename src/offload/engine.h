@@ -47,7 +47,7 @@ struct EngineConfig {
 
 // Device and host bytes the engine allocates (for the planner; equals what it allocates).
 struct EngineFootprint {
-  std::size_t device_params = 0, device_grad_slots = 0, device_stats = 0;
+  std::size_t device_grad_slots = 0, device_stats = 0;  // parameters: n x act dtype
   std::size_t host_grads = 0;   // pinned landing buffer(s), act dtype (grad_accum == 1)
   std::size_t host_ring = 0;    // pinned accumulation ring (grad_accum > 1)
   std::size_t host_accum = 0;   // fp32 accumulators (grad_accum > 1)
@@ -137,8 +137,8 @@ class Engine final : public model::GradSink {
   std::vector<Slot> embed_slots_;  // one per embedding bucket (written first and last)
   std::vector<Slot> slots_;        // the ring every other bucket cycles through
   std::size_t next_slot_ = 0;
-  std::vector<long> bucket_slot_;  // bucket -> embed slot index, or embed count + ring index
-  long next_stream_ = -1;          // highest bucket not yet streamed this micro-batch
+  std::vector<Slot*> bucket_slot_;  // bucket -> its slot this micro-batch, or null
+  long next_stream_ = -1;           // highest bucket not yet streamed this micro-batch
   int micro_ = 0;
 
   // Host staging (two of each with DPU: the delayed update reads one while the next lands).

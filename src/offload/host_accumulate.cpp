@@ -1,6 +1,7 @@
 #include "offload/host_accumulate.h"
 
 #include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
 
 #include <cstdint>
@@ -14,17 +15,24 @@ namespace {
 
 template <class Load>
 double accumulate(float* acc, std::size_t n, bool first, bool want_sumsq, Load&& load) {
-  const std::size_t grain = cpu_adam::kChunkElements;
+  const tbb::blocked_range<std::size_t> all(0, n, cpu_adam::kChunkElements);
+  auto add = [&](std::size_t i) { return first ? load(i) : acc[i] + load(i); };
+  if (!want_sumsq) {
+    tbb::parallel_for(all, [&](const tbb::blocked_range<std::size_t>& r) {
+      for (std::size_t i = r.begin(); i < r.end(); ++i)
+        acc[i] = add(i);
+    });
+    return 0.0;
+  }
   return tbb::parallel_reduce(
-      tbb::blocked_range<std::size_t>(0, n, grain), 0.0,
+      all, 0.0,
       [&](const tbb::blocked_range<std::size_t>& r, double sum) {
         float part = 0.0f;  // a chunk in fp32, chunks in double: enough for a norm
         for (std::size_t i = r.begin(); i < r.end(); ++i) {
-          const float x = first ? load(i) : acc[i] + load(i);
-          acc[i] = x;
-          part += x * x;
+          acc[i] = add(i);
+          part += acc[i] * acc[i];
         }
-        return want_sumsq ? sum + double(part) : 0.0;
+        return sum + double(part);
       },
       std::plus<double>());
 }

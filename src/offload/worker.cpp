@@ -35,11 +35,6 @@ void SerialWorker::rethrow_if_failed() {
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
-bool SerialWorker::failed() {
-  std::lock_guard lock(mu_);
-  return error_ != nullptr;
-}
-
 void SerialWorker::loop() {
   std::unique_lock lock(mu_);
   for (;;) {

@@ -24,7 +24,6 @@ class SerialWorker {
   // Blocks until every posted job has run; rethrows the first error since the last report.
   void wait_idle();
   void rethrow_if_failed();
-  bool failed();
 
  private:
   void loop();

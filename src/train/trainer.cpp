@@ -467,15 +467,15 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       const offload::GradStats st = I.engine->finish_gradients();
       sumsq = st.sumsq;
       nonfinite = st.nonfinite;
+      I.stream->synchronize();  // the losses (queued after the last bucket)
     } else {
       float s = 0.0f;
       I.dev->fill_zero(I.norm.data(), 4, *I.stream);
       I.dev->sum_squares(I.norm.as<float>(), I.grads.data(), n, *I.stream);
       I.dev->copy_to_host(&s, I.norm.data(), 4, *I.stream);
-      I.stream->synchronize();
+      I.stream->synchronize();  // the norm and the losses
       sumsq = s;
     }
-    I.stream->synchronize();  // the losses
     const double wait_ms = ms_since(wait_t0);
 
     report::StepMetrics m;
