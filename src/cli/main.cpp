@@ -111,6 +111,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_flag("!--no-pin", c.pin, "offload: pageable instead of page-locked host buffers");
   t->add_option("--trace", c.trace, "write a Chrome trace-event JSON of the run (Perfetto)");
   t->add_option("--threads", c.threads, "host backend compute threads; 0 = all cores");
+  t->add_option("--comm-timeout", c.comm_timeout,
+                "data parallel: seconds a collective waits for the other ranks")
+      ->capture_default_str();
   t->add_option("--eval-every", c.eval_interval, "validation every N steps; 0 = at the end only");
   t->add_option("--eval-batches", c.eval_batches, "micro-batches per validation")
       ->capture_default_str();

@@ -50,6 +50,10 @@ class Communicator {
   // data (bytes) on every rank := root's data.
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // A new communicator over the same ranks with its own ordering of collectives (collective
+  // call). Threads that issue collectives concurrently (the engine's gradient and parameter
+  // streams) each use their own, so the ranks always agree on the order within each.
+  virtual std::unique_ptr<Communicator> duplicate() = 0;
 };
 
 // A communicator of one rank: every collective is a copy (or nothing).

@@ -39,11 +39,17 @@ struct MpiRuntime {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      // SERIALIZED: one thread at a time (the main loop; later the comm stream's thread).
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+      // MULTIPLE: the main loop and the engine's gradient and parameter streams (threads on the
+      // host backend) each issue collectives on their own communicator, concurrently.
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
         throw CommError("MPI_Init_thread failed: is this process started by mpirun?");
       }
       owned = true;
+      if (provided < MPI_THREAD_MULTIPLE) {
+        throw CommError(
+            "this MPI library does not support MPI_THREAD_MULTIPLE (concurrent collectives "
+            "from several threads); use Debian's OpenMPI (libopenmpi-dev)");
+      }
     }
   }
   ~MpiRuntime() {
@@ -75,10 +81,10 @@ int checked_count(std::size_t n, const char* what) {
 
 class MpiComm final : public Communicator {
  public:
-  explicit MpiComm(double timeout_s) : timeout_s_(timeout_s) {
+  MpiComm(double timeout_s, MPI_Comm parent) : timeout_s_(timeout_s) {
     if (!(timeout_s > 0.0)) throw std::invalid_argument("MPI communicator: timeout must be > 0");
     ensure_mpi();
-    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    check(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -157,6 +163,12 @@ class MpiComm final : public Communicator {
     run("barrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
+  std::unique_ptr<Communicator> duplicate() override {
+    // MPI_Comm_dup is blocking; a barrier with our timeout first makes sure every rank is here.
+    barrier();
+    return std::make_unique<MpiComm>(timeout_s_, comm_);
+  }
+
  private:
   void check(int code, const char* what) const {
     if (code != MPI_SUCCESS) {
@@ -220,7 +232,8 @@ bool mpi_available() {
 }
 
 std::unique_ptr<Communicator> make_mpi_comm(double timeout_s) {
-  return std::make_unique<MpiComm>(timeout_s);
+  ensure_mpi();
+  return std::make_unique<MpiComm>(timeout_s, MPI_COMM_WORLD);
 }
 
 #endif

@@ -23,6 +23,9 @@ class SingleProcessComm final : public Communicator {
     if (root != 0) throw std::invalid_argument("broadcast: root " + std::to_string(root) + " of 1");
   }
   void barrier() override {}
+  std::unique_ptr<Communicator> duplicate() override {
+    return std::make_unique<SingleProcessComm>();
+  }
 };
 
 }  // namespace

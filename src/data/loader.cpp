@@ -216,7 +216,21 @@ void DataLoader::restore(const nlohmann::json& state) {
     cursor = state.at("batches_served").get<uint64_t>();
     const nlohmann::json& was = state.at("config");
     const nlohmann::json now = config_json(config_);  // named: items() must not outlive it
+    // The cursor counts global batches: it means the same windows for any split of the global
+    // batch into ranks x rows (window(): global index = batch * B * ranks + row * ranks + rank),
+    // so a job may resume with another number of ranks if B x ranks is unchanged. The rank is
+    // this process's own; the state is the job's.
+    const auto global = [](const nlohmann::json& c) {
+      return c.at("batch_size").get<int64_t>() * c.at("world_size").get<int64_t>();
+    };
+    if (global(was) != global(now)) {
+      diffs.push_back("global batch (micro-batch x ranks): checkpoint " +
+                      was.at("batch_size").dump() + " x " + was.at("world_size").dump() +
+                      ", this run " + now.at("batch_size").dump() + " x " +
+                      now.at("world_size").dump());
+    }
     for (const auto& [key, value] : now.items()) {
+      if (key == "rank" || key == "batch_size" || key == "world_size") continue;
       if (!was.contains(key) || was[key] != value) {
         diffs.push_back(key + ": checkpoint " + (was.contains(key) ? was[key].dump() : "missing") +
                         ", this run " + value.dump());

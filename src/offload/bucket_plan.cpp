@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace zo::offload {
 
@@ -19,6 +20,10 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
     if (t.layer >= 0) return t.layer;
     return t.kind == model::TensorKind::kEmbedding ? -1 : L - 1;
   };
+  auto group = [&](const model::TensorInfo& t) {  // as Gpt::forward's before_read hook
+    if (t.layer >= 0) return t.layer;
+    return t.kind == model::TensorKind::kEmbedding ? -1 : L;
+  };
   std::size_t first = 0;  // first tensor of the bucket being built
   int ready = L;          // min over its tensors of complete_after
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -28,7 +33,8 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
     // Never mix the embeddings (complete last) with block tensors (complete earlier): such a
     // bucket would wait for the end of backward.
     const bool boundary =
-        !last && (complete_after(tensors[i]) == -1) != (complete_after(tensors[i + 1]) == -1);
+        !last && ((complete_after(tensors[i]) == -1) != (complete_after(tensors[i + 1]) == -1) ||
+                  (options.cut_at_groups && group(tensors[i]) != group(tensors[i + 1])));
     if (last || boundary || end - tensors[first].offset >= target) {
       Bucket bk;
       bk.index = buckets_.size();
@@ -64,6 +70,38 @@ const Bucket& BucketPlan::bucket_of(std::size_t offset) const {
                              [](std::size_t o, const Bucket& b) { return o < b.end; });
   if (it == buckets_.end()) throw std::out_of_range("BucketPlan::bucket_of: offset beyond layout");
   return *it;
+}
+
+std::vector<BucketShard> BucketPlan::shards(int rank, int ranks) const {
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    throw std::invalid_argument("bucket shards: rank " + std::to_string(rank) + " of " +
+                                std::to_string(ranks));
+  }
+  std::vector<BucketShard> out;
+  std::size_t local = 0;
+  for (const Bucket& b : buckets_) {
+    BucketShard s;
+    s.count = (b.size() + std::size_t(ranks) - 1) / std::size_t(ranks);
+    s.begin = b.begin + std::min(b.size(), s.count * std::size_t(rank));
+    s.end = b.begin + std::min(b.size(), s.count * std::size_t(rank + 1));
+    s.local = local;
+    local += s.end - s.begin;
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<OwnedRange> owned_ranges(const std::vector<BucketShard>& shards) {
+  std::vector<OwnedRange> owned;
+  for (const BucketShard& s : shards) {
+    if (s.end == s.begin) continue;
+    if (!owned.empty() && owned.back().end == s.begin) {  // adjacent: one range (one rank: all)
+      owned.back().end = s.end;
+    } else {
+      owned.push_back({s.begin, s.end, s.local});
+    }
+  }
+  return owned;
 }
 
 }  // namespace zo::offload

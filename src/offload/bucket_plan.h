@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "offload/host_optimizer.h"
 
 namespace zo::offload {
 
@@ -28,6 +29,17 @@ struct Bucket {
 struct BucketPlanOptions {
   std::size_t target_bytes = std::size_t{32} << 20;  // of 16-bit gradients per bucket
   std::size_t grad_elem_bytes = 2;
+  // Also cut where the upload groups (embeddings, each block, ln_f) meet, so every bucket lies
+  // in one group: data parallelism all-gathers a group's parameters bucket by bucket.
+  bool cut_at_groups = false;
+};
+
+// Data parallel: bucket b splits into `ranks` shards of ceil(size / ranks) elements (the last
+// ones padded with zeros for the collectives); rank r owns layout elements [begin, end) of it.
+struct BucketShard {
+  std::size_t count = 0;           // padded shard length: reduce-scatter / all-gather count
+  std::size_t begin = 0, end = 0;  // owned layout elements (end - begin <= count; may be empty)
+  std::size_t local = 0;           // where they sit in the rank's local arrays
 };
 
 class BucketPlan {
@@ -40,11 +52,17 @@ class BucketPlan {
   const std::vector<std::size_t>& ready_at(int after) const;
   // Bucket holding element `offset` of the layout.
   const Bucket& bucket_of(std::size_t offset) const;
+  // Rank `rank` of `ranks`: its shard of every bucket, in bucket order, local offsets ascending.
+  std::vector<BucketShard> shards(int rank, int ranks) const;
 
  private:
   std::vector<Bucket> buckets_;
   std::vector<std::vector<std::size_t>> ready_;  // [after + 1]
   std::size_t max_elements_ = 0;
 };
+
+// The optimizer partition of a rank: its non-empty shards as owned ranges, adjacent ones merged
+// (a single rank owns one range, the whole layout).
+std::vector<OwnedRange> owned_ranges(const std::vector<BucketShard>& shards);
 
 }  // namespace zo::offload

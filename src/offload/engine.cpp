@@ -28,11 +28,29 @@ pinned::PinOptions pin_options(const dev::Device& d, const EngineConfig& c) {
   return o;
 }
 
-std::size_t max_ring_bucket(const BucketPlan& plan) {
+// Largest padded bucket (ranks x shard count) among those cycling through the ring, and the
+// largest shard count of any bucket.
+std::size_t max_ring_bucket(const BucketPlan& plan, const std::vector<BucketShard>& shards,
+                            int ranks) {
   std::size_t m = 0;
   for (const Bucket& b : plan.buckets())
-    if (!is_embedding(b)) m = std::max(m, b.size());
+    if (!is_embedding(b)) m = std::max(m, std::size_t(ranks) * shards[b.index].count);
   return m;
+}
+std::size_t max_shard(const std::vector<BucketShard>& shards) {
+  std::size_t m = 0;
+  for (const BucketShard& s : shards)
+    m = std::max(m, s.count);
+  return m;
+}
+std::size_t max_owned(const std::vector<BucketShard>& shards) {
+  std::size_t m = 0;
+  for (const BucketShard& s : shards)
+    m = std::max(m, s.end - s.begin);
+  return m;
+}
+std::size_t local_size(const std::vector<BucketShard>& shards) {
+  return shards.empty() ? 0 : shards.back().local + shards.back().end - shards.back().begin;
 }
 
 std::vector<std::unique_ptr<dev::Event>> make_events(dev::Device& d, std::size_t n) {
@@ -44,18 +62,35 @@ std::vector<std::unique_ptr<dev::Event>> make_events(dev::Device& d, std::size_t
 
 }  // namespace
 
+BucketPlan engine_bucket_plan(const model::ParameterLayout& layout, DType act,
+                              const EngineConfig& c) {
+  return BucketPlan(layout, {c.bucket_bytes, dtype_size(act), c.ranks > 1});
+}
+
+std::vector<OwnedRange> engine_partition(const model::ParameterLayout& layout, DType act,
+                                         const EngineConfig& c) {
+  return owned_ranges(engine_bucket_plan(layout, act, c).shards(c.rank, c.ranks));
+}
+
 EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
                                  const EngineConfig& c) {
-  const std::size_t es = dtype_size(act), n = layout.size();
-  const BucketPlan plan(layout, {c.bucket_bytes, es});
+  const std::size_t es = dtype_size(act), R = std::size_t(c.ranks);
+  const BucketPlan plan = engine_bucket_plan(layout, act, c);
+  const std::vector<BucketShard> shards = plan.shards(c.rank, c.ranks);
+  const std::size_t n = local_size(shards);
   EngineFootprint f;
-  for (const Bucket& b : plan.buckets())
-    if (is_embedding(b)) f.device_grad_slots += b.size() * es;
-  f.device_grad_slots += std::size_t(c.device_slots) * max_ring_bucket(plan) * es;
+  std::size_t slots = std::size_t(c.device_slots);
+  for (const Bucket& b : plan.buckets()) {
+    if (!is_embedding(b)) continue;
+    f.device_grad_slots += R * shards[b.index].count * es;
+    if (R > 1) f.device_comm += shards[b.index].count * es;
+  }
+  f.device_grad_slots += slots * max_ring_bucket(plan, shards, c.ranks) * es;
+  if (R > 1) f.device_comm += (slots + 1 + R) * max_shard(shards) * es;
   f.device_stats = plan.buckets().size() * 2 * sizeof(float);
   const std::size_t copies = c.dpu ? 2 : 1;
   if (c.grad_accum > 1) {
-    f.host_ring = std::size_t(c.host_slots) * plan.max_bucket_elements() * es;
+    f.host_ring = std::size_t(c.host_slots) * max_owned(shards) * es;
     f.host_accum = copies * n * sizeof(float);
   } else {
     f.host_grads = copies * n * es;
@@ -65,21 +100,33 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
 }
 
 Engine::Engine(dev::Device& device, dev::Stream& compute, const model::ParameterLayout& layout,
-               HostOptimizer& optimizer, const EngineConfig& config, report::Trace* trace)
+               HostOptimizer& optimizer, const EngineConfig& config, report::Trace* trace,
+               comm::Communicator* comm)
     : dev_(device),
       compute_(compute),
       layout_(layout),
       opt_(optimizer),
       cfg_(config),
       trace_(trace),
-      plan_(layout, {config.bucket_bytes, dtype_size(device.act_dtype())}),
+      plan_(engine_bucket_plan(layout, device.act_dtype(), config)),
       act_(device.act_dtype()),
-      esize_(dtype_size(act_)) {
+      esize_(dtype_size(act_)),
+      shards_(plan_.shards(config.rank, config.ranks)),
+      comm_(comm) {
   if (cfg_.grad_accum < 1) throw std::invalid_argument("offload engine: grad_accum must be >= 1");
   if (cfg_.device_slots < 2 || cfg_.host_slots < 1) {
     throw std::invalid_argument("offload engine: need >= 2 device slots and >= 1 host slot");
   }
-  const std::size_t n = layout.size(), nb = plan_.buckets().size();
+  if (parallel() &&
+      (comm_ == nullptr || comm_->size() != cfg_.ranks || comm_->rank() != cfg_.rank)) {
+    throw std::invalid_argument("offload engine: config.ranks > 1 needs the job's communicator");
+  }
+  if (opt_.owned() != owned_ranges(shards_)) {
+    throw std::invalid_argument(
+        "offload engine: the optimizer does not hold this rank's partition (engine_partition)");
+  }
+  const std::size_t n = layout.size(), nl = opt_.size(), nb = plan_.buckets().size();
+  const std::size_t R = std::size_t(cfg_.ranks);
   const int L = layout.spec().n_layer;
   groups_.push_back({0, layout.block_begin(0)});
   for (int l = 0; l < L; ++l)
@@ -92,32 +139,34 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
   stats_ = dev_.alloc(nb * 2 * sizeof(float), "bucket norms and overflow flags");
   for (const Bucket& b : plan_.buckets()) {
     if (!is_embedding(b)) continue;
-    Slot s;
-    s.buf = dev_.alloc(b.size() * esize_, "embedding gradient bucket");
-    s.free = dev_.create_event();
-    embed_slots_.push_back(std::move(s));
+    embed_slots_.push_back(make_slot(R * shards_[b.index].count, "embedding gradient bucket"));
   }
-  for (int k = 0; k < cfg_.device_slots; ++k) {
-    Slot s;
-    s.buf = dev_.alloc(max_ring_bucket(plan_) * esize_, "gradient bucket slot");
-    s.free = dev_.create_event();
-    slots_.push_back(std::move(s));
-  }
+  for (int k = 0; k < cfg_.device_slots; ++k)
+    slots_.push_back(
+        make_slot(max_ring_bucket(plan_, shards_, cfg_.ranks), "gradient bucket slot"));
   bucket_slot_.assign(nb, nullptr);
+  if (parallel()) {
+    // Gradients and parameters flow on different streams: one communicator each.
+    grad_comm_ = comm::make_stream_comm(dev_, *comm_);
+    param_comm_ = comm::make_stream_comm(dev_, *comm_);
+    gather_in_ = dev_.alloc(max_shard(shards_) * esize_, "parameter shard for the all-gather");
+    gather_out_ = dev_.alloc(R * max_shard(shards_) * esize_, "all-gathered parameters");
+    dev_.fill_zero(gather_in_.data(), gather_in_.bytes(), *h2d_);  // the padding is never garbage
+  }
 
   const pinned::PinOptions pin = pin_options(dev_, cfg_);
   const int copies = cfg_.dpu ? 2 : 1;
   if (cfg_.grad_accum > 1) {
     ring_ = std::make_unique<pinned::BucketRing>(std::size_t(cfg_.host_slots),
-                                                 plan_.max_bucket_elements() * esize_, pin);
+                                                 max_owned(shards_) * esize_, pin);
     ring_events_ = make_events(dev_, std::size_t(cfg_.host_slots));
     for (int k = 0; k < copies; ++k)
-      accum_[k] = pinned::HostBuffer::allocate_array<float>(n, {}, cpu_adam::kChunkElements);
+      accum_[k] = pinned::HostBuffer::allocate_array<float>(nl, {}, cpu_adam::kChunkElements);
   } else {
     for (int k = 0; k < copies; ++k)
-      host_grads_[k] = pinned::PinnedBuffer(n * esize_, pin);
+      host_grads_[k] = pinned::PinnedBuffer(nl * esize_, pin);
   }
-  if (act_ != DType::kF32) upload_ = pinned::PinnedBuffer(n * esize_, pin);
+  if (act_ != DType::kF32) upload_ = pinned::PinnedBuffer(nl * esize_, pin);
   stats_host_ = pinned::PinnedBuffer(nb * 2 * sizeof(float), pin);
 
   const std::size_t copies_per_step = std::size_t(cfg_.grad_accum) * nb;
@@ -158,15 +207,20 @@ Engine::~Engine() {
   }
 }
 
+Engine::Slot Engine::make_slot(std::size_t elements, const char* what) {
+  Slot s;
+  s.buf = dev_.alloc(elements * esize_, what);
+  if (parallel()) s.shard = dev_.alloc(elements / std::size_t(cfg_.ranks) * esize_, what);
+  s.free = dev_.create_event();
+  return s;
+}
+
 void Engine::upload_all() {
   drain();
-  const std::size_t n = layout_.size();
-  const void* src = opt_.master().data();
-  if (act_ != DType::kF32) {
-    convert_from_float(opt_.master().data(), upload_.data(), act_, n);
-    src = upload_.data();
-  }
-  dev_.copy_to_device(params_.data(), src, n * esize_, *h2d_);
+  if (act_ != DType::kF32)
+    convert_from_float(opt_.master().data(), upload_.data(), act_, opt_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    enqueue_upload(g);
   h2d_->synchronize();
 }
 
@@ -209,9 +263,10 @@ void* Engine::slot_for(std::size_t b) {
           "being written; raise EngineConfig::device_slots");
     }
   }
-  // The copy that last read this slot must finish before it is zeroed for this bucket.
+  // The copy that last read this slot must finish before it is zeroed for this bucket (padding
+  // included: the reduce-scatter reads it).
   if (s->used) dev_.wait(compute_, *s->free);
-  dev_.fill_zero(s->buf.data(), bk.size() * esize_, compute_);
+  dev_.fill_zero(s->buf.data(), std::size_t(cfg_.ranks) * shards_[b].count * esize_, compute_);
   s->bucket = static_cast<long>(b);
   bucket_slot_[b] = s;
   return s->buf.data();
@@ -235,33 +290,38 @@ void Engine::complete_from(std::size_t offset) {
 }
 
 void Engine::stream_bucket(std::size_t b) {
-  const Bucket& bk = plan_.buckets()[b];
   if (bucket_slot_[b] == nullptr) {
     throw std::logic_error("offload engine: bucket " + std::to_string(b) +
                            " is complete but backward never wrote it");
   }
   Slot& s = *bucket_slot_[b];
-  const std::size_t bytes = bk.size() * esize_;
+  const BucketShard& sh = shards_[b];
+  const std::size_t count = sh.end - sh.begin, bytes = count * esize_;  // this rank's part
   const std::size_t e = std::size_t(micro_) * plan_.buckets().size() + b;
   float* stat = stats_.as<float>() + 2 * b;
   dev_.record(*bucket_ready_, compute_);
   dev_.wait(*d2h_, *bucket_ready_);
   dev_.record(*copy_begin_[e], *d2h_);
+  const void* grads = s.buf.data();
+  if (parallel()) {  // sum over ranks; this rank keeps its shard
+    grad_comm_->reduce_scatter(s.buf.data(), s.shard.data(), sh.count, act_, *d2h_);
+    grads = s.shard.data();
+  }
   // The norm of a single micro-batch is the step's norm; with accumulation the host computes it.
-  if (cfg_.grad_accum == 1) dev_.sum_squares(stat, s.buf.data(), bk.size(), *d2h_);
-  dev_.nonfinite_flag(stat + 1, s.buf.data(), bk.size(), *d2h_);
+  if (cfg_.grad_accum == 1) dev_.sum_squares(stat, grads, count, *d2h_);
+  dev_.nonfinite_flag(stat + 1, grads, count, *d2h_);
   if (cfg_.grad_accum == 1) {
-    char* dst = static_cast<char*>(host_grads_[buf_].data()) + bk.begin * esize_;
-    dev_.copy_to_host(dst, s.buf.data(), bytes, *d2h_);
+    char* dst = static_cast<char*>(host_grads_[buf_].data()) + sh.local * esize_;
+    dev_.copy_to_host(dst, grads, bytes, *d2h_);
   } else {
     // Blocks while every ring slot is still being accumulated: back-pressure on the producer.
     auto slot = std::make_shared<pinned::BucketRing::Slot>(ring_->acquire());
-    dev_.copy_to_host(slot->data(), s.buf.data(), bytes, *d2h_);
+    dev_.copy_to_host(slot->data(), grads, bytes, *d2h_);
     dev::Event& copied = *ring_events_[slot->index()];
     dev_.record(copied, *d2h_);
-    float* acc = accum_[buf_].span<float>().data() + bk.begin;
+    float* acc = accum_[buf_].span<float>().data() + sh.local;
     const bool first = micro_ == 0, last = micro_ + 1 == cfg_.grad_accum;
-    accumulator_->post([this, slot, &copied, acc, n = bk.size(), first, last] {
+    accumulator_->post([this, slot, &copied, acc, n = count, first, last] {
       copied.synchronize();
       const double sumsq = accumulate_grads(acc, slot->data(), act_, n, first, last);
       if (last) {
@@ -284,7 +344,8 @@ GradStats Engine::finish_gradients() {
   const std::size_t nb = plan_.buckets().size();
   dev_.copy_to_host(stats_host_.data(), stats_.data(), nb * 2 * sizeof(float), *d2h_);
   dev_.record(*stats_ready_, *d2h_);
-  stats_ready_->synchronize();
+  // The stream, not just the event: it rethrows a failed collective (a rank died or diverged).
+  d2h_->synchronize();
   const auto device_done = Clock::now();
   GradStats st;
   const auto stats = stats_host_.span<float>();
@@ -299,6 +360,15 @@ GradStats Engine::finish_gradients() {
         std::chrono::duration<double, std::milli>(Clock::now() - device_done).count();
     std::lock_guard lock(accum_mu_);
     st.sumsq = accum_sumsq_;
+  }
+  if (parallel()) {  // this rank's shards -> the whole gradient (one small all-reduce)
+    double v[2] = {st.sumsq, st.nonfinite ? 1.0 : 0.0};
+    comm_->all_reduce(v, 2, comm::ReduceOp::kSum);
+    st.sumsq = v[0];
+    st.nonfinite = v[1] != 0.0;
+    // Every upload enqueued so far is done (this step's forward waited for each group), so this
+    // costs nothing; a failed all-gather among them surfaces here.
+    h2d_->synchronize();
   }
   st.nonfinite = st.nonfinite || !std::isfinite(st.sumsq);
   // Before any new upload re-records the upload events this reads.
@@ -333,7 +403,7 @@ void Engine::start_update(float lr, float grad_multiplier) {
 }
 
 void Engine::run_update(std::int64_t t, float lr, float mult, int hb) {
-  const std::size_t n = layout_.size();
+  const std::size_t n = opt_.size();
   const cpu_adam::ConstArrayView grads =
       cfg_.grad_accum > 1 ? cpu_adam::ConstArrayView{accum_[hb].data(), n, DType::kF32}
                           : cpu_adam::ConstArrayView{host_grads_[hb].data(), n, act_};
@@ -379,13 +449,7 @@ void Engine::ensure_uploaded(std::size_t g) {
     dev_.wait(*h2d_, *bwd_done_);
     h2d_waited_bwd_ = true;
   }
-  const Group& gr = groups_[g];
-  const char* src = act_ == DType::kF32 ? reinterpret_cast<const char*>(opt_.master().data())
-                                        : static_cast<const char*>(upload_.data());
-  dev_.record(*up_begin_[g], *h2d_);
-  dev_.copy_to_device(static_cast<char*>(params_.data()) + gr.begin * esize_,
-                      src + gr.begin * esize_, (gr.end - gr.begin) * esize_, *h2d_);
-  dev_.record(*up_end_[g], *h2d_);
+  enqueue_upload(g);
   uploaded_[g] = 1;
   up_recorded_[g] = 1;
   waited_[g] = 0;
@@ -393,6 +457,31 @@ void Engine::ensure_uploaded(std::size_t g) {
     pending_ = false;
     uploads_to_time_ = true;
   }
+}
+
+void Engine::enqueue_upload(std::size_t g) {
+  const Group& gr = groups_[g];
+  // The new parameters in local order: master itself (fp32) or its 16-bit copy.
+  const char* src = act_ == DType::kF32 ? reinterpret_cast<const char*>(opt_.master().data())
+                                        : static_cast<const char*>(upload_.data());
+  char* params = static_cast<char*>(params_.data());
+  dev_.record(*up_begin_[g], *h2d_);
+  if (!parallel()) {  // local order is the layout
+    dev_.copy_to_device(params + gr.begin * esize_, src + gr.begin * esize_,
+                        (gr.end - gr.begin) * esize_, *h2d_);
+  } else {
+    // Bucket by bucket (buckets are cut at groups): this rank's shard up, all ranks' shards
+    // gathered, the bucket's elements (not the padding) into place.
+    for (const Bucket& b : plan_.buckets()) {
+      if (b.begin < gr.begin || b.begin >= gr.end) continue;
+      const BucketShard& sh = shards_[b.index];
+      dev_.copy_to_device(gather_in_.data(), src + sh.local * esize_, (sh.end - sh.begin) * esize_,
+                          *h2d_);
+      param_comm_->all_gather(gather_in_.data(), gather_out_.data(), sh.count, act_, *h2d_);
+      dev_.copy_on_device(params + b.begin * esize_, gather_out_.data(), b.size() * esize_, *h2d_);
+    }
+  }
+  dev_.record(*up_end_[g], *h2d_);
 }
 
 void Engine::before_read(int hook) {
@@ -430,7 +519,7 @@ void Engine::collect_times(double accumulate_tail_ms) {
       if (trace_ && trace_->enabled()) {
         trace_->span("d2h", "bucket " + std::to_string(b), clock_.us(*copy_begin_[e]),
                      clock_.us(*copy_end_[e]),
-                     {{"micro_batch", a}, {"bytes", plan_.buckets()[b].size() * esize_}});
+                     {{"micro_batch", a}, {"bytes", (shards_[b].end - shards_[b].begin) * esize_}});
       }
     }
   }

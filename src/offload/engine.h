@@ -12,6 +12,12 @@
 // With DPU (ZeRO-Offload §5.2, arXiv 2101.06840) the update of step t runs while step t+1's
 // forward and backward run on parameters one step stale; its uploads wait for that backward.
 // The engine is backend-agnostic: on the host backend streams are threads, so CI runs all of it.
+//
+// Data parallel (ZeRO-2 with offload, docs/scale_out.md): every bucket is reduce-scattered on
+// the d2h stream before its copy, so only this rank's shard goes to the host; the optimizer
+// holds only this rank's shards; an upload copies the rank's shard of each bucket of a group
+// and all-gathers the group's parameters on the h2d stream. Norm and overflow flag are summed
+// over ranks in finish_gradients (one small all-reduce).
 #pragma once
 
 #include <condition_variable>
@@ -21,6 +27,8 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/comm.h"
+#include "comm/stream_comm.h"
 #include "device/device.h"
 #include "device/event_clock.h"
 #include "model/gpt.h"
@@ -38,16 +46,25 @@ struct EngineConfig {
   // Gradient bytes per bucket (act dtype). 32 MiB: large enough that a copy runs at full PCIe
   // bandwidth, small enough that the last bucket's copy adds little after backward.
   std::size_t bucket_bytes = std::size_t{32} << 20;
-  int grad_accum = 1;    // micro-batches per step; > 1 accumulates on the host in fp32
-  bool pin = true;       // page-lock host staging buffers (off: pageable, copies not async)
-  int device_slots = 3;  // device ring of bucket-sized gradient slots (>= 2)
-  int host_slots = 4;    // pinned ring for accumulation (grad_accum > 1)
-  bool dpu = false;      // allocate for delayed updates (begin_step(true) delays a step)
+  int grad_accum = 1;       // micro-batches per step; > 1 accumulates on the host in fp32
+  bool pin = true;          // page-lock host staging buffers (off: pageable, copies not async)
+  int device_slots = 3;     // device ring of bucket-sized gradient slots (>= 2)
+  int host_slots = 4;       // pinned ring for accumulation (grad_accum > 1)
+  bool dpu = false;         // allocate for delayed updates (begin_step(true) delays a step)
+  int ranks = 1, rank = 0;  // data parallel: the job's ranks and this one
 };
+
+// The bucket plan the engine uses (buckets cut at group boundaries when ranks > 1) and this
+// rank's optimizer partition under it; the HostOptimizer must be built with the latter.
+BucketPlan engine_bucket_plan(const model::ParameterLayout& layout, DType act,
+                              const EngineConfig& config);
+std::vector<OwnedRange> engine_partition(const model::ParameterLayout& layout, DType act,
+                                         const EngineConfig& config);
 
 // Device and host bytes the engine allocates (for the planner; equals what it allocates).
 struct EngineFootprint {
   std::size_t device_grad_slots = 0, device_stats = 0;  // parameters: n x act dtype
+  std::size_t device_comm = 0;  // data parallel: shard slots and the all-gather buffers
   std::size_t host_grads = 0;   // pinned landing buffer(s), act dtype (grad_accum == 1)
   std::size_t host_ring = 0;    // pinned accumulation ring (grad_accum > 1)
   std::size_t host_accum = 0;   // fp32 accumulators (grad_accum > 1)
@@ -74,8 +91,11 @@ class Engine final : public model::GradSink {
  public:
   // Allocates the device parameters, gradient slots and host staging. `compute` is the stream
   // forward and backward run on. The optimizer's master weights are the source of truth.
+  // config.ranks > 1 needs `comm` (config.ranks ranks; a collective call: every rank builds its
+  // engine at the same point) and an optimizer over engine_partition().
   Engine(dev::Device& device, dev::Stream& compute, const model::ParameterLayout& layout,
-         HostOptimizer& optimizer, const EngineConfig& config, report::Trace* trace = nullptr);
+         HostOptimizer& optimizer, const EngineConfig& config, report::Trace* trace = nullptr,
+         comm::Communicator* comm = nullptr);
   ~Engine() override;  // waits for in-flight work; never throws
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -108,15 +128,19 @@ class Engine final : public model::GradSink {
   struct Group {  // an upload unit: embeddings, block l, or ln_f
     std::size_t begin, end;
   };
-  struct Slot {  // a device gradient slot
-    dev::Buffer buf;
+  struct Slot {                        // a device gradient slot
+    dev::Buffer buf;                   // a bucket, padded to ranks x shard count
+    dev::Buffer shard;                 // data parallel: this rank's reduced shard
     std::unique_ptr<dev::Event> free;  // the last copy out of it completed
     bool used = false;                 // `free` has been recorded
     long bucket = -1;                  // bucket it holds until streamed, -1 none
   };
 
+  bool parallel() const { return cfg_.ranks > 1; }
+  Slot make_slot(std::size_t elements, const char* what);
   void* slot_for(std::size_t bucket);
   void stream_bucket(std::size_t bucket);
+  void enqueue_upload(std::size_t group);
   void run_update(std::int64_t t, float lr, float mult, int host_buf);  // on the Adam thread
   void ensure_uploaded(std::size_t group);
   void collect_times(double accumulate_tail_ms);
@@ -130,7 +154,12 @@ class Engine final : public model::GradSink {
   BucketPlan plan_;
   DType act_;
   std::size_t esize_;
-  std::vector<Group> groups_;  // [0] embeddings, [1 + l] block l, [L + 1] ln_f
+  std::vector<BucketShard> shards_;  // per bucket: this rank's part (the bucket with one rank)
+  std::vector<Group> groups_;        // [0] embeddings, [1 + l] block l, [L + 1] ln_f
+  comm::Communicator* comm_;
+  std::unique_ptr<comm::StreamComm> grad_comm_, param_comm_;  // on d2h_, h2d_
+  dev::Buffer gather_in_,
+      gather_out_;  // (count), (ranks, count) act dtype: one bucket's all-gather
   std::unique_ptr<dev::Stream> d2h_, h2d_;
   dev::Buffer params_;             // (n) act dtype
   dev::Buffer stats_;              // (buckets, 2) fp32: sum of squares, non-finite flag
@@ -141,7 +170,8 @@ class Engine final : public model::GradSink {
   long next_stream_ = -1;           // highest bucket not yet streamed this micro-batch
   int micro_ = 0;
 
-  // Host staging (two of each with DPU: the delayed update reads one while the next lands).
+  // Host staging, in local order (this rank's shards; the layout with one rank). Two of each
+  // with DPU: the delayed update reads one while the next lands.
   pinned::PinnedBuffer host_grads_[2];                    // grad_accum == 1: act dtype (n)
   std::unique_ptr<pinned::BucketRing> ring_;              // grad_accum > 1: buckets to accumulate
   std::vector<std::unique_ptr<dev::Event>> ring_events_;  // per ring slot: copy landed

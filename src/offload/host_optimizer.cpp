@@ -23,10 +23,26 @@ cpu_adam::ConstArrayView slice(cpu_adam::ConstArrayView a, std::size_t b, std::s
 
 }  // namespace
 
-HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const OptimizerConfig& config)
-    : n_(layout.size()), config_(config), adam_(config.adam, adam_options(config.threads)) {
+HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const OptimizerConfig& config,
+                             std::vector<OwnedRange> owned)
+    : n_(0),
+      layout_n_(layout.size()),
+      owned_(std::move(owned)),
+      config_(config),
+      adam_(config.adam, adam_options(config.threads)) {
   if (config.state_dtype != DType::kF32 && config.state_dtype != DType::kBF16) {
     throw std::invalid_argument("--optimizer-state must be fp32 or bf16");
+  }
+  if (owned_.empty()) owned_.push_back({0, layout_n_, 0});
+  std::size_t prev_end = 0;
+  for (const OwnedRange& o : owned_) {
+    if (o.begin >= o.end || o.begin < prev_end || o.end > layout_n_ || o.local != n_) {
+      throw std::invalid_argument(
+          "HostOptimizer: owned ranges must be ascending, disjoint, "
+          "non-empty, inside the layout and stored back to back");
+    }
+    prev_end = o.end;
+    n_ += o.end - o.begin;
   }
   const std::size_t state_bytes = dtype_size(config.state_dtype);
   // First touch in the optimizer's own threads so pages sit on the updating thread's node.
@@ -50,7 +66,7 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
 cpu_adam::StepResult HostOptimizer::step(cpu_adam::ConstArrayView grads, float lr,
                                          float grad_multiplier, cpu_adam::ArrayView params_out) {
   const std::int64_t t = state_.step + 1;
-  const auto result = update_range(0, n_, grads, t, lr, grad_multiplier, params_out);
+  const auto result = update_range(0, layout_n_, grads, t, lr, grad_multiplier, params_out);
   state_.step = t;
   return result;
 }
@@ -62,23 +78,31 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
   if (grads.size != n_ || (params_out.data != nullptr && params_out.size != n_)) {
     throw std::invalid_argument("HostOptimizer: gradient or output size differs from the model's");
   }
-  if (begin > end || end > n_) throw std::out_of_range("HostOptimizer::update_range: bad range");
+  if (begin > end || end > layout_n_) {
+    throw std::out_of_range("HostOptimizer::update_range: bad range");
+  }
   cpu_adam::StepResult result{false, true};
-  for (const Run& run : runs_) {
-    const std::size_t b = std::max(run.begin, begin), e = std::min(run.end, end);
-    if (b >= e) continue;
-    cpu_adam::AdamConfig c = config_.adam;
-    c.lr = lr;
-    if (!run.decay) c.weight_decay = 0.0f;
-    adam_.set_config(c);
-    cpu_adam::AdamBuffers buf;
-    buf.params = master().subspan(b, e - b);
-    buf.exp_avg = slice(exp_avg(), b, e);
-    buf.exp_avg_sq = slice(exp_avg_sq(), b, e);
-    buf.grads = slice(grads, b, e);
-    buf.params_out = slice(params_out, b, e);
-    const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
-    result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+  for (const OwnedRange& o : owned_) {
+    if (o.end <= begin) continue;
+    if (o.begin >= end) break;
+    for (const Run& run : runs_) {
+      const std::size_t lb = std::max({run.begin, begin, o.begin});
+      const std::size_t le = std::min({run.end, end, o.end});
+      if (lb >= le) continue;
+      const std::size_t b = o.local + (lb - o.begin), e = b + (le - lb);  // local elements
+      cpu_adam::AdamConfig c = config_.adam;
+      c.lr = lr;
+      if (!run.decay) c.weight_decay = 0.0f;
+      adam_.set_config(c);
+      cpu_adam::AdamBuffers buf;
+      buf.params = master().subspan(b, e - b);
+      buf.exp_avg = slice(exp_avg(), b, e);
+      buf.exp_avg_sq = slice(exp_avg_sq(), b, e);
+      buf.grads = slice(grads, b, e);
+      buf.params_out = slice(params_out, b, e);
+      const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+      result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+    }
   }
   return result;
 }

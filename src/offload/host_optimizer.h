@@ -1,8 +1,13 @@
 // The host side of training: fp32 master weights and Adam moments in NUMA-placed host memory,
 // updated by cpu_adam with per-tensor weight decay (decay and no-decay tensors interleave in the
 // forward-order layout, so the update runs over maximal runs of equal decay).
+//
+// Data parallel (ZeRO-2 with offload, docs/scale_out.md): a rank owns a partition of the layout,
+// a list of ranges stored back to back in its arrays ("local" order), so master, m and v take
+// 1/ranks of the host memory. A single process owns one range, the whole layout, at local 0.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -20,24 +25,43 @@ struct OptimizerConfig {
   int threads = 0;                  // 0: all cores
 };
 
+// Layout elements [begin, end) stored at [local, local + end - begin) of the rank's arrays.
+struct OwnedRange {
+  std::size_t begin = 0, end = 0, local = 0;
+  bool operator==(const OwnedRange&) const = default;
+};
+
 class HostOptimizer {
  public:
-  HostOptimizer(const model::ParameterLayout& layout, const OptimizerConfig& config);
+  // owned: ascending, disjoint, non-empty ranges with local offsets 0, 1st size, ...; empty
+  // means the whole layout.
+  HostOptimizer(const model::ParameterLayout& layout, const OptimizerConfig& config,
+                std::vector<OwnedRange> owned = {});
 
-  std::size_t size() const { return n_; }
+  std::size_t size() const { return n_; }  // owned elements (the whole layout: layout size)
+  std::size_t layout_size() const { return layout_n_; }
+  bool owns_all() const { return n_ == layout_n_; }
+  const std::vector<OwnedRange>& owned() const { return owned_; }
+  // local (size()) := the owned elements of full (layout_size()).
+  template <class T>
+  void take_owned(const T* full, T* local) const {
+    for (const OwnedRange& o : owned_)
+      std::copy(full + o.begin, full + o.end, local + o.local);
+  }
+
   std::span<float> master() { return master_.span<float>(); }
   cpu_adam::ArrayView exp_avg() { return {m_.data(), n_, config_.state_dtype}; }
   cpu_adam::ArrayView exp_avg_sq() { return {v_.data(), n_, config_.state_dtype}; }
   cpu_adam::AdamState& state() { return state_; }
   const OptimizerConfig& config() const { return config_; }
 
-  // One update of every parameter from grads (n, any dtype): t = state().step + 1. If params_out
-  // has data, the new params are also written there in its 16-bit dtype.
+  // One update of every owned parameter from grads (size(), any dtype): t = state().step + 1. If
+  // params_out has data, the new params are also written there in its 16-bit dtype.
   cpu_adam::StepResult step(cpu_adam::ConstArrayView grads, float lr, float grad_multiplier,
                             cpu_adam::ArrayView params_out = {});
-  // Update number t over layout elements [begin, end) only, without touching state().step: the
-  // offload engine updates group by group, every group with the same t. grads and params_out
-  // are whole (n) arrays. Call from one thread at a time.
+  // Update number t over the owned elements of layout range [begin, end) only, without touching
+  // state().step: the offload engine updates group by group, every group with the same t. grads
+  // and params_out are whole local (size()) arrays. Call from one thread at a time.
   cpu_adam::StepResult update_range(std::size_t begin, std::size_t end,
                                     cpu_adam::ConstArrayView grads, std::int64_t t, float lr,
                                     float grad_multiplier, cpu_adam::ArrayView params_out = {});
@@ -51,7 +75,8 @@ class HostOptimizer {
   const std::vector<Run>& runs() const { return runs_; }
 
  private:
-  std::size_t n_;
+  std::size_t n_, layout_n_;
+  std::vector<OwnedRange> owned_;
   OptimizerConfig config_;
   cpu_adam::CpuAdam adam_;
   pinned::HostBuffer master_, m_, v_;

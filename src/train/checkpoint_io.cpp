@@ -1,5 +1,9 @@
 #include "train/checkpoint_io.h"
 
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
@@ -7,20 +11,188 @@
 
 namespace zo::train {
 namespace fs = std::filesystem;
+namespace {
+
+const char* const kMoments[2] = {"exp_avg", "exp_avg_sq"};
+
+std::string shard_file_name(int rank, int ranks) {
+  return "optimizer.rank" + std::to_string(rank) + "-of" + std::to_string(ranks) + ".safetensors";
+}
+
+// A whole-layout array for a partitioned optimizer; the optimizer's own array when it owns all.
+template <class T>
+struct WholeArray {
+  std::vector<T> storage;
+  T* data;
+  WholeArray(const offload::HostOptimizer& opt, T* own)
+      : storage(opt.owns_all() ? 0 : opt.layout_size()),
+        data(opt.owns_all() ? own : storage.data()) {}
+  void finish(const offload::HostOptimizer& opt, T* own) const {
+    if (!opt.owns_all()) opt.take_owned(data, own);
+  }
+};
+
+void load_master(const fs::path& dir, const model::ParameterLayout& layout,
+                 offload::HostOptimizer& opt) {
+  WholeArray<float> master(opt, opt.master().data());
+  model::import_hf_weights(dir / "model.safetensors", layout,
+                           std::span<float>(master.data, layout.size()));
+  master.finish(opt, opt.master().data());
+}
+
+// optimizer.safetensors: every tensor in Hugging Face shape.
+void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layout,
+                        offload::HostOptimizer& opt) {
+  const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");
+  const DType sd = opt.config().state_dtype;
+  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
+  std::vector<float> f32;
+  std::vector<std::uint16_t> u16;
+  for (int k = 0; k < 2; ++k) {
+    if (sd == DType::kF32) {
+      WholeArray<float> whole(opt, static_cast<float*>(arrays[k].data));
+      for (const auto& t : layout.tensors()) {
+        const std::string name = std::string(kMoments[k]) + "." + t.name;
+        file.expect_shape(name, model::hf_shape(t));
+        f32.resize(t.numel);
+        file.read_f32(name, f32);
+        model::from_hf(t, f32.data(), whole.data + t.offset);
+      }
+      whole.finish(opt, static_cast<float*>(arrays[k].data));
+    } else {
+      WholeArray<std::uint16_t> whole(opt, static_cast<std::uint16_t*>(arrays[k].data));
+      for (const auto& t : layout.tensors()) {
+        const std::string name = std::string(kMoments[k]) + "." + t.name;
+        file.expect_shape(name, model::hf_shape(t));
+        u16.resize(t.numel);
+        file.read_u16(name, u16, sd);
+        model::from_hf(t, u16.data(), whole.data + t.offset);
+      }
+      whole.finish(opt, static_cast<std::uint16_t*>(arrays[k].data));
+    }
+  }
+}
+
+// optimizer.rank<r>-of<N>.safetensors: each rank's local arrays; this rank takes the parts of
+// every shard that it owns now (the same shard with the same N, pieces of several otherwise).
+void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
+                          offload::HostOptimizer& opt) {
+  const DType sd = opt.config().state_dtype;
+  const std::size_t es = dtype_size(sd);
+  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
+  std::size_t covered = 0;
+  std::vector<float> f32;
+  std::vector<std::uint16_t> u16;
+  try {
+    for (const nlohmann::json& f : shards.at("files")) {
+      const std::string name = f.at("file").get<std::string>();
+      if (name.find('/') != std::string::npos) throw std::invalid_argument("file name " + name);
+      // (old begin, old end, old local) x owned -> copies
+      struct Piece {
+        std::size_t from, to, n;
+      };
+      std::vector<Piece> pieces;
+      std::size_t old_local = 0;
+      for (const nlohmann::json& r : f.at("ranges")) {
+        const auto b = r.at(0).get<std::size_t>(), e = r.at(1).get<std::size_t>();
+        for (const offload::OwnedRange& o : opt.owned()) {
+          const std::size_t lo = std::max(b, o.begin), hi = std::min(e, o.end);
+          if (lo < hi) pieces.push_back({old_local + (lo - b), o.local + (lo - o.begin), hi - lo});
+        }
+        old_local += e - b;
+      }
+      if (pieces.empty()) continue;
+      const auto file = ckpt::SafetensorsFile::open(dir / name);
+      for (int k = 0; k < 2; ++k) {
+        file.expect_shape(kMoments[k], {old_local});
+        const char* src;
+        if (sd == DType::kF32) {
+          f32.resize(old_local);
+          file.read_f32(kMoments[k], f32);
+          src = reinterpret_cast<const char*>(f32.data());
+        } else {
+          u16.resize(old_local);
+          file.read_u16(kMoments[k], u16, sd);
+          src = reinterpret_cast<const char*>(u16.data());
+        }
+        for (const Piece& p : pieces)
+          std::memcpy(static_cast<char*>(arrays[k].data) + p.to * es, src + p.from * es, p.n * es);
+      }
+      for (const Piece& p : pieces)
+        covered += p.n;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
+                                "': malformed optimizer_shards in trainer_state.json (" + e.what() +
+                                ")");
+  } catch (const std::invalid_argument& e) {
+    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
+                                "': bad optimizer shard entry: " + e.what());
+  }
+  if (covered != opt.size()) {
+    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "': its optimizer shards cover " +
+                                std::to_string(covered) + " of this rank's " +
+                                std::to_string(opt.size()) +
+                                " parameters; the checkpoint is incomplete, use an older one");
+  }
+}
+
+void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& layout,
+                    std::span<const float> master) {
+  ckpt::SafetensorsWriter w;
+  std::vector<float> scratch;
+  model::add_hf_weights(w, layout, master, DType::kF32, scratch);
+  w.set_metadata("format", "pt");
+  dir.write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
+}
+
+nlohmann::json full_state(const nlohmann::json& trainer_state, const model::ParameterLayout& layout,
+                          offload::HostOptimizer& opt) {
+  nlohmann::json state = trainer_state;
+  state["format_version"] = kCheckpointFormatVersion;
+  state["adam_step"] = opt.state().step;
+  state["optimizer_state_dtype"] = dtype_name(opt.config().state_dtype);
+  state["model_spec"] = layout.spec().to_json();
+  return state;
+}
+
+void broadcast_string(comm::Communicator& c, std::string& s, int root) {
+  std::uint64_t n = s.size();
+  c.broadcast(&n, sizeof n, root);
+  s.resize(n);
+  c.broadcast(s.data(), n, root);
+}
+
+// Every rank's master (padded to the largest partition) on every rank; rank 0 puts it in
+// layout order. Exact: only copies.
+std::vector<float> gather_master(offload::HostOptimizer& opt, comm::Communicator& c,
+                                 const std::vector<std::vector<offload::OwnedRange>>& parts) {
+  double most = double(opt.size());
+  c.all_reduce(&most, 1, comm::ReduceOp::kMax);
+  const auto L = static_cast<std::size_t>(most);
+  std::vector<float> mine(L, 0.0f), all(std::size_t(c.size()) * L);
+  std::copy(opt.master().begin(), opt.master().end(), mine.begin());
+  c.all_gather(mine.data(), all.data(), L * sizeof(float));
+  std::vector<float> full;
+  if (c.rank() != 0) return full;
+  full.resize(opt.layout_size());
+  for (std::size_t k = 0; k < parts.size(); ++k)
+    for (const offload::OwnedRange& o : parts[k])
+      std::copy_n(all.data() + k * L + o.local, o.end - o.begin, full.data() + o.begin);
+  return full;
+}
+
+}  // namespace
 
 fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& layout,
                          offload::HostOptimizer& opt, const nlohmann::json& trainer_state,
                          int keep_last) {
   const auto step = trainer_state.at("step").get<std::uint64_t>();
+  if (!opt.owns_all())
+    throw std::logic_error("save_checkpoint: a partitioned optimizer needs comm");
   ckpt::AtomicDirectory dir(parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step),
                             ckpt::IfExists::kReplace);
-  {
-    ckpt::SafetensorsWriter w;
-    std::vector<float> scratch;
-    model::add_hf_weights(w, layout, opt.master(), DType::kF32, scratch);
-    w.set_metadata("format", "pt");
-    dir.write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
-  }
+  add_model_file(dir, layout, opt.master());
   {
     // Moments in HF shapes too, in the state dtype, bit for bit.
     ckpt::SafetensorsWriter w;
@@ -28,34 +200,120 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
     std::vector<float> f32[2];
     std::vector<std::uint16_t> u16[2];
     const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-    const char* prefixes[2] = {"exp_avg.", "exp_avg_sq."};
     for (int k = 0; k < 2; ++k) {
+      const std::string prefix = std::string(kMoments[k]) + ".";
       (sd == DType::kF32 ? f32[k].resize(layout.size()) : u16[k].resize(layout.size()));
       for (const auto& t : layout.tensors()) {
         if (sd == DType::kF32) {
           model::to_hf(t, static_cast<const float*>(arrays[k].data) + t.offset,
                        f32[k].data() + t.offset);
-          w.add(prefixes[k] + t.name, model::hf_shape(t),
+          w.add(prefix + t.name, model::hf_shape(t),
                 std::span<const float>(f32[k].data() + t.offset, t.numel));
         } else {
           model::to_hf(t, static_cast<const std::uint16_t*>(arrays[k].data) + t.offset,
                        u16[k].data() + t.offset);
-          w.add_u16(prefixes[k] + t.name, model::hf_shape(t),
+          w.add_u16(prefix + t.name, model::hf_shape(t),
                     std::span<const std::uint16_t>(u16[k].data() + t.offset, t.numel), sd);
         }
       }
     }
     dir.write_file("optimizer.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
   }
-  nlohmann::json state = trainer_state;
-  state["format_version"] = kCheckpointFormatVersion;
-  state["adam_step"] = opt.state().step;
-  state["optimizer_state_dtype"] = dtype_name(opt.config().state_dtype);
-  state["model_spec"] = layout.spec().to_json();
-  dir.write_file("trainer_state.json", state.dump(2));
+  dir.write_file("trainer_state.json", full_state(trainer_state, layout, opt).dump(2));
   dir.commit();
   ckpt::rotate_checkpoints(parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last));
   return dir.final_path();
+}
+
+fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& layout,
+                         offload::HostOptimizer& opt, const nlohmann::json& trainer_state,
+                         int keep_last, comm::Communicator& c,
+                         const std::vector<std::vector<offload::OwnedRange>>& partitions) {
+  if (c.size() == 1) return save_checkpoint(parent, layout, opt, trainer_state, keep_last);
+  const int R = c.size(), r = c.rank();
+  if (partitions.size() != std::size_t(R) || partitions[std::size_t(r)] != opt.owned()) {
+    throw std::logic_error("save_checkpoint: partitions do not match the ranks");
+  }
+  const auto step = trainer_state.at("step").get<std::uint64_t>();
+  const fs::path final_path = parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step);
+  const std::vector<float> master = gather_master(opt, c, partitions);
+
+  // Rank 0 makes the temporary directory; every rank writes its shard into it.
+  std::optional<ckpt::AtomicDirectory> dir;
+  std::string temp, failure;
+  if (r == 0) {
+    try {
+      dir.emplace(final_path, ckpt::IfExists::kReplace);
+      temp = dir->temp_path().string();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  broadcast_string(c, temp, 0);
+  if (temp.empty()) {
+    throw ckpt::CheckpointError(r == 0 ? failure
+                                       : "rank 0 could not create the checkpoint directory "
+                                         "(its message says why); no checkpoint was written");
+  }
+  try {
+    ckpt::SafetensorsWriter w;
+    const DType sd = opt.config().state_dtype;
+    const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
+    for (int k = 0; k < 2; ++k) {
+      if (sd == DType::kF32) {
+        w.add(kMoments[k], {opt.size()},
+              std::span<const float>(static_cast<const float*>(arrays[k].data), opt.size()));
+      } else {
+        w.add_u16(kMoments[k], {opt.size()},
+                  std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(arrays[k].data),
+                                                 opt.size()),
+                  sd);
+      }
+    }
+    ckpt::write_file_atomic(fs::path(temp) / shard_file_name(r, R),
+                            [&](const ckpt::ByteSink& sink) { w.stream(sink); });
+    if (r == 0) {
+      add_model_file(*dir, layout, master);
+      nlohmann::json state = full_state(trainer_state, layout, opt);
+      nlohmann::json files = nlohmann::json::array();
+      for (int k = 0; k < R; ++k) {
+        nlohmann::json ranges = nlohmann::json::array();
+        for (const offload::OwnedRange& o : partitions[std::size_t(k)])
+          ranges.push_back({o.begin, o.end});
+        files.push_back({{"rank", k}, {"file", shard_file_name(k, R)}, {"ranges", ranges}});
+      }
+      state["optimizer_shards"] = {{"ranks", R}, {"files", files}};
+      dir->write_file("trainer_state.json", state.dump(2));
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // Publish only what every rank completed.
+  double failed = failure.empty() ? 0.0 : 1.0;
+  c.all_reduce(&failed, 1, comm::ReduceOp::kSum);
+  if (failed != 0.0) {
+    throw ckpt::CheckpointError(
+        !failure.empty() ? failure
+                         : std::to_string(int(failed)) +
+                               " other rank(s) could not write their checkpoint shard (their "
+                               "messages say why); the previous checkpoints are unchanged");
+  }
+  if (r == 0) {
+    try {
+      dir->commit();
+      ckpt::rotate_checkpoints(parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  std::string result = failure.empty() ? "ok" : "";
+  broadcast_string(c, result, 0);
+  if (result.empty()) {
+    throw ckpt::CheckpointError(r == 0 ? failure
+                                       : "rank 0 could not publish the checkpoint (its message "
+                                         "says why)");
+  }
+  return final_path;
 }
 
 fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
@@ -106,27 +364,11 @@ nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout
                                 layout.spec().to_json().dump() +
                                 "; pass the matching --model or start a new --checkpoint-dir");
   }
-  model::import_hf_weights(dir / "model.safetensors", layout, opt.master());
-  const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");
-  const DType sd = opt.config().state_dtype;
-  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-  const char* prefixes[2] = {"exp_avg.", "exp_avg_sq."};
-  std::vector<float> f32;
-  std::vector<std::uint16_t> u16;
-  for (int k = 0; k < 2; ++k) {
-    for (const auto& t : layout.tensors()) {
-      const std::string name = prefixes[k] + t.name;
-      file.expect_shape(name, model::hf_shape(t));
-      if (sd == DType::kF32) {
-        f32.resize(t.numel);
-        file.read_f32(name, f32);
-        model::from_hf(t, f32.data(), static_cast<float*>(arrays[k].data) + t.offset);
-      } else {
-        u16.resize(t.numel);
-        file.read_u16(name, u16, sd);
-        model::from_hf(t, u16.data(), static_cast<std::uint16_t*>(arrays[k].data) + t.offset);
-      }
-    }
+  load_master(dir, layout, opt);
+  if (state.contains("optimizer_shards")) {
+    load_sharded_moments(dir, state.at("optimizer_shards"), opt);
+  } else {
+    load_whole_moments(dir, layout, opt);
   }
   opt.state().step = state.at("adam_step").get<std::int64_t>();
   return state;

@@ -5,12 +5,20 @@
 //     optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in the optimizer-state dtype
 //     trainer_state.json     step, Adam step, tokens seen, data cursor, resolved config, spec
 //     MANIFEST.json          size and CRC-32C of every file (written last)
+//
+// A data-parallel job of N ranks (docs/scale_out.md) writes, instead of optimizer.safetensors,
+//     optimizer.rank<r>-of<N>.safetensors  rank r's exp_avg and exp_avg_sq, 1-D in its local order
+// and trainer_state.json lists every shard file with the layout ranges it holds
+// ("optimizer_shards"). model.safetensors is whole (rank 0 writes it from all ranks' masters).
+// Loading takes each rank's owned ranges from whichever form the checkpoint has, so a run can
+// resume with another number of ranks.
 #pragma once
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "comm/comm.h"
 #include "model/layout.h"
 #include "offload/host_optimizer.h"
 
@@ -26,6 +34,15 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& parent,
                                       offload::HostOptimizer& opt,
                                       const nlohmann::json& trainer_state, int keep_last);
 
+// The same, collectively over the ranks of `comm` (every rank calls it): partitions[r] is rank
+// r's opt.owned(). Rank 0 builds the directory and publishes it only when every rank wrote its
+// shard; otherwise every rank throws and the previous checkpoints stay as they were. Returns
+// the directory on every rank.
+std::filesystem::path save_checkpoint(
+    const std::filesystem::path& parent, const model::ParameterLayout& layout,
+    offload::HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last,
+    comm::Communicator& comm, const std::vector<std::vector<offload::OwnedRange>>& partitions);
+
 // Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
 std::filesystem::path resolve_checkpoint(const std::string& resume,
                                          const std::filesystem::path& parent);
@@ -35,7 +52,8 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir);
 // The model spec a checkpoint was trained with.
 model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
 
-// Loads master weights, m, v and the Adam step into opt; returns trainer_state. Throws
+// Loads the owned part of the master weights, m, v and the Adam step into opt (from a whole or a
+// sharded checkpoint); returns trainer_state. Throws
 // ckpt::CheckpointError when the checkpoint is corrupt or for a different model.
 nlohmann::json load_checkpoint(const std::filesystem::path& dir,
                                const model::ParameterLayout& layout, offload::HostOptimizer& opt);

@@ -63,6 +63,7 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (log_interval < 1) bad("--log-every must be >= 1");
   if (bucket_size < 4096) bad("--bucket-size must be at least 4KiB (default 32MiB)");
   if (dpu_warmup < 0) bad("--dpu-warmup must be >= 0");
+  if (!(comm_timeout > 0.0)) bad("--comm-timeout must be > 0 seconds");
   if (dpu && mode == "resident") {
     bad("--dpu delays the CPU update of offload mode; drop it or use --mode offload");
   }
@@ -105,6 +106,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"bucket_size", bucket_size},
           {"dpu", dpu},
           {"dpu_warmup", dpu_warmup},
+          {"comm_timeout", comm_timeout},
           {"pin", pin},
           {"eval_interval", eval_interval},
           {"eval_batches", eval_batches},

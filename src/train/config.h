@@ -65,6 +65,9 @@ struct TrainConfig {
   std::string trace;              // Chrome trace-event JSON path ("" = none)
   std::size_t device_memory = 0;  // device capacity in bytes; 0 = all of it
   int threads = 0;                // host backend compute threads; 0 = all cores
+  // Data parallel (mpirun -np N): seconds a collective may wait for the other ranks before the
+  // job stops with an error on every rank (a rank died, hangs or diverged).
+  double comm_timeout = 300.0;
 
   // evaluation, checkpoints, output
   std::int64_t eval_interval = 0;  // steps; 0 = only at the end

@@ -46,6 +46,7 @@ std::unique_ptr<dev::Device> make_device(const TrainConfig& config) {
     const std::string why = gpu::no_device_reason();
     if (!why.empty()) throw std::runtime_error("--device cuda: " + why);
     dev::CudaDeviceOptions o;
+    o.device = comm::rank_info_from_env().local_rank;  // one GPU per rank on a node
     o.capacity_bytes = config.device_memory;
     o.act_dtype = config.precision == "auto" ? DType::kBF16 : parse_dtype(config.precision);
     return dev::make_cuda_device(o);
@@ -134,10 +135,22 @@ struct PhaseTotals {
   }
 };
 
+// A trace per rank: rank 0 writes the given path, rank r <stem>.rank<r><ext>.
+std::string trace_path(const std::string& path, int rank) {
+  if (path.empty() || rank == 0) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() /
+          (p.stem().string() + ".rank" + std::to_string(rank) + p.extension().string()))
+      .string();
+}
+
 }  // namespace
 
 struct Trainer::Impl {
   TrainConfig cfg;
+  std::unique_ptr<comm::Communicator> comm;  // the job's ranks (one: a single process)
+  int ranks = 1, rank = 0;
+  std::vector<std::vector<offload::OwnedRange>> partitions;  // data parallel: every rank's
   model::ModelSpec spec;
   std::unique_ptr<model::ParameterLayout> layout;
   int T = 0;
@@ -164,12 +177,18 @@ struct Trainer::Impl {
 
   explicit Impl(const TrainConfig& c) : cfg(c) {
     cfg.validate_flags();
-    // Several ranks would each train alone and overwrite each other's checkpoints.
-    if (const comm::RankInfo r = comm::rank_info_from_env(); r.size > 1) {
-      throw std::runtime_error("started as rank " + std::to_string(r.rank) + " of " +
-                               std::to_string(r.size) + " (" + r.source +
-                               "), but data-parallel training is not built yet "
-                               "(docs/scale_out_design.md): run a single process");
+    // Data parallel when started by mpirun (or ZO_WORLD_SIZE > 1): every rank must run the
+    // same configuration, checked before anything is opened.
+    comm = comm::make_comm_from_env(cfg.comm_timeout);
+    ranks = comm->size();
+    rank = comm->rank();
+    if (ranks > 1) {
+      comm::check_same_on_all_ranks(*comm, "the training flags", cfg.to_json().dump());
+      if (cfg.mode == "resident") {
+        throw std::invalid_argument(
+            "--mode resident: a data-parallel job keeps the optimizer state partitioned on the "
+            "ranks' hosts (ZeRO-2 with offload); use --mode offload or auto");
+      }
     }
     // The model: from the checkpoint when resuming without --model.
     if (!cfg.resume.empty()) {
@@ -201,6 +220,8 @@ struct Trainer::Impl {
     lc.seq_len = T;
     lc.seed = cfg.seed;
     lc.val_fraction = cfg.val_fraction;
+    lc.rank = rank;  // rank r reads rows r, r + ranks, ... of the global batch
+    lc.world_size = ranks;
     loaders = data::make_loaders(train_src, val_src, lc);
 
     // The memory plan, checked before allocating.
@@ -217,7 +238,7 @@ struct Trainer::Impl {
                  engine_config()};
     // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
     const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
-    resident = cfg.mode == "auto" ? choice.choose_resident : cfg.mode == "resident";
+    resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
     pi.resident = resident;
     const MemoryPlan& plan = resident ? choice.resident : choice.offload;
     if (!plan.device_fits || !plan.host_fits) {
@@ -234,9 +255,18 @@ struct Trainer::Impl {
     oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
     oc.state_dtype = cfg.optimizer_state;
     oc.threads = cfg.adam_threads;
-    opt = std::make_unique<offload::HostOptimizer>(*layout, oc);
+    if (ranks > 1) {  // every rank's partition (checkpoints gather by them); this rank's own
+      for (int r = 0; r < ranks; ++r) {
+        offload::EngineConfig e = engine_config();
+        e.rank = r;
+        partitions.push_back(offload::engine_partition(*layout, act, e));
+      }
+    }
+    opt = std::make_unique<offload::HostOptimizer>(
+        *layout, oc,
+        ranks > 1 ? partitions[std::size_t(rank)] : std::vector<offload::OwnedRange>{});
 
-    if (!cfg.trace.empty()) trace = report::Trace(cfg.trace);
+    if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
     stream = dev->create_stream();
     const std::size_t n = layout->size(), esize = dtype_size(act);
     if (resident) {
@@ -248,8 +278,8 @@ struct Trainer::Impl {
       v_dev = dev->alloc(n * 4, "Adam v");
       if (act != DType::kF32) params_out = pinned::HostBuffer(n * esize);
     } else {
-      engine =
-          std::make_unique<offload::Engine>(*dev, *stream, *layout, *opt, engine_config(), &trace);
+      engine = std::make_unique<offload::Engine>(*dev, *stream, *layout, *opt, engine_config(),
+                                                 &trace, comm.get());
     }
     gpt = std::make_unique<model::Gpt>(*dev, *layout,
                                        model::GptShape{cfg.micro_batch, T, cfg.recompute});
@@ -264,10 +294,16 @@ struct Trainer::Impl {
       tokens = st.at("tokens").get<std::int64_t>();
       loaders.train->restore(st.at("data"));
       if (st.contains("loss_scaler")) scaler.restore(st.at("loss_scaler"));
-    } else if (!cfg.init_from.empty()) {
-      model::import_hf_weights(cfg.init_from, *layout, opt->master());
     } else {
-      model::init_gpt2(*layout, cfg.seed, opt->master().data());
+      // Every rank builds the whole initial model (deterministic) and keeps its partition.
+      std::vector<float> whole(opt->owns_all() ? 0 : n);
+      const std::span<float> dst = opt->owns_all() ? opt->master() : std::span<float>(whole);
+      if (!cfg.init_from.empty()) {
+        model::import_hf_weights(cfg.init_from, *layout, dst);
+      } else {
+        model::init_gpt2(*layout, cfg.seed, dst.data());
+      }
+      if (!opt->owns_all()) opt->take_owned(whole.data(), opt->master().data());
     }
     if (resident) {
       upload_params();
@@ -283,6 +319,8 @@ struct Trainer::Impl {
     e.grad_accum = cfg.grad_accum;
     e.pin = cfg.pin;
     e.dpu = cfg.dpu;
+    e.ranks = ranks;
+    e.rank = rank;
     return e;
   }
   const void* params_ptr() const { return resident ? params.data() : engine->params(); }
@@ -365,7 +403,9 @@ struct Trainer::Impl {
       dev->copy_to_host(l.data() + b * BT, gpt->losses(), BT * 4, *stream);
     }
     stream->synchronize();
-    return std::accumulate(l.begin(), l.end(), 0.0) / double(l.size());
+    double sum[2] = {std::accumulate(l.begin(), l.end(), 0.0), double(l.size())};
+    comm->all_reduce(sum, 2, comm::ReduceOp::kSum);  // the global batch's rows are on the ranks
+    return sum[0] / sum[1];
   }
 
   nlohmann::json trainer_state(std::int64_t step) const {
@@ -389,25 +429,35 @@ const model::ModelSpec& Trainer::spec() const {
 TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   Impl& I = *impl_;
   const TrainConfig& cfg = I.cfg;
-  auto say = [&](const std::string& s) {
-    if (log && !cfg.quiet) log(s);
+  auto say = [&](const std::string& s) {  // rank 0 speaks for the job
+    if (log && !cfg.quiet && I.rank == 0) log(s);
   };
   const std::size_t n = I.layout->size();
-  const int B = cfg.micro_batch, T = I.T, A = cfg.grad_accum;
+  const int B = cfg.micro_batch, T = I.T, A = cfg.grad_accum, R = I.ranks;
   const std::size_t BT = std::size_t(B) * T;
-  const float dloss_unscaled = 1.0f / float(BT * A);
+  // The loss is the mean over the global batch (R ranks x A micro-batches x B x T tokens); the
+  // reduce-scatter sums the ranks' gradients.
+  const std::size_t step_tokens = BT * std::size_t(A) * std::size_t(R);
+  const float dloss_unscaled = 1.0f / float(step_tokens);
   const double fpt = report::flops_per_token(n, I.spec.n_layer, I.spec.n_embd, T);
 
   report::MetricsWriter metrics;
-  if (!cfg.metrics.empty()) metrics = report::MetricsWriter(cfg.metrics, I.start_step > 0);
+  if (!cfg.metrics.empty() && I.rank == 0) {
+    metrics = report::MetricsWriter(cfg.metrics, I.start_step > 0);
+  }
   {
     std::ostringstream os;
     os << "model " << I.spec.name << ": " << n << " parameters (n_layer " << I.spec.n_layer
        << ", n_head " << I.spec.n_head << ", n_embd " << I.spec.n_embd << ", vocab "
        << I.spec.vocab_size << ", block " << I.spec.block_size << ")\n"
-       << "device " << I.dev->name() << "; batch " << B << " x " << T << " x " << A
-       << " accum = " << BT * A << " tokens/step\n"
-       << (I.resident ? std::string("resident mode: AdamW on the device")
+       << "device " << I.dev->name() << "; batch " << B << " x " << T << " x " << A << " accum";
+    if (R > 1) os << " x " << R << " ranks";
+    os << " = " << step_tokens << " tokens/step\n";
+    if (R > 1) {
+      os << "data parallel: " << R << " ranks over " << I.comm->name() << ", each holding 1/" << R
+         << " of the optimizer state (" << I.opt->size() << " parameters on rank 0)\n";
+    }
+    os << (I.resident ? std::string("resident mode: AdamW on the device")
                       : "offload mode: AdamW on the CPU (" +
                             std::string(cpu_adam::isa_name(cpu_adam::default_isa())) + ")")
        << " with " << dtype_name(cfg.optimizer_state) << " state\n"
@@ -481,8 +531,12 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     report::StepMetrics m;
     m.step = step + 1;
     m.lr = lr;
-    m.loss = std::accumulate(I.losses_host.begin(), I.losses_host.end(), 0.0) /
-             double(I.losses_host.size());
+    {
+      double l[2] = {std::accumulate(I.losses_host.begin(), I.losses_host.end(), 0.0),
+                     double(I.losses_host.size())};
+      if (R > 1) I.comm->all_reduce(l, 2, comm::ReduceOp::kSum);
+      m.loss = l[0] / l[1];
+    }
     const bool injected =
         std::find(cfg.inject_overflow_steps.begin(), cfg.inject_overflow_steps.end(), step + 1) !=
         cfg.inject_overflow_steps.end();
@@ -518,11 +572,11 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       }
     }
     const double opt_ms = ms_since(opt_t0);
-    I.tokens += std::int64_t(BT) * A;
-    run_tokens += std::int64_t(BT) * A;
+    I.tokens += std::int64_t(step_tokens);
+    run_tokens += std::int64_t(step_tokens);
     m.tokens = I.tokens;
     m.step_ms = ms_since(t0);
-    m.tokens_per_s = double(BT * A) / (m.step_ms * 1e-3);
+    m.tokens_per_s = double(step_tokens) / (m.step_ms * 1e-3);
     m.tflops = fpt * m.tokens_per_s * 1e-12;
     if (I.engine) {
       const offload::PhaseTimes p = I.engine->phase_times();
@@ -553,8 +607,9 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
         ((cfg.checkpoint_interval > 0 && (step + 1) % cfg.checkpoint_interval == 0) || last)) {
       if (I.resident) I.download_optimizer_state();
       I.settle();
-      const auto dir = save_checkpoint(cfg.checkpoint_dir, *I.layout, *I.opt,
-                                       I.trainer_state(step + 1), cfg.keep_last);
+      const auto dir =
+          save_checkpoint(cfg.checkpoint_dir, *I.layout, *I.opt, I.trainer_state(step + 1),
+                          cfg.keep_last, *I.comm, I.partitions);
       summary.last_checkpoint = dir.string();
       say("checkpoint " + dir.string());
     }
