@@ -1,11 +1,6 @@
 // The offload_train binary as a user runs it: --help agrees with the README, a train / resume /
 // export / sample session works, and bad input exits non-zero with a clear message.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,25 +9,16 @@
 #include <sstream>
 #include <string>
 
+#include "run_binary.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr
-};
+using zo::test::Result;
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (std::size_t n = fread(buf.data(), 1, buf.size(), p))
-    out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + args);
 }
 
 std::set<std::string> flags_in(const std::string& text) {
@@ -60,15 +46,8 @@ std::string readme_block(const std::string& sub) {
   return text.substr(b + 3, e - b - 3);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() : path(fs::temp_directory_path() / ("zo_cli_" + std::to_string(getpid()))) {
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : zo::test::TempDir {
+  TempDir() : zo::test::TempDir("zo_cli_") {}
 };
 
 TEST(Cli, HelpMatchesTheReadme) {

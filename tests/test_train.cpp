@@ -544,23 +544,6 @@ TEST(TrainerErrors, DeviceMemoryTooSmallIsRefusedWithThePlan) {
   EXPECT_NO_THROW(Trainer t(c));
 }
 
-// Until data parallelism exists, a multi-rank launch is refused before anything is written.
-TEST(TrainerErrors, MultiRankLaunchIsRefused) {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) GTEST_SKIP() << "already under mpirun";
-  TempDir d;
-  setenv("ZO_RANK", "1", 1);
-  setenv("ZO_WORLD_SIZE", "2", 1);
-  TrainConfig c = tiny_config(1);
-  c.checkpoint_dir = (d.path / "ckpt").string();
-  const std::string e = error_of([&] { Trainer(c).run(); });
-  unsetenv("ZO_RANK");
-  unsetenv("ZO_WORLD_SIZE");
-  EXPECT_NE(e.find("rank 1 of 2"), std::string::npos) << e;
-  EXPECT_NE(e.find("single process"), std::string::npos) << e;
-  EXPECT_FALSE(fs::exists(d.path / "ckpt"));
-  EXPECT_EQ(Trainer(c).run().steps_done, 1) << "a single process still trains";
-}
-
 TEST(TrainerErrors, UnwritableCheckpointDirectoryFailsCleanly) {
   TempDir d;
   const auto blocker = d.path / "file";

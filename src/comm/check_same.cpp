@@ -14,7 +14,16 @@ std::uint64_t fnv1a(const std::string& s) {  // a fingerprint of the fingerprint
   return h;
 }
 
-// `root`'s string on every rank.
+// The part of s around position p (where two fingerprints first differ).
+std::string around(const std::string& s, std::size_t p) {
+  constexpr std::size_t kBefore = 40, kAfter = 80;
+  const std::size_t b = p > kBefore ? p - kBefore : 0;
+  return (b > 0 ? "..." : "") + s.substr(b, kBefore + kAfter) +
+         (b + kBefore + kAfter < s.size() ? "..." : "");
+}
+
+}  // namespace
+
 std::string broadcast_string(Communicator& c, const std::string& mine, int root) {
   std::uint64_t n = mine.size();
   c.broadcast(&n, sizeof n, root);
@@ -22,12 +31,6 @@ std::string broadcast_string(Communicator& c, const std::string& mine, int root)
   c.broadcast(s.data(), n, root);
   return s;
 }
-
-std::string abbreviate(const std::string& s) {
-  return s.size() <= 300 ? s : s.substr(0, 300) + "...";
-}
-
-}  // namespace
 
 void check_same_on_all_ranks(Communicator& c, const std::string& what,
                              const std::string& fingerprint) {
@@ -39,8 +42,11 @@ void check_same_on_all_ranks(Communicator& c, const std::string& what,
     if (all[k] == all[0] && all[k + 1] == all[1]) continue;
     const std::string first = broadcast_string(c, fingerprint, 0);
     const std::string other = broadcast_string(c, fingerprint, r);
-    throw std::invalid_argument("ranks disagree on " + what + ": rank 0 has " + abbreviate(first) +
-                                " but rank " + std::to_string(r) + " has " + abbreviate(other) +
+    std::size_t p = 0;
+    while (p < first.size() && p < other.size() && first[p] == other[p])
+      ++p;
+    throw std::invalid_argument("ranks disagree on " + what + ": rank 0 has " + around(first, p) +
+                                " but rank " + std::to_string(r) + " has " + around(other, p) +
                                 "; start every rank with the same flags");
   }
 }

@@ -73,4 +73,7 @@ std::unique_ptr<Communicator> make_comm_from_env(double timeout_s = 300.0);
 void check_same_on_all_ranks(Communicator& c, const std::string& what,
                              const std::string& fingerprint);
 
+// `root`'s string on every rank (`mine` is read on root only).
+std::string broadcast_string(Communicator& c, const std::string& mine, int root);
+
 }  // namespace zo::comm

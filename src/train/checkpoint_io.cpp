@@ -156,13 +156,6 @@ nlohmann::json full_state(const nlohmann::json& trainer_state, const model::Para
   return state;
 }
 
-void broadcast_string(comm::Communicator& c, std::string& s, int root) {
-  std::uint64_t n = s.size();
-  c.broadcast(&n, sizeof n, root);
-  s.resize(n);
-  c.broadcast(s.data(), n, root);
-}
-
 // Every rank's master (padded to the largest partition) on every rank; rank 0 puts it in
 // layout order. Exact: only copies.
 std::vector<float> gather_master(offload::HostOptimizer& opt, comm::Communicator& c,
@@ -249,7 +242,7 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
       failure = e.what();
     }
   }
-  broadcast_string(c, temp, 0);
+  temp = comm::broadcast_string(c, temp, 0);
   if (temp.empty()) {
     throw ckpt::CheckpointError(r == 0 ? failure
                                        : "rank 0 could not create the checkpoint directory "
@@ -306,8 +299,7 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
       failure = e.what();
     }
   }
-  std::string result = failure.empty() ? "ok" : "";
-  broadcast_string(c, result, 0);
+  const std::string result = comm::broadcast_string(c, failure.empty() ? "ok" : "", 0);
   if (result.empty()) {
     throw ckpt::CheckpointError(r == 0 ? failure
                                        : "rank 0 could not publish the checkpoint (its message "

@@ -1,0 +1,199 @@
+// Data-parallel training as a user launches it (issue 6): `mpiexec -np N offload_train train`
+// on the host backend against one process with the same global batch, resume bit for bit and
+// across rank counts, and clear refusals. Skips when the build has no MPI.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "run_binary.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zo::test::Result;
+using zo::test::run_command;
+
+struct TempDir : zo::test::TempDir {
+  TempDir() : zo::test::TempDir("zo_dp_") {}
+};
+
+#ifdef ZO_MPIEXEC
+#define NEED_MPI()
+const std::string kMpiexec = std::string(ZO_MPIEXEC) + " --allow-run-as-root --oversubscribe";
+#else
+#define NEED_MPI() GTEST_SKIP() << "this build has no MPI (libopenmpi-dev, openmpi-bin)"
+const std::string kMpiexec;
+#endif
+
+const std::string kBin = ZO_OFFLOAD_TRAIN_BIN;
+// Small buckets (odd size: shards of unequal length, padding) and both host paths:
+// --grad-accum 2 accumulates on the host. One compute thread per rank on a 2-core machine.
+const std::string kCommon =
+    " train --model tiny --device host --mode offload --seq-len 32 --steps 6 --grad-accum 2"
+    " --bucket-size 30011 --threads 1 --adam-threads 1 --eval-batches 2 --comm-timeout 120 -q";
+
+Result ranks(int n, const std::string& args) {
+  return run_command(kMpiexec + " -np " + std::to_string(n) + " " + kBin + kCommon + " " + args);
+}
+Result single(const std::string& args) {
+  return run_command(kBin + kCommon + " " + args);
+}
+
+std::vector<nlohmann::json> read_metrics(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);)
+    out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Same losses and norms up to fp32 rounding: the sums over the global batch run in another order.
+void expect_close(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_EQ(a[i]["tokens"], b[i]["tokens"]) << "the global batch is the same";
+    for (const char* k : {"loss", "grad_norm"}) {
+      const double x = a[i][k], y = b[i][k];
+      EXPECT_NEAR(x, y, 2e-5 * std::abs(x)) << k << " at step " << a[i]["step"];
+    }
+  }
+}
+
+TEST(DataParallel, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
+  NEED_MPI();
+  TempDir d;
+  for (const std::string extra : {"", "--dpu --dpu-warmup 2"}) {
+    SCOPED_TRACE(extra.empty() ? "plain" : extra);
+    const fs::path one = d.path / "one.jsonl", two = d.path / "two.jsonl";
+    fs::remove(one);
+    fs::remove(two);
+    const Result s =
+        single("--micro-batch 4 --eval-every 3 --metrics " + one.string() + " " + extra);
+    ASSERT_EQ(s.code, 0) << s.out;
+    const Result r =
+        ranks(2, "--micro-batch 2 --eval-every 3 --metrics " + two.string() + " " + extra);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto a = read_metrics(one), b = read_metrics(two);
+    expect_close(a, b);
+    ASSERT_EQ(a.size(), 6u);
+    for (std::size_t i : {2u, 5u}) {  // validation over the same windows
+      const double x = a[i]["val_loss"], y = b[i]["val_loss"];
+      EXPECT_NEAR(x, y, 2e-5 * x);
+    }
+    EXPECT_LT(b.back()["loss"].get<double>(), b.front()["loss"].get<double>()) << "it learns";
+  }
+}
+
+TEST(DataParallel, TwoRankResumeEqualsUninterruptedBitForBit) {
+  NEED_MPI();
+  TempDir d;
+  const fs::path full = d.path / "full", part = d.path / "part";
+  Result r =
+      ranks(2, "--micro-batch 2 --checkpoint-dir " + full.string() +
+                   " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "a.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path step3 = full / "step_00000003";
+  for (const char* f : {"model.safetensors", "optimizer.rank0-of2.safetensors",
+                        "optimizer.rank1-of2.safetensors", "trainer_state.json", "MANIFEST.json"}) {
+    EXPECT_TRUE(fs::exists(step3 / f)) << f;
+  }
+  const auto manifest = nlohmann::json::parse(bytes_of(step3 / "MANIFEST.json")).dump();
+  EXPECT_NE(manifest.find("optimizer.rank1-of2.safetensors"), std::string::npos) << manifest;
+  const auto state = nlohmann::json::parse(bytes_of(step3 / "trainer_state.json"));
+  EXPECT_EQ(state["optimizer_shards"]["ranks"], 2);
+
+  fs::create_directories(part);
+  fs::copy(step3, part / "step_00000003", fs::copy_options::recursive);
+  r = ranks(2, "--micro-batch 2 --checkpoint-dir " + part.string() + " --resume latest --metrics " +
+                   (d.path / "b.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = read_metrics(d.path / "a.jsonl"), b = read_metrics(d.path / "b.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(a[3 + i]["loss"], b[i]["loss"]) << "step " << b[i]["step"];
+    EXPECT_EQ(a[3 + i]["grad_norm"], b[i]["grad_norm"]);
+  }
+  for (const char* f : {"model.safetensors", "optimizer.rank0-of2.safetensors",
+                        "optimizer.rank1-of2.safetensors"}) {
+    EXPECT_EQ(bytes_of(full / "step_00000006" / f), bytes_of(part / "step_00000006" / f)) << f;
+  }
+}
+
+TEST(DataParallel, ResumesWithAnotherRankCountAtTheSameGlobalBatch) {
+  NEED_MPI();
+  TempDir d;
+  // Reference: one process throughout.
+  Result r = single("--micro-batch 4 --checkpoint-dir " + (d.path / "one").string() +
+                    " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "ref.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = ranks(2, "--micro-batch 2 --checkpoint-dir " + (d.path / "two").string() +
+                   " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "two.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ref = read_metrics(d.path / "ref.jsonl");
+  // 2 ranks -> 1 process (shards re-partitioned) and 1 process -> 2 ranks (whole file split).
+  const struct {
+    const char* from;
+    int n;
+    const char* mb;
+  } cases[] = {{"two", 1, "4"}, {"one", 2, "2"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string("from ") + c.from + " to " + std::to_string(c.n));
+    const fs::path dir = d.path / (std::string("resume_") + c.from);
+    fs::create_directories(dir);
+    fs::copy(d.path / c.from / "step_00000003", dir / "step_00000003", fs::copy_options::recursive);
+    const std::string m = (dir / "m.jsonl").string();
+    const std::string args = std::string("--micro-batch ") + c.mb + " --checkpoint-dir " +
+                             dir.string() + " --resume latest --metrics " + m;
+    r = c.n == 1 ? single(args) : ranks(c.n, args);
+    ASSERT_EQ(r.code, 0) << r.out;
+    expect_close(std::vector<nlohmann::json>(ref.begin() + 3, ref.end()), read_metrics(m));
+  }
+  // A different global batch would read other windows: refused, naming both.
+  const fs::path dir = d.path / "resume_bad";
+  fs::create_directories(dir);
+  fs::copy(d.path / "two" / "step_00000003", dir / "step_00000003", fs::copy_options::recursive);
+  r = ranks(2, "--micro-batch 1 --checkpoint-dir " + dir.string() + " --resume latest");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("global batch"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "step_00000006"));
+}
+
+TEST(DataParallel, MismatchedFlagsAreRefusedOnEveryRank) {
+  NEED_MPI();
+  TempDir d;
+  const std::string ck = " --micro-batch 2 --checkpoint-dir " + (d.path / "ck").string();
+  const Result r = run_command(kMpiexec + " -np 1 " + kBin + kCommon + ck + " --lr 1e-3 : -np 1 " +
+                               kBin + kCommon + ck + " --lr 2e-3");
+  EXPECT_NE(r.code, 0);
+  std::size_t errors = 0;
+  for (std::size_t p = r.out.find("ranks disagree"); p != std::string::npos;
+       p = r.out.find("ranks disagree", p + 1))
+    ++errors;
+  EXPECT_EQ(errors, 2u) << "both ranks say why:\n" << r.out;
+  EXPECT_NE(r.out.find("\"lr\""), std::string::npos) << "names the field:\n" << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "ck")) << "nothing written";
+}
+
+TEST(DataParallel, RankEnvironmentWithoutMpirunIsRefused) {
+  NEED_MPI();
+  TempDir d;
+  const Result r = run_command("env ZO_RANK=0 ZO_WORLD_SIZE=2 " + kBin + kCommon +
+                               " --micro-batch 2 --checkpoint-dir " + (d.path / "ck").string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("mpirun -np 2"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "ck"));
+}
+
+}  // namespace
