@@ -94,6 +94,57 @@ TEST(BucketPlan, LastBlocksAreReadyFirst) {
   EXPECT_FALSE(plan.ready_at(0).empty());
 }
 
+// Data parallel: every bucket's shards over the ranks cover it exactly once, in equal padded
+// counts, stored back to back per rank; with cut_at_groups no bucket crosses an upload group.
+TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
+  const auto layout = layout_of(3, 48, 101);
+  const int L = layout.spec().n_layer;
+  for (std::size_t target : {2u, 7777u, 1u << 30}) {
+    const BucketPlan plan(layout, {target, 2, true});
+    for (const auto& b : plan.buckets()) {  // inside one group: embeddings, a block, or ln_f
+      const std::size_t lo = layout.block_begin(0), hi = layout.block_end(L - 1);
+      if (b.begin < lo) {
+        EXPECT_LE(b.end, lo);
+      }
+      for (int l = 0; l < L; ++l) {
+        if (b.begin >= layout.block_begin(l) && b.begin < layout.block_end(l)) {
+          EXPECT_LE(b.end, layout.block_end(l));
+        }
+      }
+      if (b.begin >= hi) {
+        EXPECT_LE(b.end, layout.size());
+      }
+    }
+    for (int ranks : {1, 2, 3, 5}) {
+      std::vector<int> owner(layout.size(), 0);
+      for (int r = 0; r < ranks; ++r) {
+        const auto shards = plan.shards(r, ranks);
+        ASSERT_EQ(shards.size(), plan.buckets().size());
+        std::size_t local = 0;
+        for (std::size_t i = 0; i < shards.size(); ++i) {
+          const auto& b = plan.buckets()[i];
+          const auto& sh = shards[i];
+          EXPECT_EQ(sh.count, (b.size() + ranks - 1) / ranks);
+          EXPECT_EQ(sh.local, local);
+          EXPECT_LE(sh.end - sh.begin, sh.count);
+          EXPECT_EQ(sh.begin, std::min(b.end, b.begin + sh.count * r)) << "padded position";
+          for (std::size_t e = sh.begin; e < sh.end; ++e)
+            ++owner[e];
+          local += sh.end - sh.begin;
+        }
+        const auto owned = zo::offload::owned_ranges(shards);
+        if (ranks == 1) {
+          ASSERT_EQ(owned.size(), 1u);
+          EXPECT_EQ(owned[0].end, layout.size());
+        }
+      }
+      for (int o : owner)
+        ASSERT_EQ(o, 1) << ranks << " ranks";
+    }
+  }
+  EXPECT_THROW(BucketPlan(layout, {2, 2}).shards(2, 2), std::invalid_argument);
+}
+
 }  // namespace
 
 // ---- the engine on the host backend (streams are threads) -----------------------------------
@@ -269,6 +320,66 @@ INSTANTIATE_TEST_SUITE_P(BucketSizes, EngineTest,
 
 // Accumulating three micro-batches on the host in fp32 matches accumulating them on the device
 // (only the summation order differs), and the norm is that of the accumulated gradient.
+// A rank's optimizer over its partition updates exactly what the whole optimizer updates there,
+// bit for bit (fp32 and bf16 state), group range by group range as the engine calls it.
+TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
+  const zo::model::ParameterLayout layout(odd_spec());
+  const std::size_t n = layout.size();
+  const zo::offload::BucketPlan plan(layout, {4108, 4, true});
+  for (const zo::DType sd : {zo::DType::kF32, zo::DType::kBF16}) {
+    auto c = opt_config();
+    c.state_dtype = sd;
+    HostOptimizer whole(layout, c);
+    zo::model::init_gpt2(layout, 7, whole.master().data());
+    std::vector<std::unique_ptr<HostOptimizer>> parts;
+    for (int r = 0; r < 3; ++r) {
+      parts.push_back(
+          std::make_unique<HostOptimizer>(layout, c, zo::offload::owned_ranges(plan.shards(r, 3))));
+      parts.back()->take_owned(whole.master().data(), parts.back()->master().data());
+    }
+    std::mt19937 rng(11);
+    std::normal_distribution<float> g(0.0f, 1e-2f);
+    std::vector<float> grads(n), local;
+    for (std::int64_t t = 1; t <= 3; ++t) {
+      for (auto& x : grads)
+        x = g(rng);
+      whole.step({grads.data(), n, zo::DType::kF32}, 1e-3f, 0.5f);
+      for (auto& p : parts) {
+        local.resize(p->size());
+        p->take_owned(grads.data(), local.data());
+        for (int l = -1; l <= odd_spec().n_layer; ++l) {  // embeddings, blocks, ln_f
+          const std::size_t b = l < 0                    ? 0
+                                : l < odd_spec().n_layer ? layout.block_begin(l)
+                                                         : layout.block_end(l - 1);
+          const std::size_t e = l < 0                    ? layout.block_begin(0)
+                                : l < odd_spec().n_layer ? layout.block_end(l)
+                                                         : n;
+          p->update_range(b, e, {local.data(), local.size(), zo::DType::kF32}, t, 1e-3f, 0.5f);
+        }
+      }
+    }
+    std::size_t total = 0;
+    for (auto& p : parts) {
+      std::vector<float> expect(p->size());
+      p->take_owned(whole.master().data(), expect.data());
+      for (std::size_t i = 0; i < p->size(); ++i)
+        ASSERT_EQ(p->master()[i], expect[i]) << i;
+      const std::size_t es = zo::dtype_size(sd);
+      std::vector<char> m(p->size() * es);
+      for (const auto& o : p->owned())
+        std::memcpy(m.data() + o.local * es,
+                    static_cast<const char*>(whole.exp_avg().data) + o.begin * es,
+                    (o.end - o.begin) * es);
+      EXPECT_EQ(std::memcmp(m.data(), p->exp_avg().data, m.size()), 0);
+      total += p->size();
+    }
+    EXPECT_EQ(total, n);
+  }
+  EXPECT_THROW(HostOptimizer(layout, opt_config(), {{5, 3, 0}}), std::invalid_argument);
+  EXPECT_THROW(HostOptimizer(layout, opt_config(), {{0, 4, 0}, {2, 8, 4}}), std::invalid_argument);
+  EXPECT_THROW(HostOptimizer(layout, opt_config(), {{0, 4, 1}}), std::invalid_argument);
+}
+
 TEST(Engine, AccumulationMatchesTheFlatPath) {
   Rig rig(11);
   const auto& layout = rig.layout;
