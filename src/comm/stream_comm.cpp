@@ -4,6 +4,10 @@
 #include <string>
 
 #include "device/host_stream.h"
+#ifdef ZO_HAVE_CUDA
+#include "device/cuda_device.h"
+#include "gpu/nccl_comm.h"
+#endif
 
 namespace zo::comm {
 namespace {
@@ -46,16 +50,47 @@ class HostStreamComm final : public StreamComm {
   std::unique_ptr<Communicator> comm_;
 };
 
+#ifdef ZO_HAVE_CUDA
+// The CUDA backend: NCCL on the CUDA stream.
+class NcclStreamComm final : public StreamComm {
+ public:
+  NcclStreamComm(const gpu::NcclId& id, int rank, int size, int device, double timeout_s)
+      : nccl_(id, rank, size, device, timeout_s) {}
+  int rank() const override { return nccl_.rank(); }
+  int size() const override { return nccl_.size(); }
+  void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
+                      dev::Stream& s) override {
+    nccl_.reduce_scatter(in, out, count, dtype, dev::cuda_stream_handle(s));
+  }
+  void all_gather(const void* in, void* out, std::size_t count, DType dtype,
+                  dev::Stream& s) override {
+    nccl_.all_gather(in, out, count, dtype, dev::cuda_stream_handle(s));
+  }
+
+ private:
+  gpu::NcclComm nccl_;
+};
+#endif
+
 }  // namespace
 
-std::unique_ptr<StreamComm> make_stream_comm(dev::Device& device, Communicator& parent) {
+std::unique_ptr<StreamComm> make_stream_comm(dev::Device& device, Communicator& parent,
+                                             double timeout_s) {
   if (device.backend() == dev::Backend::kHost) {
     return std::make_unique<HostStreamComm>(parent.duplicate());
   }
+#ifdef ZO_HAVE_CUDA
+  // NCCL, bootstrapped through the parent: rank 0's unique id broadcast to every rank.
+  gpu::NcclId id{};
+  if (parent.rank() == 0) id = gpu::NcclComm::unique_id();
+  parent.broadcast(id.data(), id.size(), 0);
+  return std::make_unique<NcclStreamComm>(id, parent.rank(), parent.size(), device.cuda_ordinal(),
+                                          timeout_s);
+#else
   (void)parent;
-  throw std::runtime_error(
-      "data parallelism on the CUDA backend needs the NCCL path, which is not built yet; "
-      "run data-parallel jobs with --device host, or a single process on the GPU");
+  (void)timeout_s;
+  throw std::logic_error("stream collectives: a CUDA device in a build without CUDA");
+#endif
 }
 
 }  // namespace zo::comm

@@ -34,7 +34,9 @@ class StreamComm {
 
 // For `device`'s streams: takes a fresh communicator from `parent` (collective call: every rank
 // makes its stream communicators in the same order). Host backend: MPI (or the single-process
-// copy) on the stream's thread, fp32 only; CUDA backend: NCCL.
-std::unique_ptr<StreamComm> make_stream_comm(dev::Device& device, Communicator& parent);
+// copy) on the stream's thread, fp32 only; CUDA backend: NCCL, its initialisation bounded by
+// timeout_s.
+std::unique_ptr<StreamComm> make_stream_comm(dev::Device& device, Communicator& parent,
+                                             double timeout_s = 300.0);
 
 }  // namespace zo::comm

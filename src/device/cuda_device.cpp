@@ -657,6 +657,12 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) {
   return std::make_unique<CudaDevice>(options, info);
 }
 
+void* cuda_stream_handle(Stream& s) {
+  auto* c = dynamic_cast<CudaStream*>(&s);
+  if (c == nullptr) throw std::logic_error("cuda_stream_handle: not a CUDA stream");
+  return c->get();
+}
+
 }  // namespace zo::dev
 
 #endif  // ZO_HAVE_CUDA

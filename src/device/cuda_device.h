@@ -30,6 +30,8 @@ struct CudaDeviceOptions {
 // Streams are non-blocking CUDA streams; ops validate arguments eagerly (std::invalid_argument)
 // and kernel faults surface at the next synchronize as zo::gpu::CudaError.
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options);
+// The cudaStream_t behind a stream of a CUDA device (for NCCL); throws for other streams.
+void* cuda_stream_handle(Stream& s);
 #endif
 
 }  // namespace zo::dev

@@ -147,8 +147,8 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
   bucket_slot_.assign(nb, nullptr);
   if (parallel()) {
     // Gradients and parameters flow on different streams: one communicator each.
-    grad_comm_ = comm::make_stream_comm(dev_, *comm_);
-    param_comm_ = comm::make_stream_comm(dev_, *comm_);
+    grad_comm_ = comm::make_stream_comm(dev_, *comm_, cfg_.comm_timeout);
+    param_comm_ = comm::make_stream_comm(dev_, *comm_, cfg_.comm_timeout);
     gather_in_ = dev_.alloc(max_shard(shards_) * esize_, "parameter shard for the all-gather");
     gather_out_ = dev_.alloc(R * max_shard(shards_) * esize_, "all-gathered parameters");
     dev_.fill_zero(gather_in_.data(), gather_in_.bytes(), *h2d_);  // the padding is never garbage

@@ -46,12 +46,13 @@ struct EngineConfig {
   // Gradient bytes per bucket (act dtype). 32 MiB: large enough that a copy runs at full PCIe
   // bandwidth, small enough that the last bucket's copy adds little after backward.
   std::size_t bucket_bytes = std::size_t{32} << 20;
-  int grad_accum = 1;       // micro-batches per step; > 1 accumulates on the host in fp32
-  bool pin = true;          // page-lock host staging buffers (off: pageable, copies not async)
-  int device_slots = 3;     // device ring of bucket-sized gradient slots (>= 2)
-  int host_slots = 4;       // pinned ring for accumulation (grad_accum > 1)
-  bool dpu = false;         // allocate for delayed updates (begin_step(true) delays a step)
-  int ranks = 1, rank = 0;  // data parallel: the job's ranks and this one
+  int grad_accum = 1;           // micro-batches per step; > 1 accumulates on the host in fp32
+  bool pin = true;              // page-lock host staging buffers (off: pageable, copies not async)
+  int device_slots = 3;         // device ring of bucket-sized gradient slots (>= 2)
+  int host_slots = 4;           // pinned ring for accumulation (grad_accum > 1)
+  bool dpu = false;             // allocate for delayed updates (begin_step(true) delays a step)
+  int ranks = 1, rank = 0;      // data parallel: the job's ranks and this one
+  double comm_timeout = 300.0;  // seconds NCCL initialisation may wait for the other ranks
 };
 
 // The bucket plan the engine uses (buckets cut at group boundaries when ranks > 1) and this

@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint/error.h"
 #include "comm/comm.h"
@@ -225,7 +226,12 @@ struct Trainer::Impl {
     loaders = data::make_loaders(train_src, val_src, lc);
 
     // The memory plan, checked before allocating.
-    dev = make_device(cfg);
+    {
+      // Ranks sharing a machine share its cores: "all cores" means this rank's share.
+      TrainConfig dc = cfg;
+      if (dc.threads == 0) dc.threads = core_share();
+      dev = make_device(dc);
+    }
     act = dev->act_dtype();
     scaler = LossScaler(scaler_config(cfg, act));
     PlanInput pi{spec,
@@ -254,7 +260,7 @@ struct Trainer::Impl {
     oc.decay_policy.embeddings = cfg.decay_embeddings;
     oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
     oc.state_dtype = cfg.optimizer_state;
-    oc.threads = cfg.adam_threads;
+    oc.threads = cfg.adam_threads == 0 ? core_share() : cfg.adam_threads;
     if (ranks > 1) {  // every rank's partition (checkpoints gather by them); this rank's own
       for (int r = 0; r < ranks; ++r) {
         offload::EngineConfig e = engine_config();
@@ -313,6 +319,13 @@ struct Trainer::Impl {
     }
   }
 
+  // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
+  static int core_share() {
+    const int local = comm::rank_info_from_env().local_size;
+    if (local <= 1) return 0;
+    return std::max(1, int(std::thread::hardware_concurrency()) / local);
+  }
+
   offload::EngineConfig engine_config() const {
     offload::EngineConfig e;
     e.bucket_bytes = cfg.bucket_size;
@@ -321,6 +334,7 @@ struct Trainer::Impl {
     e.dpu = cfg.dpu;
     e.ranks = ranks;
     e.rank = rank;
+    e.comm_timeout = cfg.comm_timeout;
     return e;
   }
   const void* params_ptr() const { return resident ? params.data() : engine->params(); }
