@@ -21,6 +21,7 @@
 #include "gpu/check.h"
 #include "gpu/device.h"
 #include "gpu/device_buffer.h"
+#include "gpu/nccl_comm.h"
 
 namespace {
 
@@ -467,6 +468,50 @@ TEST_F(GpuTest, SixteenBitValuesSurviveTheTripThroughFp32) {
     const std::vector<std::uint32_t> back = cast_on_device(wide, DType::kF32, t);
     ASSERT_TRUE(same_values(DType::kF32, t, wide, all, back));
   }
+}
+
+}  // namespace
+
+// ---- NCCL (data parallelism on GPUs, issue 6) -------------------------------------------------
+
+namespace {
+
+// The single-rank NCCL path the engine uses: init from a unique id, then reduce-scatter and
+// all-gather of one rank are exact copies (fp32 and bf16 words, odd count).
+TEST(Nccl, SingleRankCollectivesAreExactCopies) {
+  if (usable_device() < 0) GTEST_SKIP() << "needs a CUDA GPU: " << zo::gpu::no_device_reason();
+  if (!zo::gpu::nccl_available()) GTEST_SKIP() << "this build has no NCCL";
+  zo::gpu::NcclComm comm(zo::gpu::NcclComm::unique_id(), 0, 1, usable_device(), 60.0);
+  EXPECT_EQ(comm.size(), 1);
+  cudaStream_t s = nullptr;
+  ZO_CUDA_CHECK(cudaStreamCreate(&s));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> value(0.0f, 3.0f);
+  for (const DType d : {DType::kF32, DType::kBF16}) {
+    const std::size_t n = 1001, bytes = n * zo::dtype_size(d);
+    std::vector<unsigned char> host(bytes), back(bytes);
+    for (std::size_t i = 0; i < n; ++i) {  // finite values; bf16 keeps a float's high half
+      const auto w = std::bit_cast<std::uint32_t>(value(rng));
+      if (d == DType::kF32) {
+        std::memcpy(host.data() + 4 * i, &w, 4);
+      } else {
+        const auto h = static_cast<std::uint16_t>(w >> 16);
+        std::memcpy(host.data() + 2 * i, &h, 2);
+      }
+    }
+    DeviceBuffer in(bytes), out(bytes);
+    ZO_CUDA_CHECK(cudaMemcpy(in.data(), host.data(), bytes, cudaMemcpyHostToDevice));
+    comm.reduce_scatter(in.data(), out.data(), n, d, s);
+    ZO_CUDA_CHECK(cudaStreamSynchronize(s));
+    ZO_CUDA_CHECK(cudaMemcpy(back.data(), out.data(), bytes, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(back, host) << "reduce_scatter " << zo::dtype_name(d);
+    ZO_CUDA_CHECK(cudaMemset(out.data(), 0, bytes));
+    comm.all_gather(in.data(), out.data(), n, d, s);
+    ZO_CUDA_CHECK(cudaStreamSynchronize(s));
+    ZO_CUDA_CHECK(cudaMemcpy(back.data(), out.data(), bytes, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(back, host) << "all_gather " << zo::dtype_name(d);
+  }
+  ZO_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 }  // namespace
