@@ -78,7 +78,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
       ->capture_default_str();
   t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
       ->capture_default_str();
-  t->add_option("--adam-threads", c.adam_threads, "CPU Adam threads; 0 = all cores");
+  t->add_option("--adam-threads", c.adam_threads,
+                "CPU Adam threads; 0 = all cores (this rank's share with mpirun)");
   t->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
       ->capture_default_str();
   t->add_option("--mode", c.mode,
@@ -110,7 +111,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
       ->capture_default_str();
   t->add_flag("!--no-pin", c.pin, "offload: pageable instead of page-locked host buffers");
   t->add_option("--trace", c.trace, "write a Chrome trace-event JSON of the run (Perfetto)");
-  t->add_option("--threads", c.threads, "host backend compute threads; 0 = all cores");
+  t->add_option("--threads", c.threads,
+                "host backend compute threads; 0 = all cores (this rank's share)");
   t->add_option("--comm-timeout", c.comm_timeout,
                 "data parallel: seconds a collective waits for the other ranks")
       ->capture_default_str();

@@ -1,8 +1,8 @@
 // Collective communication between the ranks of a data-parallel job (issue 6,
-// docs/scale_out_design.md). This first layer is host-side and blocking: small collectives for
+// docs/scale_out.md). This first layer is host-side and blocking: small collectives for
 // norms, flags and config checks, and the reduce-scatter / all-gather the host backend's data
-// parallelism uses. The CUDA path will add NCCL collectives on streams, bootstrapped through
-// broadcast() here.
+// parallelism uses. Collectives on device streams (MPI on host-backend stream threads, NCCL on
+// CUDA streams bootstrapped through broadcast() here) are in comm/stream_comm.h.
 //
 // Every call is collective: all ranks call it in the same order with the same sizes. A call that
 // does not complete within the communicator's timeout throws CommError on the ranks that wait
