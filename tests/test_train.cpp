@@ -555,6 +555,31 @@ TEST(TrainerErrors, UnwritableCheckpointDirectoryFailsCleanly) {
   EXPECT_EQ(file_bytes(blocker), "not a directory");
 }
 
+// Data parallel: each rank's host optimizer holds its partition; the ranks' parts add up to the
+// model, and the device gets the shard and all-gather buffers.
+TEST(Plan, DataParallelRanksHoldTheirPartition) {
+  zo::train::PlanInput in;
+  in.spec = zo::model::load_model_spec("gpt2-124m");
+  in.shape = {4, 1024, false};
+  in.act_dtype = zo::DType::kBF16;
+  const std::size_t n = 124439808u;
+  std::size_t total = 0;
+  for (int r = 0; r < 3; ++r) {
+    in.engine.ranks = 3;
+    in.engine.rank = r;
+    const auto p = zo::train::plan_memory(in);
+    const std::size_t master = p.host.front().bytes;
+    EXPECT_NE(p.host.front().what.find("1/3"), std::string::npos) << p.host.front().what;
+    EXPECT_NEAR(double(master), n * 4.0 / 3.0, n * 4.0 * 0.01);
+    total += master;
+    bool comm_line = false;
+    for (const auto& l : p.device)
+      comm_line = comm_line || (l.what.find("all-gather") != std::string::npos && l.bytes > 0);
+    EXPECT_TRUE(comm_line);
+  }
+  EXPECT_EQ(total, n * 4);
+}
+
 TEST(Plan, NumbersAddUpAndAdviceNamesTheFix) {
   zo::train::PlanInput in;
   in.spec = zo::model::load_model_spec("gpt2-124m");

@@ -28,8 +28,7 @@ pinned::PinOptions pin_options(const dev::Device& d, const EngineConfig& c) {
   return o;
 }
 
-// Largest padded bucket (ranks x shard count) among those cycling through the ring, and the
-// largest shard count of any bucket.
+// Largest padded bucket (ranks x shard count) among those cycling through the device ring.
 std::size_t max_ring_bucket(const BucketPlan& plan, const std::vector<BucketShard>& shards,
                             int ranks) {
   std::size_t m = 0;
@@ -79,14 +78,16 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
   const std::vector<BucketShard> shards = plan.shards(c.rank, c.ranks);
   const std::size_t n = local_size(shards);
   EngineFootprint f;
-  std::size_t slots = std::size_t(c.device_slots);
+  const std::size_t slots = std::size_t(c.device_slots);
+  const std::size_t ring = max_ring_bucket(plan, shards, c.ranks);
   for (const Bucket& b : plan.buckets()) {
     if (!is_embedding(b)) continue;
     f.device_grad_slots += R * shards[b.index].count * es;
     if (R > 1) f.device_comm += shards[b.index].count * es;
   }
-  f.device_grad_slots += slots * max_ring_bucket(plan, shards, c.ranks) * es;
-  if (R > 1) f.device_comm += (slots + 1 + R) * max_shard(shards) * es;
+  f.device_grad_slots += slots * ring * es;
+  // Data parallel: each slot's shard, and the all-gather's input and output.
+  if (R > 1) f.device_comm += (slots * (ring / R) + (1 + R) * max_shard(shards)) * es;
   f.device_stats = plan.buckets().size() * 2 * sizeof(float);
   const std::size_t copies = c.dpu ? 2 : 1;
   if (c.grad_accum > 1) {

@@ -19,6 +19,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.device.push_back(
         {"gradient buckets (embeddings + " + std::to_string(in.engine.device_slots) + " slots)",
          f.device_grad_slots + f.device_stats});
+    if (f.device_comm) p.device.push_back({"data-parallel shards and all-gather", f.device_comm});
   }
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
@@ -33,9 +34,15 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.device.push_back({"Adam v " + state, n * sb});
     p.host.push_back({"checkpoint staging (master, m, v)", n * (4 + 2 * sb)});
   } else {
-    p.host.push_back({"fp32 master weights", n * 4});
-    p.host.push_back({"Adam m " + state, n * sb});
-    p.host.push_back({"Adam v " + state, n * sb});
+    // Data parallel: this rank's partition only.
+    std::size_t owned = 0;
+    for (const auto& o : offload::engine_partition(layout, in.act_dtype, in.engine))
+      owned += o.end - o.begin;
+    const std::string part =
+        in.engine.ranks > 1 ? " (1/" + std::to_string(in.engine.ranks) + ")" : "";
+    p.host.push_back({"fp32 master weights" + part, owned * 4});
+    p.host.push_back({"Adam m " + state + part, owned * sb});
+    p.host.push_back({"Adam v " + state + part, owned * sb});
     const std::string two = in.engine.dpu ? " x2 (DPU)" : "";
     if (f.host_grads) p.host.push_back({"gradient landing buffer" + two, f.host_grads});
     if (f.host_accum) p.host.push_back({"fp32 accumulated gradients" + two, f.host_accum});
