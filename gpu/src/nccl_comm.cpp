@@ -29,6 +29,7 @@ NcclComm::NcclComm(const NcclId&, int, int, int, double) {
 NcclComm::~NcclComm() = default;
 void NcclComm::reduce_scatter(const void*, void*, std::size_t, DType, void*) {}
 void NcclComm::all_gather(const void*, void*, std::size_t, DType, void*) {}
+void NcclComm::abort() noexcept {}
 
 #else
 
@@ -106,16 +107,28 @@ NcclComm::~NcclComm() {
   if (comm_ != nullptr) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
 }
 
+void NcclComm::abort() noexcept {
+  if (comm_ != nullptr) ncclCommAbort(static_cast<ncclComm_t>(comm_));
+  comm_ = nullptr;
+}
+
+namespace {
+ncclComm_t live(void* c) {
+  if (c == nullptr) throw std::runtime_error("NCCL communicator used after it was aborted");
+  return static_cast<ncclComm_t>(c);
+}
+}  // namespace
+
 void NcclComm::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                               void* stream) {
-  auto* c = static_cast<ncclComm_t>(comm_);
+  ncclComm_t c = live(comm_);
   check(ncclReduceScatter(in, out, count, nccl_type(dtype), ncclSum, c,
                           static_cast<cudaStream_t>(stream)),
         "ncclReduceScatter", c);
 }
 
 void NcclComm::all_gather(const void* in, void* out, std::size_t count, DType dtype, void* stream) {
-  auto* c = static_cast<ncclComm_t>(comm_);
+  ncclComm_t c = live(comm_);
   check(ncclAllGather(in, out, count, nccl_type(dtype), c, static_cast<cudaStream_t>(stream)),
         "ncclAllGather", c);
 }

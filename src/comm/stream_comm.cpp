@@ -28,6 +28,9 @@ class HostStreamComm final : public StreamComm {
     });
   }
 
+  // MPI collectives end by themselves: each is bounded by the communicator's timeout.
+  void abort() noexcept override {}
+
   void all_gather(const void* in, void* out, std::size_t count, DType dtype,
                   dev::Stream& s) override {
     host(s).enqueue([c = comm_.get(), in, out, bytes = count * dtype_size(dtype)] {
@@ -66,6 +69,7 @@ class NcclStreamComm final : public StreamComm {
                   dev::Stream& s) override {
     nccl_.all_gather(in, out, count, dtype, dev::cuda_stream_handle(s));
   }
+  void abort() noexcept override { nccl_.abort(); }
 
  private:
   gpu::NcclComm nccl_;

@@ -30,6 +30,9 @@ class StreamComm {
   // must not overlap.
   virtual void all_gather(const void* in, void* out, std::size_t count, DType dtype,
                           dev::Stream& s) = 0;
+  // Ends collectives that will never complete (another rank died or hangs) so that the streams
+  // waiting on them drain; the communicator is unusable afterwards. Never throws.
+  virtual void abort() noexcept = 0;
 };
 
 // For `device`'s streams: takes a fresh communicator from `parent` (collective call: every rank

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "offload/host_accumulate.h"
 
@@ -180,6 +181,7 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
   bucket_ready_ = dev_.create_event();
   bwd_done_ = dev_.create_event();
   stats_ready_ = dev_.create_event();
+  synced_ = dev_.create_event();
   adam_done_.assign(groups_.size(), 0);
   uploaded_.assign(groups_.size(), 1);
   up_recorded_.assign(groups_.size(), 0);
@@ -192,6 +194,16 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
 }
 
 Engine::~Engine() {
+  // Data parallel: a collective that never completes would block everything below; the streams
+  // get the communication timeout, then the collectives are aborted.
+  if (parallel()) {
+    for (dev::Stream* s : {d2h_.get(), h2d_.get()}) {
+      try {
+        if (s) sync_bounded(*s, "shutting down");
+      } catch (const std::exception&) {
+      }
+    }
+  }
   // Nothing may still read or write the buffers below once they are freed.
   for (SerialWorker* w : {adam_.get(), accumulator_.get()}) {
     try {
@@ -222,7 +234,27 @@ void Engine::upload_all() {
     convert_from_float(opt_.master().data(), upload_.data(), act_, opt_.size());
   for (std::size_t g = 0; g < groups_.size(); ++g)
     enqueue_upload(g);
-  h2d_->synchronize();
+  sync_bounded(*h2d_, "the parameter all-gather");
+}
+
+void Engine::sync_bounded(dev::Stream& s, const char* what) {
+  if (parallel()) {
+    dev_.record(*synced_, s);
+    const auto deadline = Clock::now() + std::chrono::duration<double>(cfg_.comm_timeout);
+    for (int spins = 0; !synced_->query(); ++spins) {
+      if (Clock::now() > deadline) {
+        grad_comm_->abort();
+        param_comm_->abort();
+        throw comm::CommError("rank " + std::to_string(cfg_.rank) + " of " +
+                              std::to_string(cfg_.ranks) + ": " + what +
+                              " did not complete within " + std::to_string(int(cfg_.comm_timeout)) +
+                              " s: another rank has died, stopped, or runs a different "
+                              "configuration (--comm-timeout)");
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  s.synchronize();
 }
 
 // ---- gradients: device slots, streaming, host side ------------------------------------------
@@ -346,7 +378,7 @@ GradStats Engine::finish_gradients() {
   dev_.copy_to_host(stats_host_.data(), stats_.data(), nb * 2 * sizeof(float), *d2h_);
   dev_.record(*stats_ready_, *d2h_);
   // The stream, not just the event: it rethrows a failed collective (a rank died or diverged).
-  d2h_->synchronize();
+  sync_bounded(*d2h_, "the gradient reduce-scatter");
   const auto device_done = Clock::now();
   GradStats st;
   const auto stats = stats_host_.span<float>();
@@ -369,7 +401,7 @@ GradStats Engine::finish_gradients() {
     st.nonfinite = v[1] != 0.0;
     // Every upload enqueued so far is done (this step's forward waited for each group), so this
     // costs nothing; a failed all-gather among them surfaces here.
-    h2d_->synchronize();
+    sync_bounded(*h2d_, "the parameter all-gather");
   }
   st.nonfinite = st.nonfinite || !std::isfinite(st.sumsq);
   // Before any new upload re-records the upload events this reads.
@@ -500,7 +532,7 @@ void Engine::drain() {
   for (std::size_t g = 0; g < groups_.size(); ++g)
     ensure_uploaded(g);
   adam_->wait_idle();
-  h2d_->synchronize();
+  sync_bounded(*h2d_, "the parameter all-gather");
 }
 
 // ---- timings

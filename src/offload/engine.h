@@ -142,6 +142,9 @@ class Engine final : public model::GradSink {
   void* slot_for(std::size_t bucket);
   void stream_bucket(std::size_t bucket);
   void enqueue_upload(std::size_t group);
+  // Waits for everything enqueued on s so far and rethrows its errors; data parallel: bounded
+  // by config.comm_timeout, after which the collectives are aborted and CommError thrown.
+  void sync_bounded(dev::Stream& s, const char* what);
   void run_update(std::int64_t t, float lr, float mult, int host_buf);  // on the Adam thread
   void ensure_uploaded(std::size_t group);
   void collect_times(double accumulate_tail_ms);
@@ -187,7 +190,7 @@ class Engine final : public model::GradSink {
   // stall begin/end; the rest one each.
   std::vector<std::unique_ptr<dev::Event>> copy_begin_, copy_end_;
   std::vector<std::unique_ptr<dev::Event>> up_begin_, up_end_, stall_begin_, stall_end_;
-  std::unique_ptr<dev::Event> bucket_ready_, bwd_done_, stats_ready_;
+  std::unique_ptr<dev::Event> bucket_ready_, bwd_done_, stats_ready_, synced_;
   dev::EventClock clock_;  // device events on the trace's timeline
 
   // The update in flight. adam_done_ and failed_ are shared with the Adam thread (mu_).

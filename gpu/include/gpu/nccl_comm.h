@@ -34,6 +34,8 @@ class NcclComm {
   void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, void* stream);
   // in (count) -> out (size * count), rank order; on `stream`.
   void all_gather(const void* in, void* out, std::size_t count, DType dtype, void* stream);
+  // ncclCommAbort: collectives in flight end (with an error) and later calls throw.
+  void abort() noexcept;
 
  private:
   void* comm_ = nullptr;  // ncclComm_t
