@@ -131,6 +131,12 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos);
   r = run("plan --model gpt2-124m -b 1 --seq-len 256 --precision bf16 --device-memory 80GiB");
   EXPECT_EQ(r.code, 0) << r.out;
+  r = run("plan --model gpt2-124m --precision bf16 --ranks 4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fp32 master weights (1/4)"), std::string::npos) << r.out;
+  r = run("plan --ranks 2 --mode resident");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--mode offload"), std::string::npos) << r.out;
   r = run("sample --prompt-tokens 1,x --init-from a --model tiny");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'x'"), std::string::npos);

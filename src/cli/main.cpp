@@ -201,6 +201,10 @@ int main(int argc, char** argv) {
   plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
   plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
+  int plan_ranks = 1;
+  plan->add_option("--ranks", plan_ranks,
+                   "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
+      ->capture_default_str();
 
   // export
   auto* exp = app.add_subcommand("export",
@@ -270,6 +274,16 @@ int main(int argc, char** argv) {
       if (!plan_bucket.text.empty()) pi.engine.bucket_bytes = plan_bucket.bytes();
       if (plan_mode != "auto" && plan_mode != "resident" && plan_mode != "offload") {
         throw std::invalid_argument("--mode must be auto, resident or offload");
+      }
+      if (plan_ranks < 1) throw std::invalid_argument("--ranks must be >= 1");
+      if (plan_ranks > 1) {  // as train under mpirun: offload, rank 0's partition
+        if (plan_mode == "resident") {
+          throw std::invalid_argument(
+              "--ranks > 1 plans data-parallel training, which uses "
+              "--mode offload (the optimizer state is partitioned)");
+        }
+        plan_mode = "offload";
+        pi.engine.ranks = plan_ranks;
       }
       const bool gpu = pi.act_dtype != zo::DType::kF32;
       const auto choice = zo::train::choose_mode(pi, gpu);
