@@ -152,11 +152,14 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "device/device.h"
 #include "model/gpt.h"
 #include "offload/engine.h"
 #include "offload/host_optimizer.h"
+#include "thread_comm.h"
 
 namespace {
 
@@ -318,8 +321,6 @@ INSTANTIATE_TEST_SUITE_P(BucketSizes, EngineTest,
                          ::testing::Values(std::size_t{1}, std::size_t{4096} + 12,
                                            std::size_t{30011}, std::size_t{1} << 30));
 
-// Accumulating three micro-batches on the host in fp32 matches accumulating them on the device
-// (only the summation order differs), and the norm is that of the accumulated gradient.
 // A rank's optimizer over its partition updates exactly what the whole optimizer updates there,
 // bit for bit (fp32 and bf16 state), group range by group range as the engine calls it.
 TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
@@ -380,6 +381,117 @@ TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
   EXPECT_THROW(HostOptimizer(layout, opt_config(), {{0, 4, 1}}), std::invalid_argument);
 }
 
+// Data parallel through the engine (reduce-scatter on the gradient stream, partitioned CPU
+// Adam, all-gather on the upload stream, all-reduced norm), ranks as threads. With both ranks on
+// the same batch and half the loss gradient each, the reduce-scatter's a/2 + a/2 is exactly a,
+// so two ranks must reproduce one engine bit for bit: master, m, v and the device parameters,
+// with host accumulation and DPU too.
+struct DpCase {
+  int accum;
+  bool dpu;
+};
+class EngineDataParallel : public ::testing::TestWithParam<DpCase> {};
+
+TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
+  const DpCase pc = GetParam();
+  const zo::model::ParameterLayout layout(odd_spec());
+  const std::size_t n = layout.size();
+  const int B = 2, T = 16, steps = 4;
+  const float dloss = 1.0f / float(B * T * pc.accum), lr = 2e-3f;
+  std::vector<Batches> batches;
+  for (int s = 0; s < steps; ++s)
+    batches.emplace_back(pc.accum, B * T, 300 + s);
+  EngineConfig ec;
+  ec.bucket_bytes = 4108;  // odd: shards of unequal length, padding
+  ec.grad_accum = pc.accum;
+  ec.dpu = pc.dpu;
+
+  // One engine.
+  auto d = zo::dev::make_host_device({});
+  auto stream = d->create_stream();
+  HostOptimizer one(layout, opt_config());
+  zo::model::init_gpt2(layout, 9, one.master().data());
+  std::vector<double> sumsq_one;
+  std::vector<float> params_one;
+  {
+    Engine e(*d, *stream, layout, one, ec);
+    e.upload_all();
+    zo::model::Gpt gpt(*d, layout, {B, T, false});
+    for (int s = 0; s < steps; ++s)
+      sumsq_one.push_back(engine_step(*d, *stream, e, gpt, batches[s], T, dloss, lr, pc.dpu).sumsq);
+    e.drain();
+    params_one = download(*d, e.params(), n);
+  }
+
+  // Two ranks: threads with their own device, optimizer partition and engine.
+  constexpr int R = 2;
+  auto hub = std::make_shared<zo::test::ThreadCommHub>(R);
+  std::vector<float> master(n, NAN), m(n, NAN), v(n, NAN);
+  std::vector<std::vector<float>> params(R);
+  std::vector<std::vector<double>> sumsq(R);
+  std::vector<std::string> errors(R);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < R; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        zo::test::ThreadComm comm(hub, r);
+        EngineConfig c = ec;
+        c.ranks = R;
+        c.rank = r;
+        auto dr = zo::dev::make_host_device({});
+        auto sr = dr->create_stream();
+        HostOptimizer opt(layout, opt_config(),
+                          zo::offload::engine_partition(layout, zo::DType::kF32, c));
+        std::vector<float> whole(n);
+        zo::model::init_gpt2(layout, 9, whole.data());
+        opt.take_owned(whole.data(), opt.master().data());
+        {
+          Engine e(*dr, *sr, layout, opt, c, nullptr, &comm);
+          e.upload_all();
+          zo::model::Gpt gpt(*dr, layout, {B, T, false});
+          for (int s = 0; s < steps; ++s) {
+            sumsq[r].push_back(
+                engine_step(*dr, *sr, e, gpt, batches[s], T, dloss / R, lr, pc.dpu).sumsq);
+          }
+          e.drain();
+          params[r] = download(*dr, e.params(), n);
+        }
+        // Ranks own disjoint ranges: writing them into the shared arrays does not race.
+        for (const auto& o : opt.owned()) {
+          for (std::size_t i = o.begin; i < o.end; ++i) {
+            master[i] = opt.master()[o.local + (i - o.begin)];
+            m[i] = static_cast<const float*>(opt.exp_avg().data)[o.local + (i - o.begin)];
+            v[i] = static_cast<const float*>(opt.exp_avg_sq().data)[o.local + (i - o.begin)];
+          }
+        }
+      } catch (const std::exception& ex) {
+        errors[r] = ex.what();
+      }
+    });
+  }
+  for (auto& t : ranks)
+    t.join();
+  for (int r = 0; r < R; ++r)
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(master[i], one.master()[i]) << "element " << i;
+    ASSERT_EQ(m[i], static_cast<const float*>(one.exp_avg().data)[i]) << "m " << i;
+    ASSERT_EQ(v[i], static_cast<const float*>(one.exp_avg_sq().data)[i]) << "v " << i;
+  }
+  for (int r = 0; r < R; ++r) {
+    EXPECT_EQ(params[r], params_one) << "rank " << r << " device parameters";
+    ASSERT_EQ(sumsq[r].size(), sumsq_one.size());
+    for (int s = 0; s < steps; ++s)  // per-shard sums in another order; both ranks agree
+      EXPECT_NEAR(sumsq[r][s], sumsq_one[s], 1e-5 * sumsq_one[s]);
+    EXPECT_EQ(sumsq[r], sumsq[0]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, EngineDataParallel,
+                         ::testing::Values(DpCase{1, false}, DpCase{2, false}, DpCase{1, true}));
+
+// Accumulating three micro-batches on the host in fp32 matches accumulating them on the device
+// (only the summation order differs), and the norm is that of the accumulated gradient.
 TEST(Engine, AccumulationMatchesTheFlatPath) {
   Rig rig(11);
   const auto& layout = rig.layout;
