@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -92,6 +93,27 @@ TEST(HostBuffer, OddSizesArePageAlignedAndWritable) {
     }
     fill_and_verify(buffer, static_cast<std::uint32_t>(bytes));
   }
+}
+
+// Data-parallel ranks run next to their GPU: binding happens only when nobody bound the
+// process before (each case in its own thread, whose affinity it may change).
+TEST(RunNearNode, BindsOnlyAnUnboundThreadToAValidNode) {
+  std::thread([] {
+    EXPECT_FALSE(zo::pinned::run_near_node(-1));
+    EXPECT_FALSE(zo::pinned::run_near_node(zo::pinned::numa_node_count() + 64));
+  }).join();
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two CPUs to restrict one";
+  std::thread([] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    EXPECT_FALSE(zo::pinned::run_near_node(0)) << "a launcher's binding is kept";
+    cpu_set_t now;
+    ASSERT_EQ(sched_getaffinity(0, sizeof now, &now), 0);
+    EXPECT_EQ(CPU_COUNT(&now), 1);
+    EXPECT_TRUE(CPU_ISSET(0, &now));
+  }).join();
 }
 
 TEST(HostBuffer, ZeroBytesIsEmpty) {

@@ -4,6 +4,7 @@
 
 #include <numa.h>
 #include <numaif.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -252,6 +253,15 @@ std::size_t host_available_bytes() {
 int numa_node_count() {
   if (!numa_usable()) return 1;
   return std::max(1, ::numa_num_task_nodes());
+}
+
+bool run_near_node(int node) {
+  if (node < 0 || !numa_usable() || node > ::numa_max_node()) return false;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return false;
+  if (CPU_COUNT(&mask) < ::numa_num_configured_cpus()) return false;  // someone bound us already
+  return ::numa_run_on_node(node) == 0;
 }
 
 std::vector<int> page_nodes(const void* p, std::size_t bytes) {

@@ -232,6 +232,11 @@ struct Trainer::Impl {
       if (dc.threads == 0) dc.threads = core_share();
       dev = make_device(dc);
     }
+    // Ranks sharing a machine: run this one (and the Adam threads it creates) next to its GPU,
+    // unless the launcher bound it already (mpirun --bind-to ...).
+    if (ranks > 1 && dev->cuda_ordinal() >= 0) {
+      pinned::run_near_node(pinned::numa_node_of_gpu(dev->cuda_ordinal()));
+    }
     act = dev->act_dtype();
     scaler = LossScaler(scaler_config(cfg, act));
     PlanInput pi{spec,

@@ -99,6 +99,12 @@ std::size_t host_available_bytes();
 // NUMA nodes this process may allocate memory on; 1 when NUMA is unavailable.
 int numa_node_count();
 
+// Runs the calling thread, and the threads it creates from now on, on the CPUs of NUMA `node`,
+// unless the process is already restricted to a subset of the machine's CPUs (a launcher such
+// as `mpirun --bind-to` or numactl decided). Returns whether it bound; false also when NUMA is
+// unavailable or node < 0.
+bool run_near_node(int node);
+
 // For tests and diagnostics: the NUMA node of every page overlapping [p, p + bytes), or a
 // negative errno for a page that is not resident (-ENOENT) or not mapped (-EFAULT).
 // Does not fault pages in.
