@@ -8,6 +8,7 @@
 #include "pinned_memory/host_buffer.h"
 #ifdef ZO_HAVE_CUDA
 #include "gpu/device.h"
+#include "gpu/nccl_comm.h"
 #endif
 
 namespace zo::report {
@@ -47,6 +48,11 @@ nlohmann::json system_info() {
   // Multi-process: whether MPI is built in and where this process sits (rank discovery errors
   // are reported here rather than thrown: `info` is for diagnosing exactly those).
   nlohmann::json ranks = {{"mpi_built", comm::mpi_available()}};
+#ifdef ZO_HAVE_CUDA
+  ranks["nccl_built"] = gpu::nccl_available();
+#else
+  ranks["nccl_built"] = false;
+#endif
   try {
     const comm::RankInfo r = comm::rank_info_from_env();
     ranks.update(
@@ -84,7 +90,8 @@ std::string format_system_info(const nlohmann::json& j) {
   const auto reason = j["cuda"]["no_device_reason"].get<std::string>();
   if (!reason.empty()) os << "  no GPU: " << reason << "\n";
   const auto& r = j["ranks"];
-  os << "MPI           : " << (r["mpi_built"].get<bool>() ? "built" : "not built") << "; ";
+  os << "MPI           : " << (r["mpi_built"].get<bool>() ? "built" : "not built") << ", NCCL "
+     << (r["nccl_built"].get<bool>() ? "built" : "not built") << "; ";
   if (r.contains("error")) {
     os << "bad rank environment: " << r["error"].get<std::string>() << "\n";
   } else {
