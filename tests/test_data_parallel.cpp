@@ -35,10 +35,11 @@ const std::string kBin = ZO_OFFLOAD_TRAIN_BIN;
 // --grad-accum 2 accumulates on the host. One compute thread per rank on a 2-core machine.
 const std::string kCommon =
     " train --model tiny --device host --mode offload --seq-len 32 --steps 6 --grad-accum 2"
-    " --bucket-size 30011 --threads 1 --adam-threads 1 --eval-batches 2 --comm-timeout 120 -q";
+    " --bucket-size 30011 --threads 1 --adam-threads 1 --eval-batches 2 -q";
 
 Result ranks(int n, const std::string& args) {
-  return run_command(kMpiexec + " -np " + std::to_string(n) + " " + kBin + kCommon + " " + args);
+  return run_command(kMpiexec + " -np " + std::to_string(n) + " " + kBin + kCommon +
+                     " --comm-timeout 120 " + args);
 }
 Result single(const std::string& args) {
   return run_command(kBin + kCommon + " " + args);
@@ -184,6 +185,27 @@ TEST(DataParallel, MismatchedFlagsAreRefusedOnEveryRank) {
   EXPECT_EQ(errors, 2u) << "both ranks say why:\n" << r.out;
   EXPECT_NE(r.out.find("\"lr\""), std::string::npos) << "names the field:\n" << r.out;
   EXPECT_FALSE(fs::exists(d.path / "ck")) << "nothing written";
+}
+
+// A rank that stops responding (ZO_TEST_STALL=<rank>:<step> sleeps for 4 x --comm-timeout):
+// the other ends the whole job after about one timeout, naming the cause; the checkpoints
+// written before stay complete and resumable.
+TEST(DataParallel, AHungRankEndsTheJobWithAClearMessage) {
+  NEED_MPI();
+  TempDir d;
+  const std::string ck = " --micro-batch 2 --checkpoint-dir " + (d.path / "ck").string();
+  const Result r =
+      run_command("ZO_TEST_STALL=1:3 timeout 120 " + kMpiexec + " -x ZO_TEST_STALL -np 2 " + kBin +
+                  kCommon + ck + " --checkpoint-every 1 --comm-timeout 3");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+  EXPECT_NE(r.out.find("did not complete within 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("another rank has died, stopped"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d.path / "ck" / "step_00000002" / "MANIFEST.json"));
+  EXPECT_FALSE(fs::exists(d.path / "ck" / "step_00000003"));
+  const Result resumed = ranks(2, ck + " --resume latest");
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_TRUE(fs::exists(d.path / "ck" / "step_00000006" / "MANIFEST.json"));
 }
 
 TEST(DataParallel, RankEnvironmentWithoutMpirunIsRefused) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "checkpoint/error.h"
+#include "comm/comm.h"
 #include "data/token_source.h"
 #include "model/hf_weights.h"
 #include "model/layout.h"
@@ -139,7 +140,16 @@ int run_train(zo::train::TrainConfig c, const std::string& decay, const std::str
   if (!bucket.text.empty()) c.bucket_size = bucket.bytes();
   if (!model_given) c.model.clear();  // resume takes the checkpoint's spec
   zo::train::Trainer trainer(c);
-  trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
+  try {
+    trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
+  } catch (const zo::comm::CommError& e) {
+    // The job is broken (a rank died, hangs or diverged). Tearing the trainer down would wait
+    // for collectives that cannot complete: end every rank now.
+    std::fprintf(stderr, "offload_train: error: %s\n", e.what());
+    std::fflush(stderr);
+    zo::comm::abort_job(1);
+    throw;  // a single process (no MPI job to abort)
+  }
   return 0;
 }
 
@@ -346,6 +356,13 @@ int main(int argc, char** argv) {
                  stdout);
       return 0;
     }
+  } catch (const zo::comm::CommError& e) {
+    // The job is broken (a rank died, hangs or diverged): end every rank now rather than wait
+    // for the others in MPI_Finalize.
+    std::fprintf(stderr, "offload_train: error: %s\n", e.what());
+    std::fflush(stderr);
+    zo::comm::abort_job(1);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "offload_train: error: %s\n", e.what());
     return 1;

@@ -73,6 +73,11 @@ std::unique_ptr<Communicator> make_comm_from_env(double timeout_s = 300.0);
 void check_same_on_all_ranks(Communicator& c, const std::string& what,
                              const std::string& fingerprint);
 
+// Ends every rank of the job now (MPI_Abort) when this process is part of an MPI job; returns
+// otherwise. For a rank that found the job broken (a CommError): the others may be blocked in
+// collectives or in MPI_Finalize waiting for it. Never throws.
+void abort_job(int exit_code) noexcept;
+
 // `root`'s string on every rank (`mine` is read on root only).
 std::string broadcast_string(Communicator& c, const std::string& mine, int root);
 

@@ -22,6 +22,8 @@ bool mpi_available() {
   return false;
 }
 
+void abort_job(int) noexcept {}
+
 std::unique_ptr<Communicator> make_mpi_comm(double) {
   throw CommError(
       "this build has no MPI: install libopenmpi-dev and openmpi-bin (Debian) and "
@@ -229,6 +231,13 @@ class MpiComm final : public Communicator {
 
 bool mpi_available() {
   return true;
+}
+
+void abort_job(int exit_code) noexcept {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
 }
 
 std::unique_ptr<Communicator> make_mpi_comm(double timeout_s) {

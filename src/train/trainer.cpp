@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <map>
 #include <numeric>
@@ -151,6 +153,9 @@ struct Trainer::Impl {
   TrainConfig cfg;
   std::unique_ptr<comm::Communicator> comm;  // the job's ranks (one: a single process)
   int ranks = 1, rank = 0;
+  // Test hook (docs/testing.md): ZO_TEST_STALL=<rank>:<step> makes that rank stop responding
+  // at the start of that step for 4 x --comm-timeout, as a hung rank would.
+  std::int64_t stall_step = 0;
   std::vector<std::vector<offload::OwnedRange>> partitions;  // data parallel: every rank's
   model::ModelSpec spec;
   std::unique_ptr<model::ParameterLayout> layout;
@@ -184,6 +189,11 @@ struct Trainer::Impl {
     ranks = comm->size();
     rank = comm->rank();
     if (ranks > 1) {
+      if (const char* s = std::getenv("ZO_TEST_STALL")) {
+        int r = -1;
+        long long st = 0;
+        if (std::sscanf(s, "%d:%lld", &r, &st) == 2 && r == rank) stall_step = st;
+      }
       comm::check_same_on_all_ranks(*comm, "the training flags", cfg.to_json().dump());
       if (cfg.mode == "resident") {
         throw std::invalid_argument(
@@ -495,6 +505,10 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   PhaseTotals totals;
   for (std::int64_t step = I.start_step; step < cfg.steps; ++step) {
     report::ScopedSpan step_span(&I.trace, "main", "step", {{"step", step + 1}});
+    if (I.stall_step == step + 1) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(4 * cfg.comm_timeout));
+      throw std::runtime_error("rank " + std::to_string(I.rank) + " stalled by ZO_TEST_STALL");
+    }
     const auto t0 = Clock::now();
     const float lr = cfg.lr.at(step);
     const float scale = I.scaler.scale();
