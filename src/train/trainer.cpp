@@ -234,6 +234,15 @@ struct Trainer::Impl {
     lc.rank = rank;  // rank r reads rows r, r + ranks, ... of the global batch
     lc.world_size = ranks;
     loaders = data::make_loaders(train_src, val_src, lc);
+    if (ranks > 1) {  // same files (names, sizes) on every rank, e.g. on every node
+      comm::check_same_on_all_ranks(*comm, "the training data",
+                                    loaders.train->source().fingerprint().dump());
+      if (resume_state) {
+        comm::check_same_on_all_ranks(
+            *comm, "the checkpoint to resume",
+            resume_dir.string() + " step " + resume_state->at("step").dump());
+      }
+    }
 
     // The memory plan, checked before allocating.
     {
