@@ -290,6 +290,12 @@ struct Trainer::Impl {
         offload::EngineConfig e = engine_config();
         e.rank = r;
         partitions.push_back(offload::engine_partition(*layout, act, e));
+        if (partitions.back().empty()) {
+          throw std::invalid_argument(std::to_string(ranks) + " ranks leave rank " +
+                                      std::to_string(r) +
+                                      " no parameters to own: use fewer ranks or a larger "
+                                      "--bucket-size");
+        }
       }
     }
     opt = std::make_unique<offload::HostOptimizer>(
