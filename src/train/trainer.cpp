@@ -263,7 +263,9 @@ struct Trainer::Impl {
                  act,
                  cfg.optimizer_state,
                  dev->capacity_bytes(),
-                 pinned::host_available_bytes(),
+                 // Ranks on one machine share its memory.
+                 pinned::host_available_bytes() /
+                     std::size_t(std::max(1, comm::rank_info_from_env().local_size)),
                  false,
                  engine_config()};
     // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
