@@ -29,6 +29,7 @@
 #include "gpu/device_buffer.h"
 #include "gpu/matmul_context.h"
 #include "gpu/ops.h"
+#include "gpu_test_device.h"
 #include "model/gpt.h"
 #include "model/layout.h"
 #include "model/spec.h"
@@ -47,15 +48,7 @@ const std::string& no_gpu_reason() {
   return reason;
 }
 
-int usable_device() {
-  static const int index = [] {
-    for (const zo::gpu::DeviceInfo& info : zo::gpu::query_devices()) {
-      if (info.usable()) return info.index;
-    }
-    return -1;
-  }();
-  return index;
-}
+using zo::test::usable_device;
 
 #define ZO_REQUIRE_GPU()                                           \
   do {                                                             \

@@ -22,6 +22,7 @@
 #include "gpu/device.h"
 #include "gpu/device_buffer.h"
 #include "gpu/nccl_comm.h"
+#include "gpu_test_device.h"
 
 namespace {
 
@@ -33,16 +34,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// Index of the first device this build can use, or -1.
-int usable_device() {
-  static const int index = [] {
-    for (const zo::gpu::DeviceInfo& info : zo::gpu::query_devices()) {
-      if (info.usable()) return info.index;
-    }
-    return -1;
-  }();
-  return index;
-}
+using zo::test::usable_device;
 
 // ---- runs with or without a GPU ---------------------------------------------------------------
 

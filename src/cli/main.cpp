@@ -131,6 +131,16 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_flag("--quiet,-q", c.quiet, "no progress output");
 }
 
+// The job is broken (a rank died, hangs or diverged): say why, then end every rank now rather
+// than let the others wait in collectives or MPI_Finalize. Returns the exit status for a single
+// process (no MPI job to abort).
+int end_broken_job(const zo::comm::CommError& e) {
+  std::fprintf(stderr, "offload_train: error: %s\n", e.what());
+  std::fflush(stderr);
+  zo::comm::abort_job(1);
+  return 1;
+}
+
 int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
               const ByteSize& devmem, const ByteSize& bucket, bool model_given) {
   c.lr.decay = zo::train::parse_decay(decay);
@@ -143,12 +153,9 @@ int run_train(zo::train::TrainConfig c, const std::string& decay, const std::str
   try {
     trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
   } catch (const zo::comm::CommError& e) {
-    // The job is broken (a rank died, hangs or diverged). Tearing the trainer down would wait
-    // for collectives that cannot complete: end every rank now.
-    std::fprintf(stderr, "offload_train: error: %s\n", e.what());
-    std::fflush(stderr);
-    zo::comm::abort_job(1);
-    throw;  // a single process (no MPI job to abort)
+    // Here, not in main: tearing the trainer down would wait for collectives that cannot
+    // complete.
+    return end_broken_job(e);
   }
   return 0;
 }
@@ -357,12 +364,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const zo::comm::CommError& e) {
-    // The job is broken (a rank died, hangs or diverged): end every rank now rather than wait
-    // for the others in MPI_Finalize.
-    std::fprintf(stderr, "offload_train: error: %s\n", e.what());
-    std::fflush(stderr);
-    zo::comm::abort_job(1);
-    return 1;
+    return end_broken_job(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "offload_train: error: %s\n", e.what());
     return 1;

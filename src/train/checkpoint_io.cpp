@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/error.h"
@@ -40,36 +41,38 @@ void load_master(const fs::path& dir, const model::ParameterLayout& layout,
   master.finish(opt, opt.master().data());
 }
 
-// optimizer.safetensors: every tensor in Hugging Face shape.
+// optimizer.safetensors: every tensor in Hugging Face shape, as T (float for fp32 state,
+// uint16 words for bf16).
+template <class T>
+void load_whole_moments(const ckpt::SafetensorsFile& file, const model::ParameterLayout& layout,
+                        offload::HostOptimizer& opt) {
+  const DType sd = opt.config().state_dtype;
+  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
+  std::vector<T> buf;
+  for (int k = 0; k < 2; ++k) {
+    WholeArray<T> whole(opt, static_cast<T*>(arrays[k].data));
+    for (const auto& t : layout.tensors()) {
+      const std::string name = std::string(kMoments[k]) + "." + t.name;
+      file.expect_shape(name, model::hf_shape(t));
+      buf.resize(t.numel);
+      if constexpr (std::is_same_v<T, float>) {
+        file.read_f32(name, buf);
+      } else {
+        file.read_u16(name, buf, sd);
+      }
+      model::from_hf(t, buf.data(), whole.data + t.offset);
+    }
+    whole.finish(opt, static_cast<T*>(arrays[k].data));
+  }
+}
+
 void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layout,
                         offload::HostOptimizer& opt) {
   const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");
-  const DType sd = opt.config().state_dtype;
-  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-  std::vector<float> f32;
-  std::vector<std::uint16_t> u16;
-  for (int k = 0; k < 2; ++k) {
-    if (sd == DType::kF32) {
-      WholeArray<float> whole(opt, static_cast<float*>(arrays[k].data));
-      for (const auto& t : layout.tensors()) {
-        const std::string name = std::string(kMoments[k]) + "." + t.name;
-        file.expect_shape(name, model::hf_shape(t));
-        f32.resize(t.numel);
-        file.read_f32(name, f32);
-        model::from_hf(t, f32.data(), whole.data + t.offset);
-      }
-      whole.finish(opt, static_cast<float*>(arrays[k].data));
-    } else {
-      WholeArray<std::uint16_t> whole(opt, static_cast<std::uint16_t*>(arrays[k].data));
-      for (const auto& t : layout.tensors()) {
-        const std::string name = std::string(kMoments[k]) + "." + t.name;
-        file.expect_shape(name, model::hf_shape(t));
-        u16.resize(t.numel);
-        file.read_u16(name, u16, sd);
-        model::from_hf(t, u16.data(), whole.data + t.offset);
-      }
-      whole.finish(opt, static_cast<std::uint16_t*>(arrays[k].data));
-    }
+  if (opt.config().state_dtype == DType::kF32) {
+    load_whole_moments<float>(file, layout, opt);
+  } else {
+    load_whole_moments<std::uint16_t>(file, layout, opt);
   }
 }
 

@@ -41,7 +41,7 @@ double ms_since(Clock::time_point t0) {
 
 }  // namespace
 
-std::unique_ptr<dev::Device> make_device(const TrainConfig& config) {
+std::unique_ptr<dev::Device> make_device(const TrainConfig& config, int gpu_ordinal) {
   std::string which = config.device;
 #ifdef ZO_HAVE_CUDA
   if (which == "auto") which = gpu::no_device_reason().empty() ? "cuda" : "host";
@@ -49,7 +49,7 @@ std::unique_ptr<dev::Device> make_device(const TrainConfig& config) {
     const std::string why = gpu::no_device_reason();
     if (!why.empty()) throw std::runtime_error("--device cuda: " + why);
     dev::CudaDeviceOptions o;
-    o.device = comm::rank_info_from_env().local_rank;  // one GPU per rank on a node
+    o.device = gpu_ordinal;
     o.capacity_bytes = config.device_memory;
     o.act_dtype = config.precision == "auto" ? DType::kBF16 : parse_dtype(config.precision);
     return dev::make_cuda_device(o);
@@ -153,6 +153,7 @@ struct Trainer::Impl {
   TrainConfig cfg;
   std::unique_ptr<comm::Communicator> comm;  // the job's ranks (one: a single process)
   int ranks = 1, rank = 0;
+  int local_ranks = 1;  // ranks on this machine (they share its cores, memory and GPUs)
   // Test hook (docs/testing.md): ZO_TEST_STALL=<rank>:<step> makes that rank stop responding
   // at the start of that step for 4 x --comm-timeout, as a hung rank would.
   std::int64_t stall_step = 0;
@@ -188,6 +189,7 @@ struct Trainer::Impl {
     comm = comm::make_comm_from_env(cfg.comm_timeout);
     ranks = comm->size();
     rank = comm->rank();
+    local_ranks = std::max(1, comm::rank_info_from_env().local_size);
     if (ranks > 1) {
       if (const char* s = std::getenv("ZO_TEST_STALL")) {
         int r = -1;
@@ -249,7 +251,7 @@ struct Trainer::Impl {
       // Ranks sharing a machine share its cores: "all cores" means this rank's share.
       TrainConfig dc = cfg;
       if (dc.threads == 0) dc.threads = core_share();
-      dev = make_device(dc);
+      dev = make_device(dc, comm->local_rank());  // one GPU per rank on a machine
     }
     // Ranks sharing a machine: run this one (and the Adam threads it creates) next to its GPU,
     // unless the launcher bound it already (mpirun --bind-to ...).
@@ -264,8 +266,7 @@ struct Trainer::Impl {
                  cfg.optimizer_state,
                  dev->capacity_bytes(),
                  // Ranks on one machine share its memory.
-                 pinned::host_available_bytes() /
-                     std::size_t(std::max(1, comm::rank_info_from_env().local_size)),
+                 pinned::host_available_bytes() / std::size_t(local_ranks),
                  false,
                  engine_config()};
     // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
@@ -352,10 +353,9 @@ struct Trainer::Impl {
   }
 
   // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
-  static int core_share() {
-    const int local = comm::rank_info_from_env().local_size;
-    if (local <= 1) return 0;
-    return std::max(1, int(std::thread::hardware_concurrency()) / local);
+  int core_share() const {
+    if (local_ranks <= 1) return 0;
+    return std::max(1, int(std::thread::hardware_concurrency()) / local_ranks);
   }
 
   offload::EngineConfig engine_config() const {

@@ -29,7 +29,8 @@ struct TrainSummary {
 };
 
 // Makes the device a config asks for; throws with the reason and the fix when it cannot.
-std::unique_ptr<dev::Device> make_device(const TrainConfig& config);
+// gpu_ordinal: the CUDA device to open (a data-parallel rank's local rank).
+std::unique_ptr<dev::Device> make_device(const TrainConfig& config, int gpu_ordinal = 0);
 
 class Trainer {
  public:
