@@ -33,6 +33,7 @@
 #include "model/gpt.h"
 #include "model/layout.h"
 #include "model/spec.h"
+#include "op_compare.h"
 
 namespace {
 
@@ -67,82 +68,13 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// ---- storage conversions (exact, from cpu_adam/dtype.h) ----------------------------------------
-
-std::vector<std::uint8_t> encode(const std::vector<float>& x, DType t) {
-  const std::size_t es = zo::dtype_size(t);
-  std::vector<std::uint8_t> out(x.size() * es);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (t == DType::kF32) {
-      std::memcpy(&out[i * es], &x[i], 4);
-    } else {
-      const std::uint16_t h = t == DType::kF16 ? zo::float_to_half(x[i]) : zo::float_to_bf16(x[i]);
-      std::memcpy(&out[i * es], &h, 2);
-    }
-  }
-  return out;
-}
-
-std::vector<float> decode(const std::vector<std::uint8_t>& bytes, DType t) {
-  const std::size_t es = zo::dtype_size(t);
-  std::vector<float> out(bytes.size() / es);
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    if (t == DType::kF32) {
-      std::memcpy(&out[i], &bytes[i * es], 4);
-    } else {
-      std::uint16_t h = 0;
-      std::memcpy(&h, &bytes[i * es], 2);
-      out[i] = t == DType::kF16 ? zo::half_to_float(h) : zo::bf16_to_float(h);
-    }
-  }
-  return out;
-}
-
-std::vector<float> round_to(const std::vector<float>& x, DType t) {
-  return decode(encode(x, t), t);
-}
-
-// ---- comparison
-// ----------------------------------------------------------------------------------
-
-struct Tol {
-  double norm;  // ||got - want|| / ||want||
-  double elem;  // |got - want| <= elem * (|want| + rms(want)) for every element
-};
-
-Tol act_tol(DType t) {
-  return t == DType::kF32 ? Tol{1e-5, 1e-4} : Tol{1e-2, 3e-2};
-}
-// fp32 outputs computed from identical inputs (statistics, losses, optimizer state).
-constexpr Tol kStatsTol{1e-5, 1e-4};
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, Tol tol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  ASSERT_FALSE(want.empty()) << what;
-  double diff2 = 0.0, want2 = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    diff2 += d * d;
-    want2 += double(want[i]) * double(want[i]);
-  }
-  ASSERT_GT(want2, 0.0) << what << ": the reference is all zeros; test on non-trivial data";
-  const double rms = std::sqrt(want2 / double(want.size()));
-  const double rel = std::sqrt(diff2 / want2);
-  EXPECT_LE(rel, tol.norm) << what << ": relative error norm over " << want.size() << " elements";
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= tol.elem * (std::fabs(double(want[i])) + rms))) {
-      if (bad < 5) {
-        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", host " << want[i]
-                      << " (rms of the reference " << rms << ")";
-      }
-      ++bad;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": elements outside the elementwise bound";
-}
+using zo::test::act_tol;
+using zo::test::decode;
+using zo::test::encode;
+using zo::test::expect_close;
+using zo::test::kStatsTol;
+using zo::test::round_to;
+using zo::test::Tol;
 
 // ---- one backend: device, stream and typed transfers
 // ------------------------------------------------

@@ -55,10 +55,11 @@ void launch_typed(float* master, float* m, float* v, const void* grads, void* pa
   auto* out = static_cast<PT*>(params_out);
   if (aligned(master, 16) && aligned(m, 16) && aligned(v, 16) &&
       aligned(grads, sizeof(GT) * kVec) && aligned(params_out, sizeof(PT) * kVec)) {
-    adamw_kernel<GT, PT, kVec>
-        <<<fill_grid(n / kVec), kAdamWThreads, 0, s>>>(master, m, v, g, out, n, k);
+    ZO_LAUNCH(fill_grid(n / kVec), kAdamWThreads, 0, s, adamw_kernel<GT, PT, kVec>)
+    (master, m, v, g, out, n, k);
   } else {
-    adamw_kernel<GT, PT, 1><<<fill_grid(n), kAdamWThreads, 0, s>>>(master, m, v, g, out, n, k);
+    ZO_LAUNCH(fill_grid(n), kAdamWThreads, 0, s, adamw_kernel<GT, PT, 1>)
+    (master, m, v, g, out, n, k);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }

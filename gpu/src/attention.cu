@@ -102,7 +102,7 @@ void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, const Attent
                   cudaStream_t s, Args... args) {
   set_smem(op, kernel, smem);
   const std::size_t blocks = static_cast<std::size_t>(sh.B) * sh.NH * sh.n_tiles;
-  kernel<<<static_cast<unsigned>(blocks), kTile * 4, smem, s>>>(args..., sh);
+  ZO_LAUNCH(static_cast<unsigned>(blocks), kTile * 4, smem, s, kernel)(args..., sh);
   ZO_CUDA_CHECK_LAUNCH();
 }
 
@@ -125,8 +125,8 @@ void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* o
   constexpr int kDThreads = 256;  // one warp per (b, h, t) row
   const std::int64_t rows = std::int64_t{sh.B} * sh.NH * sh.T;
   const auto d_blocks = static_cast<unsigned>(detail::ceil_div(rows, std::int64_t{kDThreads / 32}));
-  attention_backward_d_kernel<T>
-      <<<d_blocks, kDThreads, 0, s>>>(scratch, dout_t, static_cast<const T*>(out), sh);
+  ZO_LAUNCH(d_blocks, kDThreads, 0, s, attention_backward_d_kernel<T>)
+  (scratch, dout_t, static_cast<const T*>(out), sh);
   ZO_CUDA_CHECK_LAUNCH();
 
   // dk/dv and dq write disjoint thirds of dqkv, so their order does not matter.

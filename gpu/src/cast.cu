@@ -49,9 +49,9 @@ void launch_typed(const void* src, void* dst, std::size_t n, cudaStream_t stream
   const auto* s = static_cast<const Src*>(src);
   auto* d = static_cast<Dst*>(dst);
   if (aligned(src, sizeof(Src) * kVec) && aligned(dst, sizeof(Dst) * kVec)) {
-    cast_kernel<Src, Dst, kVec><<<grid_for(n / kVec), kThreads, 0, stream>>>(s, d, n);
+    ZO_LAUNCH(grid_for(n / kVec), kThreads, 0, stream, cast_kernel<Src, Dst, kVec>)(s, d, n);
   } else {
-    cast_kernel<Src, Dst, 1><<<grid_for(n), kThreads, 0, stream>>>(s, d, n);
+    ZO_LAUNCH(grid_for(n), kThreads, 0, stream, cast_kernel<Src, Dst, 1>)(s, d, n);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }

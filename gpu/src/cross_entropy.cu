@@ -19,11 +19,11 @@ void launch_typed(float* losses, T* dlogits, const T* logits, const std::int32_t
   const auto gap =
       reinterpret_cast<std::uintptr_t>(dlogits) - reinterpret_cast<std::uintptr_t>(logits);
   if (dlogits == nullptr || gap % 16 == 0) {
-    cross_entropy_kernel<T, kVec>
-        <<<N, kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, targets, V, dloss_scale);
+    ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, kVec>)
+    (losses, dlogits, logits, targets, V, dloss_scale);
   } else {
-    cross_entropy_kernel<T, 1>
-        <<<N, kCrossEntropyThreads, 0, s>>>(losses, dlogits, logits, targets, V, dloss_scale);
+    ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, 1>)
+    (losses, dlogits, logits, targets, V, dloss_scale);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }

@@ -50,9 +50,25 @@ std::string no_devices_sentence(cudaError_t status) {
   return why + "; " + kHostFallback;
 }
 
-// Fills `index`'s description. Opening the device (to read free memory and to find devices that
-// are busy or in exclusive-process mode) makes it current; `restore` switches back afterwards.
-DeviceInfo describe(int index, bool restore) {
+// Marks `info` unusable when its compute capability is below what this build supports.
+DeviceInfo check_compute_capability(DeviceInfo info) {
+  if (info.usable() && (info.cc_major < kMinComputeMajor ||
+                        (info.cc_major == kMinComputeMajor && info.cc_minor < kMinComputeMinor))) {
+    info.unusable_reason = "compute capability " + std::to_string(info.cc_major) + "." +
+                           std::to_string(info.cc_minor) + " is below the " +
+                           std::to_string(kMinComputeMajor) + "." +
+                           std::to_string(kMinComputeMinor) + " this build supports";
+  }
+  return info;
+}
+
+// How far describe() goes: properties only, or also opening the device (a CUDA context, which
+// then lives as long as the process) to read its free memory and to find devices that are busy
+// or in exclusive-process mode, switching back to the previous device or staying on it.
+enum class Probe { kProperties, kOpenAndRestore, kOpenAndStay };
+
+// Fills `index`'s description.
+DeviceInfo describe(int index, Probe probe) {
   DeviceInfo info;
   info.index = index;
 
@@ -72,6 +88,7 @@ DeviceInfo describe(int index, bool restore) {
   std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.0", static_cast<unsigned>(prop.pciDomainID),
                 static_cast<unsigned>(prop.pciBusID), static_cast<unsigned>(prop.pciDeviceID));
   info.pci_bus_id = bus_id;
+  if (probe == Probe::kProperties) return check_compute_capability(info);
 
   int previous = 0;
   const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
@@ -81,17 +98,11 @@ DeviceInfo describe(int index, bool restore) {
     info.free_bytes = 0;
     info.unusable_reason = "it could not be opened (" + error_clause(status) + ")";
   }
-  if (restore && have_previous && previous != index) (void)cudaSetDevice(previous);
-  (void)cudaGetLastError();
-
-  if (info.usable() && (info.cc_major < kMinComputeMajor ||
-                        (info.cc_major == kMinComputeMajor && info.cc_minor < kMinComputeMinor))) {
-    info.unusable_reason = "compute capability " + std::to_string(info.cc_major) + "." +
-                           std::to_string(info.cc_minor) + " is below the " +
-                           std::to_string(kMinComputeMajor) + "." +
-                           std::to_string(kMinComputeMinor) + " this build supports";
+  if (probe == Probe::kOpenAndRestore && have_previous && previous != index) {
+    (void)cudaSetDevice(previous);
   }
-  return info;
+  (void)cudaGetLastError();
+  return check_compute_capability(info);
 }
 
 std::string device_label(const DeviceInfo& info) {
@@ -107,7 +118,7 @@ std::vector<DeviceInfo> query_devices() {
   std::vector<DeviceInfo> devices;
   devices.reserve(static_cast<std::size_t>(found.count));
   for (int i = 0; i < found.count; ++i)
-    devices.push_back(describe(i, /*restore=*/true));
+    devices.push_back(describe(i, Probe::kOpenAndRestore));
   return devices;
 }
 
@@ -115,8 +126,11 @@ std::string no_device_reason() {
   const DeviceCount found = count_devices();
   if (found.count == 0) return no_devices_sentence(found.status);
 
+  // Properties only: opening every device would leave a context on each (on every rank of a
+  // data-parallel job); the device actually used is opened, and checked, by require_device.
   std::string reason = "found " + std::to_string(found.count) + " CUDA device(s), none usable:";
-  for (const DeviceInfo& info : query_devices()) {
+  for (int i = 0; i < found.count; ++i) {
+    const DeviceInfo info = describe(i, Probe::kProperties);
     if (info.usable()) return {};
     reason.append(" ").append(device_label(info)).append(": ").append(info.unusable_reason);
     reason += ';';
@@ -136,7 +150,7 @@ DeviceInfo require_device(int index) {
                             " device(s) are visible, use 0.." + std::to_string(found.count - 1) +
                             " (CUDA_VISIBLE_DEVICES renumbers them)");
   }
-  DeviceInfo info = describe(index, /*restore=*/false);
+  DeviceInfo info = describe(index, Probe::kOpenAndStay);
   if (!info.usable()) {
     throw std::runtime_error("CUDA " + device_label(info) + " cannot be used: " +
                              info.unusable_reason + "; pick another device or " + kHostFallback);

@@ -25,9 +25,10 @@ void launch_typed(void* dst, const void* a, const void* b, std::size_t n, cudaSt
   const auto* x = static_cast<const T*>(a);
   const auto* y = static_cast<const T*>(b);
   if (aligned(dst, 16) && aligned(a, 16) && (!Op::kUsesB || aligned(b, 16))) {
-    elementwise_kernel<T, kVec, Op><<<fill_grid(n / kVec), kElementwiseThreads, 0, s>>>(d, x, y, n);
+    ZO_LAUNCH(fill_grid(n / kVec), kElementwiseThreads, 0, s, elementwise_kernel<T, kVec, Op>)
+    (d, x, y, n);
   } else {
-    elementwise_kernel<T, 1, Op><<<fill_grid(n), kElementwiseThreads, 0, s>>>(d, x, y, n);
+    ZO_LAUNCH(fill_grid(n), kElementwiseThreads, 0, s, elementwise_kernel<T, 1, Op>)(d, x, y, n);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }

@@ -47,11 +47,11 @@ void forward_typed(T* out, const std::int32_t* tokens, const T* wte, const T* wp
   constexpr int kVec = 16 / sizeof(T);
   const std::size_t N = static_cast<std::size_t>(B) * T_;
   if (C % kVec == 0 && aligned(out, 16) && aligned(wte, 16) && aligned(wpe, 16)) {
-    embedding_forward_kernel<T, kVec>
-        <<<fill_grid(N * (C / kVec)), kEmbeddingThreads, 0, s>>>(out, tokens, wte, wpe, N, T_, C);
+    ZO_LAUNCH(fill_grid(N * (C / kVec)), kEmbeddingThreads, 0, s, embedding_forward_kernel<T, kVec>)
+    (out, tokens, wte, wpe, N, T_, C);
   } else {
-    embedding_forward_kernel<T, 1>
-        <<<fill_grid(N * C), kEmbeddingThreads, 0, s>>>(out, tokens, wte, wpe, N, T_, C);
+    ZO_LAUNCH(fill_grid(N * C), kEmbeddingThreads, 0, s, embedding_forward_kernel<T, 1>)
+    (out, tokens, wte, wpe, N, T_, C);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }
@@ -65,11 +65,12 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
   // dwpe (T, C) += sum over the batch.
   const std::size_t wpe_elements = static_cast<std::size_t>(T_) * C;
   if (packs && aligned(dwpe, 16)) {
-    embedding_dwpe_kernel<T, kVec>
-        <<<fill_grid(wpe_elements / kVec), kEmbeddingThreads, 0, s>>>(dwpe, dout, B, T_, C);
+    ZO_LAUNCH(fill_grid(wpe_elements / kVec), kEmbeddingThreads, 0, s,
+              embedding_dwpe_kernel<T, kVec>)
+    (dwpe, dout, B, T_, C);
   } else {
-    embedding_dwpe_kernel<T, 1>
-        <<<fill_grid(wpe_elements), kEmbeddingThreads, 0, s>>>(dwpe, dout, B, T_, C);
+    ZO_LAUNCH(fill_grid(wpe_elements), kEmbeddingThreads, 0, s, embedding_dwpe_kernel<T, 1>)
+    (dwpe, dout, B, T_, C);
   }
   ZO_CUDA_CHECK_LAUNCH();
 
@@ -88,19 +89,20 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
   auto* sorted_rows = scratch.as<std::int32_t>(2 * ints);
   void* sort_temp = scratch.as<char>(3 * ints);
 
-  embedding_iota_kernel<std::int32_t>
-      <<<detail::ceil_div(N, kEmbeddingThreads), kEmbeddingThreads, 0, s>>>(rows, N);
+  ZO_LAUNCH(detail::ceil_div(N, kEmbeddingThreads), kEmbeddingThreads, 0, s,
+            embedding_iota_kernel<std::int32_t>)
+  (rows, N);
   ZO_CUDA_CHECK_LAUNCH();
   ZO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       sort_temp, sort_bytes, tokens, sorted_tokens, static_cast<const std::int32_t*>(rows),
       sorted_rows, N, 0, static_cast<int>(sizeof(std::int32_t) * 8), s));
   const std::size_t wte_work = static_cast<std::size_t>(N) * C;
   if (packs && aligned(dwte, 16)) {
-    embedding_dwte_kernel<T, kVec><<<fill_grid(wte_work / kVec), kEmbeddingThreads, 0, s>>>(
-        dwte, dout, sorted_tokens, sorted_rows, N, C);
+    ZO_LAUNCH(fill_grid(wte_work / kVec), kEmbeddingThreads, 0, s, embedding_dwte_kernel<T, kVec>)
+    (dwte, dout, sorted_tokens, sorted_rows, N, C);
   } else {
-    embedding_dwte_kernel<T, 1><<<fill_grid(wte_work), kEmbeddingThreads, 0, s>>>(
-        dwte, dout, sorted_tokens, sorted_rows, N, C);
+    ZO_LAUNCH(fill_grid(wte_work), kEmbeddingThreads, 0, s, embedding_dwte_kernel<T, 1>)
+    (dwte, dout, sorted_tokens, sorted_rows, N, C);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }

@@ -15,6 +15,13 @@
 #include "cpu_adam/dtype.h"
 #include "gpu/check.h"
 
+// `kernel<<<grid, block, smem, stream>>>(args...)` is spelled
+// `ZO_LAUNCH(grid, block, smem, stream, kernel)(args...)` in gpu/src, so that the SIMT emulator
+// (tests/simt) can run the launchers on a CPU: it defines ZO_LAUNCH before this header.
+#ifndef ZO_LAUNCH
+#define ZO_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#endif
+
 namespace zo::gpu::detail {
 
 // A pointer argument with its parameter name, for the null checks.

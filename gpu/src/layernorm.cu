@@ -35,11 +35,11 @@ void forward_typed(T* out, float* mean, float* rstd, const T* inp, const T* weig
   constexpr int kVec = 16 / sizeof(T);
   if (C % kVec == 0 && aligned(out, 16) && aligned(inp, 16) && aligned(weight, 16) &&
       aligned(bias, 16)) {
-    layernorm_forward_kernel<T, kVec>
-        <<<row_blocks(N), kLayerNormThreads, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C);
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_forward_kernel<T, kVec>)
+    (out, mean, rstd, inp, weight, bias, N, C);
   } else {
-    layernorm_forward_kernel<T, 1>
-        <<<row_blocks(N), kLayerNormThreads, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C);
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_forward_kernel<T, 1>)
+    (out, mean, rstd, inp, weight, bias, N, C);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }
@@ -51,11 +51,11 @@ void backward_typed(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
   // 1. dinp, row by row.
   if (C % kVec == 0 && aligned(dinp, 16) && aligned(dout, 16) && aligned(inp, 16) &&
       aligned(weight, 16)) {
-    layernorm_backward_dinp_kernel<T, kVec>
-        <<<row_blocks(N), kLayerNormThreads, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_backward_dinp_kernel<T, kVec>)
+    (dinp, dout, inp, weight, mean, rstd, N, C);
   } else {
-    layernorm_backward_dinp_kernel<T, 1>
-        <<<row_blocks(N), kLayerNormThreads, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_backward_dinp_kernel<T, 1>)
+    (dinp, dout, inp, weight, mean, rstd, N, C);
   }
   ZO_CUDA_CHECK_LAUNCH();
 
@@ -68,12 +68,12 @@ void backward_typed(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
   float* partial_b = scratch.as<float>() + partial_elements;
   const dim3 block(kLnPartialX, kLnPartialY);
   const dim3 grid(detail::ceil_div(C, kLnPartialX), chunks);
-  layernorm_backward_partials_kernel<T>
-      <<<grid, block, 0, s>>>(partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  ZO_LAUNCH(grid, block, 0, s, layernorm_backward_partials_kernel<T>)
+  (partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
   ZO_CUDA_CHECK_LAUNCH();
-  layernorm_backward_finish_kernel<T>
-      <<<detail::ceil_div(C, kLayerNormThreads), kLayerNormThreads, 0, s>>>(
-          dweight, dbias, partial_w, partial_b, chunks, C);
+  ZO_LAUNCH(detail::ceil_div(C, kLayerNormThreads), kLayerNormThreads, 0, s,
+            layernorm_backward_finish_kernel<T>)
+  (dweight, dbias, partial_w, partial_b, chunks, C);
   ZO_CUDA_CHECK_LAUNCH();
 }
 

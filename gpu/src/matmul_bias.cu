@@ -92,8 +92,8 @@ void launch_bias_broadcast(void* out, const void* bias, int N, int OC, DType t, 
   const std::size_t blocks =
       std::min<std::size_t>((n + kBroadcastThreads - 1) / kBroadcastThreads, kMaxBroadcastBlocks);
   ZO_DISPATCH_DTYPE(t, T, {
-    bias_broadcast_kernel<T><<<static_cast<unsigned>(blocks), kBroadcastThreads, 0, s>>>(
-        static_cast<T*>(out), static_cast<const T*>(bias), n, OC);
+    ZO_LAUNCH(static_cast<unsigned>(blocks), kBroadcastThreads, 0, s, bias_broadcast_kernel<T>)
+    (static_cast<T*>(out), static_cast<const T*>(bias), n, OC);
   });
   ZO_CUDA_CHECK_LAUNCH();
 }
@@ -117,7 +117,7 @@ void launch_bias_backward(void* dbias, const void* dout, int N, int OC, DType t,
     const T* dy = static_cast<const T*>(dout);
     if (chunks < 2) {
       const dim3 grid(static_cast<unsigned>(ceil_div(OC, kCols)), 1);
-      bias_partial_kernel<T, true><<<grid, block, 0, s>>>(nullptr, db, dy, N, OC, N);
+      ZO_LAUNCH(grid, block, 0, s, bias_partial_kernel<T, true>)(nullptr, db, dy, N, OC, N);
       ZO_CUDA_CHECK_LAUNCH();
     } else {
       // Equal chunks with none empty: rows_per_chunk first, then the chunks it takes.
@@ -125,12 +125,12 @@ void launch_bias_backward(void* dbias, const void* dout, int N, int OC, DType t,
       const int used_chunks = ceil_div(N, rows_per_chunk);
       const dim3 grid(static_cast<unsigned>(ceil_div(OC, kCols)),
                       static_cast<unsigned>(used_chunks));
-      bias_partial_kernel<T, false>
-          <<<grid, block, 0, s>>>(scratch, nullptr, dy, N, OC, rows_per_chunk);
+      ZO_LAUNCH(grid, block, 0, s, bias_partial_kernel<T, false>)
+      (scratch, nullptr, dy, N, OC, rows_per_chunk);
       ZO_CUDA_CHECK_LAUNCH();
-      bias_finish_kernel<T>
-          <<<static_cast<unsigned>(ceil_div(OC, kFinishThreads)), kFinishThreads, 0, s>>>(
-              db, scratch, used_chunks, OC);
+      ZO_LAUNCH(static_cast<unsigned>(ceil_div(OC, kFinishThreads)), kFinishThreads, 0, s,
+                bias_finish_kernel<T>)
+      (db, scratch, used_chunks, OC);
       ZO_CUDA_CHECK_LAUNCH();
     }
   });

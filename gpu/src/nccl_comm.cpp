@@ -1,5 +1,6 @@
 #include "gpu/nccl_comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -38,7 +39,7 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == kNcclIdBytes);
 
 void check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
-  if (r == ncclSuccess || r == ncclInProgress) return;
+  if (r == ncclSuccess) return;
   std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
   if (comm != nullptr) {
     const char* last = ncclGetLastError(comm);
@@ -59,6 +60,40 @@ ncclDataType_t nccl_type(DType d) {
   throw std::invalid_argument("NCCL: unsupported dtype");
 }
 
+// A call on a non-blocking communicator (config.blocking = 0) may return ncclInProgress: its work
+// is not yet enqueued on the stream, and NCCL allows no other call on the communicator and no
+// dependent stream work until ncclCommGetAsyncError reports ncclSuccess. Polls until then or
+// `timeout_s`; on timeout or error the communicator is aborted and a runtime_error says why.
+void wait_ready(ncclComm_t comm, const char* what, double timeout_s, int rank, int size) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  ncclResult_t state = ncclInProgress;
+  for (int polls = 0;; ++polls) {
+    const ncclResult_t polled = ncclCommGetAsyncError(comm, &state);
+    if (polled != ncclSuccess) state = polled;
+    if (state != ncclInProgress) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ncclCommAbort(comm);
+      throw std::runtime_error("rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                               ": " + what + " did not complete within " +
+                               std::to_string(int(timeout_s)) +
+                               " s: another rank has died or cannot reach this one");
+    }
+    // Collectives are usually enqueued within microseconds; initialisation can take seconds.
+    if (polls < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  if (state != ncclSuccess) {
+    std::string msg = std::string(what) + " failed: " + ncclGetErrorString(state);
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+    ncclCommAbort(comm);
+    throw std::runtime_error(msg);
+  }
+}
+
 }  // namespace
 
 bool nccl_available() {
@@ -74,37 +109,38 @@ NcclId NcclComm::unique_id() {
 }
 
 NcclComm::NcclComm(const NcclId& id, int rank, int size, int device, double timeout_s)
-    : rank_(rank), size_(size) {
+    : rank_(rank), size_(size), timeout_s_(timeout_s) {
   ZO_CUDA_CHECK(cudaSetDevice(device));
   ncclUniqueId nid;
   std::copy(id.begin(), id.end(), nid.internal);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // init returns at once; polled below against the deadline
   ncclComm_t comm = nullptr;
-  check(ncclCommInitRankConfig(&comm, size, nid, rank, &config), "ncclCommInitRankConfig");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  ncclResult_t state = ncclInProgress;
-  while (state == ncclInProgress) {
-    check(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError", comm);
-    if (state != ncclInProgress) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(comm);
-      throw std::runtime_error("rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                               ": NCCL initialisation did not complete within " +
-                               std::to_string(int(timeout_s)) +
-                               " s: another rank has died or cannot reach this one");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, size, nid, rank, &config);
+  if (started != ncclSuccess && started != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    check(started, "ncclCommInitRankConfig");
   }
-  if (state != ncclSuccess) {
-    ncclCommAbort(comm);
-    check(state, "NCCL initialisation");
-  }
+  wait_ready(comm, "NCCL initialisation", timeout_s, rank, size);
   comm_ = comm;
 }
 
 NcclComm::~NcclComm() {
-  if (comm_ != nullptr) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (comm_ == nullptr) return;
+  auto comm = static_cast<ncclComm_t>(comm_);
+  // A non-blocking communicator flushes its work in ncclCommFinalize, which may return
+  // ncclInProgress; destroy it only once that is done, abort it if finalizing fails.
+  const ncclResult_t r = ncclCommFinalize(comm);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    ncclCommAbort(comm);
+    return;
+  }
+  try {
+    wait_ready(comm, "ncclCommFinalize", timeout_s_, rank_, size_);
+  } catch (...) {
+    return;  // wait_ready aborted the communicator
+  }
+  ncclCommDestroy(comm);
 }
 
 void NcclComm::abort() noexcept {
@@ -122,15 +158,28 @@ ncclComm_t live(void* c) {
 void NcclComm::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                               void* stream) {
   ncclComm_t c = live(comm_);
-  check(ncclReduceScatter(in, out, count, nccl_type(dtype), ncclSum, c,
-                          static_cast<cudaStream_t>(stream)),
-        "ncclReduceScatter", c);
+  enqueued(ncclReduceScatter(in, out, count, nccl_type(dtype), ncclSum, c,
+                             static_cast<cudaStream_t>(stream)),
+           "ncclReduceScatter");
 }
 
 void NcclComm::all_gather(const void* in, void* out, std::size_t count, DType dtype, void* stream) {
   ncclComm_t c = live(comm_);
-  check(ncclAllGather(in, out, count, nccl_type(dtype), c, static_cast<cudaStream_t>(stream)),
-        "ncclAllGather", c);
+  enqueued(ncclAllGather(in, out, count, nccl_type(dtype), c, static_cast<cudaStream_t>(stream)),
+           "ncclAllGather");
+}
+
+void NcclComm::enqueued(int result, const char* what) {
+  auto c = static_cast<ncclComm_t>(comm_);
+  const auto r = static_cast<ncclResult_t>(result);
+  if (r != ncclSuccess && r != ncclInProgress) check(r, what, c);
+  try {
+    // Also after ncclSuccess: cheap, and it surfaces asynchronous errors at the call.
+    wait_ready(c, what, timeout_s_, rank_, size_);
+  } catch (...) {
+    comm_ = nullptr;  // aborted by wait_ready
+    throw;
+  }
 }
 
 #endif

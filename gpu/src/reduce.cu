@@ -23,14 +23,15 @@ void sum_squares_typed(float* out, const T* data, std::size_t n, cudaStream_t s)
   const int blocks = sum_squares_blocks(n);
   detail::StreamScratch partial(sizeof(double) * static_cast<std::size_t>(blocks), s);
   if (aligned(data, 16)) {
-    sum_squares_partial_kernel<T, kVec>
-        <<<blocks, kReduceThreads, 0, s>>>(partial.as<double>(), data, n);
+    ZO_LAUNCH(blocks, kReduceThreads, 0, s, sum_squares_partial_kernel<T, kVec>)
+    (partial.as<double>(), data, n);
   } else {
-    sum_squares_partial_kernel<T, 1>
-        <<<blocks, kReduceThreads, 0, s>>>(partial.as<double>(), data, n);
+    ZO_LAUNCH(blocks, kReduceThreads, 0, s, sum_squares_partial_kernel<T, 1>)
+    (partial.as<double>(), data, n);
   }
   ZO_CUDA_CHECK_LAUNCH();
-  sum_squares_finish_kernel<double><<<1, kReduceThreads, 0, s>>>(out, partial.as<double>(), blocks);
+  ZO_LAUNCH(1, kReduceThreads, 0, s, sum_squares_finish_kernel<double>)
+  (out, partial.as<double>(), blocks);
   ZO_CUDA_CHECK_LAUNCH();
 }
 
@@ -38,9 +39,10 @@ template <typename T>
 void nonfinite_flag_typed(float* flag, const T* data, std::size_t n, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(T);
   if (aligned(data, 16)) {
-    nonfinite_flag_kernel<T, kVec><<<fill_grid(n / kVec), kReduceThreads, 0, s>>>(flag, data, n);
+    ZO_LAUNCH(fill_grid(n / kVec), kReduceThreads, 0, s, nonfinite_flag_kernel<T, kVec>)
+    (flag, data, n);
   } else {
-    nonfinite_flag_kernel<T, 1><<<fill_grid(n), kReduceThreads, 0, s>>>(flag, data, n);
+    ZO_LAUNCH(fill_grid(n), kReduceThreads, 0, s, nonfinite_flag_kernel<T, 1>)(flag, data, n);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }

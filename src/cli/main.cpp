@@ -103,8 +103,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--loss-scale-max", c.loss_scale_max, "largest dynamic scale")
       ->capture_default_str();
   t->add_option("--device-memory", devmem.text,
-                "device memory to plan for and use, e.g. 24GiB (default: all of it; unlimited "
-                "on the host backend)");
+                "device memory to plan for and use, e.g. 24GiB (default: what is free less "
+                "max(512MiB, 2%) for NCCL and scratch; unlimited on the host backend)");
   t->add_option("--bucket-size", bucket.text, "offload: gradient bytes per bucket (default 32MiB)");
   t->add_flag("--dpu", c.dpu,
               "offload: delayed parameter update (the CPU update overlaps the next step)");

@@ -126,9 +126,12 @@ class MemoryPool {
     if (held_ + scratch_ + size > capacity_) flush_locked();
     void* p = nullptr;
     cudaError_t status = cudaMalloc(&p, size);
-    if (status == cudaErrorMemoryAllocation && cached_ > 0) {
+    if (status == cudaErrorMemoryAllocation) {
+      // Give back what this process caches: our free lists and the stream-ordered pool's
+      // unused memory (flush_locked's cudaFree synchronises, so its pending frees are done).
       (void)cudaGetLastError();
       flush_locked();
+      trim_stream_ordered_pool();
       status = cudaMalloc(&p, size);
     }
     if (status == cudaErrorMemoryAllocation) {
@@ -186,6 +189,15 @@ class MemoryPool {
     if (size > capacity_ || in_use_ > capacity_ - size) {
       throw OutOfMemoryError(what, requested, in_use_, capacity_);
     }
+  }
+
+  void trim_stream_ordered_pool() noexcept {
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+      (void)cudaDeviceSynchronize();
+      (void)cudaMemPoolTrimTo(pool, 0);
+    }
+    (void)cudaGetLastError();
   }
 
   // cudaFree of every cached block; the caller holds mu_ (or is the destructor).
@@ -381,8 +393,13 @@ class CudaDevice final : public Device {
     // Measured after the context's own allocations, so the capacity is what ops can use.
     std::size_t free_bytes = 0, total_bytes = 0;
     ZO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const std::size_t capacity =
-        o.capacity_bytes == 0 ? free_bytes : std::min(o.capacity_bytes, free_bytes);
+    // By default everything free except a margin for what is allocated outside this pool:
+    // NCCL's buffers (at init and at the first collectives), the cudaMallocAsync scratch above,
+    // cuBLASLt's and the runtime's own growth.
+    const std::size_t margin = std::max<std::size_t>(kDefaultMarginBytes, total_bytes / 50);
+    const std::size_t capacity = o.capacity_bytes == 0
+                                     ? (free_bytes > margin ? free_bytes - margin : 0)
+                                     : std::min(o.capacity_bytes, free_bytes);
     pool_ = std::make_shared<MemoryPool>(index_, capacity);
   }
   ~CudaDevice() override {

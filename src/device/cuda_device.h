@@ -12,10 +12,14 @@
 
 namespace zo::dev {
 
+inline constexpr std::size_t kDefaultMarginBytes = std::size_t{512} << 20;
+
 struct CudaDeviceOptions {
   int device = 0;                  // CUDA runtime ordinal (after CUDA_VISIBLE_DEVICES)
   DType act_dtype = DType::kBF16;  // kBF16 or kF16 to train; kF32 to compare with the host backend
-  std::size_t capacity_bytes = 0;  // 0: all memory free at creation; else min(this, free memory)
+  // 0: the memory free at creation less a margin (kDefaultMarginBytes or 2% of the total, the
+  // larger) for NCCL and other allocations outside the pool; else min(this, free memory).
+  std::size_t capacity_bytes = 0;
 };
 
 #ifdef ZO_HAVE_CUDA

@@ -59,6 +59,11 @@
 
 #include "gpu/cast.cuh"
 
+// The kernels' dynamic shared memory (the SIMT emulator in tests/simt defines it its own way).
+#ifndef ZO_DYNAMIC_SHARED
+#define ZO_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 namespace zo::gpu {
 
 // Problem shape and derived tiling constants, computed once on the host.
@@ -290,7 +295,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forwar
   using namespace attention_detail;
   constexpr int kCols = kTile / 16;  // score columns (keys) per thread
   constexpr int kLdp = kTile + 4;
-  extern __shared__ float4 attention_smem[];
+  ZO_DYNAMIC_SHARED(float4, attention_smem);
   float* sQ = reinterpret_cast<float*>(attention_smem);  // (kTile, ld) queries
   float* sK = sQ + kTile * sh.ld;                        // (kTile, ld) keys
   float* sV = sK + kTile * sh.ld;                        // (kTile, ld) values
@@ -399,7 +404,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   using namespace attention_detail;
   constexpr int kCols = kTile / 16;
   constexpr int kLdp = kTile + 4;
-  extern __shared__ float4 attention_smem[];
+  ZO_DYNAMIC_SHARED(float4, attention_smem);
   float* sK = reinterpret_cast<float*>(attention_smem);  // (kTile, ld)
   float* sV = sK + kTile * sh.ld;                        // (kTile, ld)
   float* sQ = sV + kTile * sh.ld;                        // (kTile, ld)
@@ -477,7 +482,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   using namespace attention_detail;
   constexpr int kCols = kTile / 16;
   constexpr int kLdp = kTile + 4;
-  extern __shared__ float4 attention_smem[];
+  ZO_DYNAMIC_SHARED(float4, attention_smem);
   float* sQ = reinterpret_cast<float*>(attention_smem);  // (kTile, ld)
   float* sdO = sQ + kTile * sh.ld;                       // (kTile, ld)
   float* sK = sdO + kTile * sh.ld;                       // (kTile, ld)

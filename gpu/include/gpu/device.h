@@ -31,8 +31,9 @@ struct DeviceInfo {
 // for this runtime. Opens a context on each device to read its free memory. Never throws.
 std::vector<DeviceInfo> query_devices();
 
-// Empty when at least one usable device exists; otherwise one sentence saying what is wrong and
-// what to do, e.g. "no CUDA device found (cudaErrorNoDevice: ...); use --device host ...".
+// Empty when at least one device this build supports exists (judged from its properties, without
+// opening it: a busy device is reported by require_device); otherwise one sentence saying what is
+// wrong and what to do, e.g. "no CUDA device found (cudaErrorNoDevice: ...); use --device host".
 std::string no_device_reason();
 
 // The device `index` if this build can run on it, left as the calling thread's current device;

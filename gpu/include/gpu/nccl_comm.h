@@ -30,6 +30,8 @@ class NcclComm {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Collectives return once NCCL has enqueued them on `stream` (polled within the timeout; on
+  // timeout or error the communicator is aborted and a runtime_error thrown).
   // in (size * count) -> out (count), summed over ranks; on `stream` (a cudaStream_t).
   void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, void* stream);
   // in (count) -> out (size * count), rank order; on `stream`.
@@ -38,8 +40,13 @@ class NcclComm {
   void abort() noexcept;
 
  private:
+  // After a collective returned `result` (an ncclResult_t): waits until NCCL has enqueued it
+  // (non-blocking communicators may return ncclInProgress first), within the timeout.
+  void enqueued(int result, const char* what);
+
   void* comm_ = nullptr;  // ncclComm_t
   int rank_ = 0, size_ = 1;
+  double timeout_s_ = 0;
 };
 
 }  // namespace zo::gpu

@@ -1,0 +1,361 @@
+// The SIMT emulator's scheduler (tests/simt/simt.h): blocks in order, a block's threads as
+// ucontext fibers, barriers and warp shuffles as scheduling points.
+#include "simt.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+namespace zo::simt {
+namespace {
+
+constexpr std::size_t kStackBytes = 256 * 1024;  // per thread; kernels keep small locals
+constexpr int kWarp = 32;
+
+enum class State { kReady, kBlockBarrier, kWarpSync, kDone };
+
+struct Fiber {
+  ucontext_t context{};
+  uint3 tid{};
+  int linear = 0;
+  State state = State::kReady;
+  unsigned mask = 0;          // kWarpSync: the lanes that take part
+  std::source_location site;  // where the thread waits
+};
+
+struct Block {
+  const char* name = "";
+  dim3 grid, dim;
+  uint3 idx{};
+  std::vector<Fiber>* fibers = nullptr;
+  ucontext_t scheduler{};
+  void* dynamic_shared = nullptr;
+  const std::function<void()>* body = nullptr;
+  // Shuffle values per thread: what it offers at its current warp sync, and what it offered at the
+  // last one that completed (copied on release, so a lane that runs ahead to its next shuffle
+  // cannot overwrite a value a later lane of the same round has yet to read).
+  struct Slot {
+    std::array<unsigned char, 16> offered{}, published{};
+  };
+  std::vector<Slot> slots;
+  std::exception_ptr error;
+};
+
+thread_local Block* t_block = nullptr;
+thread_local Fiber* t_fiber = nullptr;
+
+std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0}, g_warp_syncs{0};
+
+std::mutex g_attr_mutex;
+std::map<const void*, int>& smem_limits() {
+  static std::map<const void*, int> limits;
+  return limits;
+}
+
+std::string where(const std::source_location& s) {
+  std::string file = s.file_name();
+  if (auto slash = file.find_last_of('/'); slash != std::string::npos)
+    file = file.substr(slash + 1);
+  return file + ":" + std::to_string(s.line());
+}
+
+std::string thread_name(const Block& b, const Fiber& f) {
+  std::ostringstream out;
+  out << "block (" << b.idx.x << "," << b.idx.y << "," << b.idx.z << ") thread (" << f.tid.x << ","
+      << f.tid.y << "," << f.tid.z << ")";
+  return out.str();
+}
+
+[[noreturn]] void fail(const Block& b, const std::string& what) {
+  throw SimtError(std::string("SIMT emulator, kernel ") + b.name + ": " + what);
+}
+
+// Back to the scheduler until it makes this thread ready again.
+void wait(State s, const std::source_location& site, unsigned mask = 0) {
+  Fiber& f = *t_fiber;
+  f.state = s;
+  f.site = site;
+  f.mask = mask;
+  swapcontext(&f.context, &t_block->scheduler);
+}
+
+void fiber_main() {
+  Block& b = *t_block;
+  try {
+    (*b.body)();
+  } catch (...) {
+    if (!b.error) b.error = std::current_exception();
+  }
+  t_fiber->state = State::kDone;
+  // Returning resumes uc_link, the scheduler.
+}
+
+// Releases the threads waiting at a complete barrier; false when none is complete.
+bool release(Block& b) {
+  std::vector<Fiber>& fibers = *b.fibers;
+  const auto live = std::count_if(fibers.begin(), fibers.end(),
+                                  [](const Fiber& f) { return f.state != State::kDone; });
+  const auto at_barrier = std::count_if(
+      fibers.begin(), fibers.end(), [](const Fiber& f) { return f.state == State::kBlockBarrier; });
+  if (live > 0 && at_barrier == live) {
+    const std::source_location site = std::find_if(fibers.begin(), fibers.end(), [](auto& f) {
+                                        return f.state == State::kBlockBarrier;
+                                      })->site;
+    for (Fiber& f : fibers) {
+      if (f.state != State::kBlockBarrier) continue;
+      // __syncthreads() at two different places is one barrier on sm_70+, but in this project it
+      // always means a bug (a barrier inside a branch not every thread takes).
+      if (f.site.line() != site.line() || std::string(f.site.file_name()) != site.file_name()) {
+        fail(b, "__syncthreads() reached at " + where(site) + " by some threads and at " +
+                    where(f.site) + " by " + thread_name(b, f));
+      }
+    }
+    for (Fiber& f : fibers)
+      if (f.state == State::kBlockBarrier) f.state = State::kReady;
+    ++g_block_barriers;
+    return true;
+  }
+  bool released = false;
+  const int n = static_cast<int>(fibers.size());
+  for (int warp_base = 0; warp_base < n; warp_base += kWarp) {
+    Fiber* first = nullptr;
+    for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
+      if (fibers[i].state == State::kWarpSync) {
+        first = &fibers[i];
+        break;
+      }
+    }
+    if (first == nullptr) continue;
+    const unsigned mask = first->mask;
+    bool complete = true;
+    for (int lane = 0; lane < kWarp; ++lane) {
+      if ((mask >> lane & 1u) == 0) continue;
+      const int i = warp_base + lane;
+      // (lanes past the block and exited lanes were refused when the first lane arrived)
+      if (i >= n || fibers[i].state == State::kDone) {
+        fail(b, "shuffle mask at " + where(first->site) + " names lane " + std::to_string(lane) +
+                    " of warp " + std::to_string(warp_base / kWarp) +
+                    ", which has exited or does not exist");
+      }
+      if (fibers[i].state != State::kWarpSync) {
+        complete = false;
+        continue;
+      }
+      if (fibers[i].mask != mask || fibers[i].site.line() != first->site.line()) {
+        fail(b, "lanes of warp " + std::to_string(warp_base / kWarp) + " meet at different warp " +
+                    "syncs: " + where(first->site) + " (mask " + std::to_string(mask) + ") and " +
+                    where(fibers[i].site) + " (mask " + std::to_string(fibers[i].mask) + ")");
+      }
+    }
+    if (!complete) continue;
+    for (int lane = 0; lane < kWarp; ++lane) {
+      if ((mask >> lane & 1u) == 0) continue;
+      fibers[warp_base + lane].state = State::kReady;
+      b.slots[warp_base + lane].published = b.slots[warp_base + lane].offered;
+    }
+    ++g_warp_syncs;
+    released = true;
+  }
+  return released;
+}
+
+[[noreturn]] void deadlock(const Block& b) {
+  std::ostringstream out;
+  out << "deadlock in block (" << b.idx.x << "," << b.idx.y << "," << b.idx.z << "):";
+  int shown = 0;
+  for (const Fiber& f : *b.fibers) {
+    if (f.state == State::kDone || shown == 8) continue;
+    out << " thread " << f.linear << " waits at "
+        << (f.state == State::kBlockBarrier ? "__syncthreads " : "a warp sync ") << where(f.site)
+        << ";";
+    ++shown;
+  }
+  out << " (a barrier some threads skip, or lanes that never reach their shuffle)";
+  fail(b, out.str());
+}
+
+void run_block(Block& b) {
+  std::vector<Fiber>& fibers = *b.fibers;
+  for (;;) {
+    bool ran = false;
+    for (Fiber& f : fibers) {
+      if (f.state != State::kReady) continue;
+      t_fiber = &f;
+      swapcontext(&b.scheduler, &f.context);
+      t_fiber = nullptr;
+      ran = true;
+      if (b.error) std::rethrow_exception(b.error);
+    }
+    const bool all_done = std::all_of(fibers.begin(), fibers.end(),
+                                      [](const Fiber& f) { return f.state == State::kDone; });
+    if (all_done) return;
+    if (!release(b) && !ran) deadlock(b);
+  }
+}
+
+// Makes thread `i` of block `b` start the kernel body on `stack` (kStackBytes).
+void start_fiber(Block& b, int i, char* stack) {
+  Fiber& f = (*b.fibers)[i];
+  f = Fiber{};
+  f.linear = i;
+  f.tid = uint3{static_cast<unsigned>(i) % b.dim.x, static_cast<unsigned>(i) / b.dim.x % b.dim.y,
+                static_cast<unsigned>(i) / (b.dim.x * b.dim.y)};
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = kStackBytes;
+  f.context.uc_link = &b.scheduler;
+  makecontext(&f.context, fiber_main, 0);
+}
+
+void check_config(dim3 grid, dim3 block, std::size_t smem, int smem_limit, const char* name) {
+  const auto threads = std::uint64_t{block.x} * block.y * block.z;
+  std::string why;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) why = "empty grid";
+  if (grid.x > 0x7fffffffu || grid.y > 65535u || grid.z > 65535u) why = "grid too large";
+  if (threads == 0) why = "empty block";
+  if (threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64) why = "block too large";
+  if (smem > static_cast<std::size_t>(smem_limit)) {
+    why = std::to_string(smem) + " bytes of dynamic shared memory exceed the kernel's limit of " +
+          std::to_string(smem_limit) + " (cudaFuncSetAttribute raises it)";
+  }
+  if (!why.empty()) {
+    throw SimtError(std::string("SIMT emulator: invalid launch of ") + name + " with grid (" +
+                    std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+                    std::to_string(grid.z) + ") block (" + std::to_string(block.x) + "," +
+                    std::to_string(block.y) + "," + std::to_string(block.z) + "): " + why);
+  }
+}
+
+}  // namespace
+
+const DeviceLimits& limits() {
+  static const DeviceLimits l;
+  return l;
+}
+
+void set_max_dynamic_shared(const void* kernel, int bytes) {
+  if (bytes < 0 || bytes > limits().max_shared_optin) {
+    throw SimtError("SIMT emulator: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " +
+                    std::to_string(bytes) + ") exceeds the device's opt-in limit of " +
+                    std::to_string(limits().max_shared_optin));
+  }
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  smem_limits()[kernel] = bytes;
+}
+
+void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void* kernel,
+            const char* name, const std::function<void()>& thread_body) {
+  if (t_block != nullptr) throw SimtError("SIMT emulator: launch from inside a kernel");
+  int smem_limit = limits().max_shared_default;
+  {
+    std::lock_guard<std::mutex> lock(g_attr_mutex);
+    if (auto it = smem_limits().find(kernel); it != smem_limits().end()) smem_limit = it->second;
+  }
+  check_config(grid, block, dynamic_shared_bytes, smem_limit, name);
+
+  const int n = static_cast<int>(block.x * block.y * block.z);
+  std::vector<Fiber> fibers(n);
+  std::unique_ptr<char[]> stacks(new char[kStackBytes * n]);  // touched lazily
+  const std::size_t smem_bytes = std::max<std::size_t>(dynamic_shared_bytes, 16);
+  std::unique_ptr<float4[]> smem(new float4[(smem_bytes + 15) / 16]);
+
+  Block b;
+  b.name = name;
+  b.grid = grid;
+  b.dim = block;
+  b.fibers = &fibers;
+  b.body = &thread_body;
+  b.dynamic_shared = smem.get();
+  b.slots.resize(n);
+
+  struct Reset {  // t_block is cleared however the launch ends
+    ~Reset() {
+      t_block = nullptr;
+      t_fiber = nullptr;
+    }
+  } reset;
+  t_block = &b;
+  ++g_launches;
+  for (unsigned bz = 0; bz < grid.z; ++bz) {
+    for (unsigned by = 0; by < grid.y; ++by) {
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        b.idx = uint3{bx, by, bz};
+        // Uninitialised shared memory reads as NaN (all bits set), so a kernel that reads what
+        // it never wrote produces NaN instead of plausible numbers.
+        std::memset(smem.get(), 0xff, smem_bytes);
+        for (int i = 0; i < n; ++i)
+          start_fiber(b, i, stacks.get() + kStackBytes * static_cast<std::size_t>(i));
+        run_block(b);
+        g_threads += static_cast<std::uint64_t>(n);
+      }
+    }
+  }
+}
+
+Stats stats() {
+  return Stats{g_launches.load(), g_threads.load(), g_block_barriers.load(), g_warp_syncs.load()};
+}
+
+const uint3& thread_idx() {
+  return t_fiber->tid;
+}
+const uint3& block_idx() {
+  return t_block->idx;
+}
+const dim3& block_dim() {
+  return t_block->dim;
+}
+const dim3& grid_dim() {
+  return t_block->grid;
+}
+
+void syncthreads(const std::source_location& where) {
+  if (t_fiber == nullptr) throw SimtError("SIMT emulator: __syncthreads() outside a kernel");
+  wait(State::kBlockBarrier, where);
+}
+
+void* dynamic_shared() {
+  return t_block->dynamic_shared;
+}
+
+int lane_id() {
+  return t_fiber->linear % kWarp;
+}
+
+void shuffle_bytes(unsigned mask, const void* in, void* out, std::size_t bytes, int src_lane,
+                   const std::source_location& site) {
+  Block& b = *t_block;
+  Fiber& f = *t_fiber;
+  const int lane = f.linear % kWarp;
+  const int warp_base = f.linear - lane;
+  const int n = static_cast<int>(b.fibers->size());
+  if ((mask >> lane & 1u) == 0) {
+    fail(b, thread_name(b, f) + " calls a shuffle at " + where(site) +
+                " with a mask that leaves out its own lane " + std::to_string(lane));
+  }
+  for (int l = 0; l < kWarp; ++l) {
+    if ((mask >> l & 1u) &&
+        (warp_base + l >= n || (*b.fibers)[warp_base + l].state == State::kDone)) {
+      fail(b, "shuffle at " + where(site) + " by " + thread_name(b, f) + ": its mask names lane " +
+                  std::to_string(l) + ", which has exited or does not exist in this block");
+    }
+  }
+  if ((mask >> src_lane & 1u) == 0) {
+    fail(b, thread_name(b, f) + " reads lane " + std::to_string(src_lane) + " at " + where(site) +
+                ", which is not in the mask (undefined on the hardware)");
+  }
+  std::memcpy(b.slots[f.linear].offered.data(), in, bytes);
+  wait(State::kWarpSync, site, mask);
+  // Every lane released by that sync runs before the scheduler completes another one.
+  std::memcpy(out, b.slots[warp_base + src_lane].published.data(), bytes);
+}
+
+}  // namespace zo::simt
