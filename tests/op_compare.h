@@ -8,12 +8,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "cpu_adam/dtype.h"
 
 namespace zo::test {
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 // Storage conversions (exact, from cpu_adam/dtype.h).
 inline std::vector<std::uint8_t> encode(const std::vector<float>& x, zo::DType t) {
@@ -88,6 +93,36 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
     }
   }
   EXPECT_EQ(bad, 0u) << what << ": elements outside the elementwise bound";
+}
+
+// Base of the per-op fixtures, parameterised by the storage dtype under test: random inputs that
+// are already representable in that dtype, so every backend sees identical values.
+class DtypeOpTest : public ::testing::TestWithParam<zo::DType> {
+ protected:
+  zo::DType t() const { return GetParam(); }
+  Tol tol() const { return act_tol(GetParam()); }
+
+  // Normal(shift, scale) values rounded to the dtype under test.
+  std::vector<float> rand(std::size_t n, float scale = 1.0f, float shift = 0.0f) {
+    std::normal_distribution<float> normal(shift, scale);
+    std::vector<float> x(n);
+    for (float& v : x)
+      v = normal(rng_);
+    return round_to(x, t());
+  }
+  std::vector<std::int32_t> tokens(std::size_t n, int V) {
+    std::uniform_int_distribution<int> pick(0, V - 1);
+    std::vector<std::int32_t> x(n);
+    for (auto& v : x)
+      v = pick(rng_);
+    return x;
+  }
+
+  std::mt19937 rng_{20240520};
+};
+
+inline std::string dtype_param_name(const ::testing::TestParamInfo<zo::DType>& info) {
+  return std::string(zo::dtype_name(info.param));
 }
 
 }  // namespace zo::test

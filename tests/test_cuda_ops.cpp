@@ -64,12 +64,10 @@ std::unique_ptr<Device> cuda_device(DType t, std::size_t capacity = 0) {
   return zo::dev::make_cuda_device(o);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 using zo::test::act_tol;
+using zo::test::contains;
 using zo::test::decode;
+using zo::test::dtype_param_name;
 using zo::test::encode;
 using zo::test::expect_close;
 using zo::test::kStatsTol;
@@ -142,7 +140,7 @@ struct Side {
 // ---- per-op fixture, parameterised by the CUDA activation dtype
 // -----------------------------------
 
-class CudaOps : public ::testing::TestWithParam<DType> {
+class CudaOps : public zo::test::DtypeOpTest {
  protected:
   void SetUp() override {
     ZO_REQUIRE_GPU();
@@ -150,32 +148,8 @@ class CudaOps : public ::testing::TestWithParam<DType> {
     gpu_.init(cuda_device(GetParam()));
   }
 
-  DType t() const { return GetParam(); }
-  Tol tol() const { return act_tol(GetParam()); }
-
-  // Normal(shift, scale) values already representable in the dtype under test.
-  std::vector<float> rand(std::size_t n, float scale = 1.0f, float shift = 0.0f) {
-    std::normal_distribution<float> normal(shift, scale);
-    std::vector<float> x(n);
-    for (float& v : x)
-      v = normal(rng_);
-    return round_to(x, t());
-  }
-  std::vector<std::int32_t> tokens(std::size_t n, int V) {
-    std::uniform_int_distribution<int> pick(0, V - 1);
-    std::vector<std::int32_t> x(n);
-    for (auto& v : x)
-      v = pick(rng_);
-    return x;
-  }
-
   Side host_, gpu_;
-  std::mt19937 rng_{20240520};
 };
-
-std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) {
-  return std::string(zo::dtype_name(info.param));
-}
 
 // ---- matmul
 // ----------------------------------------------------------------------------------------

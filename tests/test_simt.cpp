@@ -37,16 +37,14 @@ namespace {
 using zo::DType;
 using zo::simt::SimtError;
 using zo::test::act_tol;
+using zo::test::contains;
 using zo::test::decode;
+using zo::test::dtype_param_name;
 using zo::test::encode;
 using zo::test::expect_close;
 using zo::test::kStatsTol;
 using zo::test::round_to;
 using zo::test::Tol;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Runs `f`, expecting a SimtError whose message contains `part`.
 template <typename F>
@@ -142,15 +140,23 @@ __global__ void partial_warp_shuffle_kernel(float* out) {
 TEST(SimtEmulator, ReportsDivergentBarriersAndBadShuffleMasks) {
   std::vector<int> ints(64, 0);
   std::vector<float> floats(64, 0.0f);
-  expect_simt_error([&] { ZO_LAUNCH(1, 64, 0, nullptr, divergent_sync_kernel)
-                          (ints.data()); },
-                    "__syncthreads() reached at");
-  expect_simt_error([&] { ZO_LAUNCH(1, 64, 0, nullptr, shuffle_beside_sync_kernel)
-                          (ints.data()); },
-                    "deadlock");
   expect_simt_error(
-      [&] { ZO_LAUNCH(1, 48, 0, nullptr, partial_warp_shuffle_kernel)
-            (floats.data()); },
+      [&] {
+        ZO_LAUNCH(1, 64, 0, nullptr, divergent_sync_kernel)
+        (ints.data());
+      },
+      "__syncthreads() reached at");
+  expect_simt_error(
+      [&] {
+        ZO_LAUNCH(1, 64, 0, nullptr, shuffle_beside_sync_kernel)
+        (ints.data());
+      },
+      "deadlock");
+  expect_simt_error(
+      [&] {
+        ZO_LAUNCH(1, 48, 0, nullptr, partial_warp_shuffle_kernel)
+        (floats.data());
+      },
       "does not exist");
   // With whole warps the same kernel is fine.
   ZO_LAUNCH(1, 64, 0, nullptr, partial_warp_shuffle_kernel)(floats.data());
@@ -166,16 +172,25 @@ __global__ void shared_memory_kernel(float* out, int writers) {
 
 TEST(SimtEmulator, ChecksLaunchLimitsAndPoisonsSharedMemory) {
   std::vector<float> out(128, 0.0f);
-  expect_simt_error([&] { ZO_LAUNCH(1, 1025, 0, nullptr, shared_memory_kernel)
-                          (out.data(), 0); },
-                    "block too large");
-  expect_simt_error([&] { ZO_LAUNCH(0, 32, 0, nullptr, shared_memory_kernel)
-                          (out.data(), 0); },
-                    "empty grid");
+  expect_simt_error(
+      [&] {
+        ZO_LAUNCH(1, 1025, 0, nullptr, shared_memory_kernel)
+        (out.data(), 0);
+      },
+      "block too large");
+  expect_simt_error(
+      [&] {
+        ZO_LAUNCH(0, 32, 0, nullptr, shared_memory_kernel)
+        (out.data(), 0);
+      },
+      "empty grid");
   const std::size_t big = 64 * 1024;
-  expect_simt_error([&] { ZO_LAUNCH(1, 128, big, nullptr, shared_memory_kernel)
-                          (out.data(), 128); },
-                    "exceed the kernel's limit");
+  expect_simt_error(
+      [&] {
+        ZO_LAUNCH(1, 128, big, nullptr, shared_memory_kernel)
+        (out.data(), 128);
+      },
+      "exceed the kernel's limit");
   ASSERT_EQ(cudaFuncSetAttribute(shared_memory_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(big)),
             cudaSuccess);
@@ -217,35 +232,12 @@ DevTensor put(const std::vector<float>& x, DType t, std::size_t offset = 0) {
   return d;
 }
 
-class SimtOps : public ::testing::TestWithParam<DType> {
+class SimtOps : public zo::test::DtypeOpTest {
  protected:
-  DType t() const { return GetParam(); }
-  Tol tol() const { return act_tol(GetParam()); }
-
-  // Normal(shift, scale) values already representable in the dtype under test.
-  std::vector<float> rand(std::size_t n, float scale = 1.0f, float shift = 0.0f) {
-    std::normal_distribution<float> normal(shift, scale);
-    std::vector<float> x(n);
-    for (float& v : x)
-      v = normal(rng_);
-    return round_to(x, t());
-  }
-  std::vector<std::int32_t> tokens(std::size_t n, int V) {
-    std::uniform_int_distribution<int> pick(0, V - 1);
-    std::vector<std::int32_t> x(n);
-    for (auto& v : x)
-      v = pick(rng_);
-    return x;
-  }
   DevTensor act(const std::vector<float>& x, std::size_t offset = 0) { return put(x, t(), offset); }
 
   tbb::task_arena arena_{1};
-  std::mt19937 rng_{20261122};
 };
-
-std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) {
-  return std::string(zo::dtype_name(info.param));
-}
 
 // Aligned operands, then operands one element off (the kernels' scalar paths).
 constexpr std::size_t kOffsets[] = {0, 1};
