@@ -189,6 +189,17 @@ TEST(MpiComm, MismatchedConfigIsRefusedOnEveryRank) {
     const std::string m = e.what();
     EXPECT_NE(m.find("rank 1 has {\"lr\":0.002}"), std::string::npos) << m;
     EXPECT_NE(m.find("rank 0 has {\"lr\":0.001}"), std::string::npos) << m;
+    EXPECT_NE(m.find("; start every rank with the same flags"), std::string::npos) << m;
+  }
+  // The caller says what to do about it.
+  try {
+    zo::comm::check_same_on_all_ranks(c, "the training data", mine, "use the same files");
+    ADD_FAILURE() << "no error on rank " << c.rank();
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("ranks disagree on the training data"), std::string::npos) << m;
+    EXPECT_NE(m.find("; use the same files"), std::string::npos) << m;
+    EXPECT_EQ(m.find("same flags"), std::string::npos) << m;
   }
 }
 

@@ -33,7 +33,7 @@ std::string broadcast_string(Communicator& c, const std::string& mine, int root)
 }
 
 void check_same_on_all_ranks(Communicator& c, const std::string& what,
-                             const std::string& fingerprint) {
+                             const std::string& fingerprint, const std::string& fix) {
   const std::uint64_t mine[2] = {fnv1a(fingerprint), fingerprint.size()};
   std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(c.size()));
   c.all_gather(mine, all.data(), sizeof mine);
@@ -47,7 +47,7 @@ void check_same_on_all_ranks(Communicator& c, const std::string& what,
       ++p;
     throw std::invalid_argument("ranks disagree on " + what + ": rank 0 has " + around(first, p) +
                                 " but rank " + std::to_string(r) + " has " + around(other, p) +
-                                "; start every rank with the same flags");
+                                "; " + fix);
   }
 }
 

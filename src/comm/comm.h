@@ -69,9 +69,10 @@ std::unique_ptr<Communicator> make_comm_from_env(double timeout_s = 300.0);
 
 // Every rank passes its own `fingerprint` of `what` (e.g. the resolved config as JSON); throws
 // std::invalid_argument on every rank if they differ, naming the first rank that differs from
-// rank 0 and both values (abbreviated).
+// rank 0 and both values (abbreviated), then "; <fix>".
 void check_same_on_all_ranks(Communicator& c, const std::string& what,
-                             const std::string& fingerprint);
+                             const std::string& fingerprint,
+                             const std::string& fix = "start every rank with the same flags");
 
 // Ends every rank of the job now (MPI_Abort) when this process is part of an MPI job; returns
 // otherwise. For a rank that found the job broken (a CommError): the others may be blocked in

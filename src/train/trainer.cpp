@@ -238,11 +238,15 @@ struct Trainer::Impl {
     loaders = data::make_loaders(train_src, val_src, lc);
     if (ranks > 1) {  // same files (names, sizes) on every rank, e.g. on every node
       comm::check_same_on_all_ranks(*comm, "the training data",
-                                    loaders.train->source().fingerprint().dump());
+                                    loaders.train->source().fingerprint().dump(),
+                                    "give every rank the same data files (a path every rank sees, "
+                                    "or identical copies)");
       if (resume_state) {
         comm::check_same_on_all_ranks(
             *comm, "the checkpoint to resume",
-            resume_dir.string() + " step " + resume_state->at("step").dump());
+            resume_dir.string() + " step " + resume_state->at("step").dump(),
+            "resume every rank from the same checkpoint directory, on a file system every rank "
+            "sees");
       }
     }
 
