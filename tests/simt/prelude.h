@@ -42,8 +42,8 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
   return ::zo::simt::shfl_xor(mask, v, lane_mask, width, where);
 }
 
-// Round-to-nearest intrinsics: the host's IEEE operations (this build does not contract FMAs:
-// ISO C++ mode, -ffp-contract=off).
+// Round-to-nearest intrinsics: the host's IEEE operations (the emulated build compiles with
+// -ffp-contract=off, so no FMA is formed where the kernel does not ask for one).
 inline float __fmul_rn(float a, float b) {
   return a * b;
 }
