@@ -443,28 +443,7 @@ TEST_P(CudaOps, NonfiniteFlag) {
 // ---------------------------------------------------------------------------------------------
 
 TEST_P(CudaOps, CastMatchesHostConvertersBitForBit) {
-  std::normal_distribution<float> normal(0.0f, 100.0f);
-  std::vector<float> x(1001);
-  for (float& v : x)
-    v = normal(rng_);
-  // Specials: signed zeros, fp32/fp16 subnormals, fp16 overflow (65520 is the tie to infinity),
-  // bf16 and fp16 ties at 1 (1 + 2^-8, 1 + 2^-11), infinities.
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            1e-40f,
-                            -3e-39f,
-                            6e-8f,
-                            1e-5f,
-                            65504.0f,
-                            65520.0f,
-                            70000.0f,
-                            -1e5f,
-                            3e38f,
-                            1.00390625f,
-                            1.00048828125f,
-                            std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity()};
-  std::copy(std::begin(specials), std::end(specials), x.begin() + 100);
+  const std::vector<float> x = cast_inputs();
   const std::size_t n = x.size();
   Tensor src = gpu_.f32(x);
   Tensor narrow = gpu_.put(std::vector<float>(n, 0.0f), t());

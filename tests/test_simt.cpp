@@ -444,27 +444,7 @@ TEST_P(SimtOps, NonfiniteFlag) {
 }
 
 TEST_P(SimtOps, CastMatchesHostConvertersBitForBit) {
-  std::normal_distribution<float> normal(0.0f, 100.0f);
-  std::vector<float> x(1001);
-  for (float& v : x)
-    v = normal(rng_);
-  // Signed zeros, subnormals, the fp16 overflow tie (65520), bf16/fp16 ties at 1, infinities.
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            1e-40f,
-                            -3e-39f,
-                            6e-8f,
-                            1e-5f,
-                            65504.0f,
-                            65520.0f,
-                            7e4f,
-                            -1e5f,
-                            3e38f,
-                            1.00390625f,
-                            1.00048828125f,
-                            std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity()};
-  std::copy(std::begin(specials), std::end(specials), x.begin() + 100);
+  const std::vector<float> x = cast_inputs();
   const std::size_t n = x.size();
   for (const DType src_t : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (const std::size_t off : kOffsets) {
