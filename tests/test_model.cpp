@@ -1,6 +1,7 @@
 // Model spec, parameter layout, initialisation, and the whole GPT's gradient against finite
 // differences on the host backend.
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <unistd.h>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "device/device.h"
 #include "model/gpt.h"
 #include "model/layout.h"
+#include "model/philox.h"
 #include "model/spec.h"
 
 namespace {
@@ -132,6 +134,53 @@ TEST(ParameterLayout, Gpt2InitStatistics) {
   EXPECT_NEAR(stddev("h.1.mlp.c_proj.weight"), 0.02 / std::sqrt(8.0), 0.0007);
   EXPECT_EQ(p[layout.find("h.2.ln_2.weight").offset], 1.0f);
   EXPECT_EQ(p[layout.find("h.2.attn.c_attn.bias").offset + 3], 0.0f);
+}
+
+// Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
+TEST(Philox, MatchesPublishedKnownAnswers) {
+  using zo::model::philox4x32_10;
+  using P = zo::model::Philox4x32;
+  EXPECT_EQ(philox4x32_10(P{0, 0, 0, 0}, 0, 0), (P{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32_10(P{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, 0xffffffff, 0xffffffff),
+            (P{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(philox4x32_10(P{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, 0xa4093822, 0x299f31d0),
+            (P{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+// The parallel fill equals an element-by-element scalar evaluation of the documented stream, on
+// one thread and on all of them, for a tensor whose size is not a multiple of the block of four.
+TEST(ParameterLayout, Gpt2InitIsCounterBasedAndThreadCountFree) {
+  const ModelSpec spec = zo::model::model_spec_from_json(
+      {{"n_layer", 2}, {"n_head", 3}, {"n_embd", 33}, {"vocab_size", 1001}, {"block_size", 17}},
+      "t");
+  const ParameterLayout layout(spec);
+  const std::uint64_t seed = 0x123456789abcull;
+  std::vector<float> all(layout.size()), one(layout.size());
+  zo::model::init_gpt2(layout, seed, all.data());
+  {
+    tbb::global_control single(tbb::global_control::max_allowed_parallelism, 1);
+    zo::model::init_gpt2(layout, seed, one.data());
+  }
+  EXPECT_EQ(all, one);
+  std::uint32_t index = 0;
+  for (const auto& t : layout.tensors()) {
+    ++index;
+    if (t.kind != zo::model::TensorKind::kMatrix && t.kind != zo::model::TensorKind::kEmbedding)
+      continue;
+    const double stddev = t.residual_projection ? 0.02 / std::sqrt(2.0 * spec.n_layer) : 0.02;
+    for (std::size_t i : {std::size_t{0}, std::size_t{3}, t.numel / 2 + 1, t.numel - 1}) {
+      const std::uint64_t block = i / 4;
+      const auto bits = zo::model::philox4x32_10(
+          {std::uint32_t(block), std::uint32_t(block >> 32), index, 0}, std::uint32_t(seed),
+          std::uint32_t(seed >> 32));
+      // Box-Muller written out again: pair i%4/2, cosine for even i, sine for odd.
+      const int pair = int(i % 4) / 2;
+      const double r = std::sqrt(-2.0 * std::log((bits[2 * pair] + 1.0) / 4294967296.0));
+      const double angle = 2.0 * M_PI * (bits[2 * pair + 1] / 4294967296.0);
+      const double z = r * (i % 2 == 0 ? std::cos(angle) : std::sin(angle));
+      EXPECT_EQ(all[t.offset + i], static_cast<float>(stddev * z)) << t.name << "[" << i << "]";
+    }
+  }
 }
 
 // ---- the whole model's gradient vs central finite differences ---------------------------------

@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -375,10 +377,16 @@ bool valid_dtype(DType t) {
 // ---- the device
 // -----------------------------------------------------------------------------------
 
+// The debug switch ZO_SYNC_EACH_OP: set and not "0".
+bool sync_each_op_requested() {
+  const char* v = std::getenv("ZO_SYNC_EACH_OP");
+  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+}
+
 class CudaDevice final : public Device {
  public:
   CudaDevice(const CudaDeviceOptions& o, const gpu::DeviceInfo& info)
-      : index_(info.index), act_(o.act_dtype) {
+      : index_(info.index), act_(o.act_dtype), sync_each_op_(sync_each_op_requested()) {
     DeviceGuard guard(index_);
     name_ = "cuda:" + std::to_string(index_) + " " + info.name + " (" +
             std::string(dtype_name(act_)) + ")";
@@ -635,6 +643,7 @@ class CudaDevice final : public Device {
     CudaStream& cs = cuda_stream(s, op);
     DeviceGuard guard(index_);
     fn(cs.get());
+    if (sync_each_op_) check_op_finished(op, cs.get());
   }
 
   // The same for an n-element op; nothing is enqueued for n == 0 (the stream is still checked).
@@ -644,6 +653,18 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     DeviceGuard guard(index_);
     fn(cs.get());
+    if (sync_each_op_) check_op_finished(op, cs.get());
+  }
+
+  // ZO_SYNC_EACH_OP=1: wait for each op and name it in the error, so that a fault raised while a
+  // kernel runs is pinned on that op instead of surfacing at a later, unrelated synchronisation.
+  static void check_op_finished(const char* op, cudaStream_t s) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) {
+      throw gpu::CudaError(e, std::string("cuda device: op ") + op + " failed on the GPU: " +
+                                  gpu::cuda_error_text(e) + " (found by ZO_SYNC_EACH_OP=1)");
+    }
   }
 
   void copy(const char* op, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
@@ -653,10 +674,12 @@ class CudaDevice final : public Device {
     require_ptrs(op, {{dst, "dst"}, {src, "src"}});
     DeviceGuard guard(index_);
     ZO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cs.get()));
+    if (sync_each_op_) check_op_finished(op, cs.get());
   }
 
   const int index_;
   const DType act_;
+  const bool sync_each_op_;
   std::string name_;
   std::unique_ptr<gpu::MatmulContext, MatmulContextDeleter> matmul_;
   std::shared_ptr<MemoryPool> pool_;  // shared with the streams (their scratch is accounted here)

@@ -1,8 +1,13 @@
 #include "model/layout.h"
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
 #include <cmath>
-#include <random>
 #include <stdexcept>
+
+#include "model/philox.h"
 
 namespace zo::model {
 
@@ -74,9 +79,28 @@ bool WeightDecayPolicy::applies_to(const TensorInfo& t) const {
   }
 }
 
+namespace {
+
+// Element i of tensor `index` is normal number i of the Philox stream keyed by `seed` with the
+// tensor index in the counter's third word; blocks of four elements run in parallel.
+void fill_normal(float* p, std::size_t n, std::uint64_t seed, std::uint32_t index, double stddev) {
+  const std::size_t blocks = (n + 3) / 4;
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks, 4096), [&](const auto& r) {
+    for (std::size_t b = r.begin(); b != r.end(); ++b) {
+      const auto z = philox_normals(philox4x32_10(
+          {std::uint32_t(b), std::uint32_t(std::uint64_t(b) >> 32), index, 0},
+          std::uint32_t(seed), std::uint32_t(seed >> 32)));
+      for (std::size_t k = 0; k < 4 && 4 * b + k < n; ++k)
+        p[4 * b + k] = static_cast<float>(stddev * z[k]);
+    }
+  });
+}
+
+}  // namespace
+
 void init_gpt2(const ParameterLayout& layout, std::uint64_t seed, float* params) {
   const double residual_std = 0.02 / std::sqrt(2.0 * layout.spec().n_layer);
-  std::uint64_t index = 0;
+  std::uint32_t index = 0;
   for (const auto& t : layout.tensors()) {
     float* p = params + t.offset;
     ++index;
@@ -89,15 +113,9 @@ void init_gpt2(const ParameterLayout& layout, std::uint64_t seed, float* params)
         std::fill(p, p + t.numel, 0.0f);
         break;
       case TensorKind::kMatrix:
-      case TensorKind::kEmbedding: {
-        // A per-tensor stream: seed and tensor index mixed (splitmix64 constant).
-        std::mt19937_64 rng(seed ^ (index * 0x9E3779B97F4A7C15ull));
-        std::normal_distribution<float> normal(
-            0.0f, static_cast<float>(t.residual_projection ? residual_std : 0.02));
-        for (std::size_t i = 0; i < t.numel; ++i)
-          p[i] = normal(rng);
+      case TensorKind::kEmbedding:
+        fill_normal(p, t.numel, seed, index, t.residual_projection ? residual_std : 0.02);
         break;
-      }
     }
   }
 }

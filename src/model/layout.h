@@ -71,7 +71,8 @@ struct WeightDecayPolicy {
 
 // GPT-2 initialisation (Radford et al. 2019): N(0, 0.02) for matrices and embeddings, residual
 // projections N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weight 1. Each tensor draws from
-// its own seeded stream, so the result depends only on (spec, seed).
+// its own counter-based stream (Philox keyed by the seed), filled in parallel: the result depends
+// only on (spec, seed), not on the thread count or the build (host or CUDA).
 void init_gpt2(const ParameterLayout& layout, std::uint64_t seed, float* params);
 
 }  // namespace zo::model

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# One device-machine call, one answer (docs/gpu.md): runs PHASEs from the bundle built by
+# bench/gpu/bundle.sh, every step under its own timeout, and leaves at most four files in $OUT:
+# gpu_report.md (the summary), results.json (every step's figures), logs.tar.gz (every log), and
+# trace.json when a phase writes one. A failing step is recorded and the next one runs.
+#   bash gpu-bundle/run.sh check [resident] [offload] [big]
+# Phases: check (device, GPU tests, a GPT-2 124M step against the host backend), resident
+# (GPT-2 124M bf16 and fp16), offload (350M/774M/1.5B, with and without DPU, vs resident),
+# big (the largest model the plan admits here).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/gpu-out}
+[ $# -gt 0 ] || { echo "usage: run.sh check|resident|offload|big ..." >&2; exit 2; }
+for p in "$@"; do
+  case $p in check | resident | offload | big) ;; *) echo "run.sh: unknown phase '$p' (check, resident, offload, big)" >&2; exit 2 ;; esac
+done
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
+  exit 1
+fi
+logs=$(mktemp -d /tmp/zo-gpu-logs.XXXXXX)
+mkdir -p "$out"
+report=$out/gpu_report.md
+results=$logs/results.jsonl
+. "$here/env.sh" > "$logs/env.log" 2>&1
+B=$here/bin/offload_train
+T0=$(date +%s)
+
+# Rewritten after every step, so that a call cut off at its limit still returns a report.
+finish() {
+  python3 "$here/summarize.py" "$results" "$report" "$out/results.json" "$logs" > /dev/null
+  tar -C "$logs" -czf "$out/logs.tar.gz" .
+}
+
+# step NAME TIMEOUT_S CMD...: runs CMD, records rc, seconds and the log's name.
+step() {
+  local name=$1 limit=$2; shift 2
+  local t0 rc
+  t0=$(date +%s.%N)
+  echo "== $name (limit ${limit}s, $(( $(date +%s) - T0 ))s into the call)"
+  timeout -k 10 "$limit" "$@" > "$logs/$name.log" 2>&1
+  rc=$?
+  printf '{"step":"%s","rc":%d,"seconds":%.1f,"limit":%d,"cmd":"%s"}\n' "$name" "$rc" \
+    "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b - a}')" "$limit" "$(echo "$*" | sed 's/"/\\"/g')" >> "$results"
+  tail -3 "$logs/$name.log" | sed 's/^/   /'
+  finish
+  return $rc
+}
+
+# Peak GPU memory of a step: nvidia-smi sampled every 100 ms into NAME.mem.
+with_mem() {
+  local name=$1; shift
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$logs/$name.mem" 2>/dev/null &
+  local smi=$!
+  step "$name" "$@"
+  local rc=$?
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  return $rc
+}
+
+# A GoogleTest binary under one timeout; if it hangs or crashes, each test it did not finish runs
+# again alone under its own timeout, so one bad test costs one row, not the rest of the binary.
+gtest_run() {
+  local bin=$1 limit=$2 t
+  step "$bin" "$limit" "$here/bin/$bin"
+  case $? in 0 | 1) return ;; esac
+  "$here/bin/$bin" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {print s $1}' > "$logs/$bin.list"
+  for t in $(cat "$logs/$bin.list"); do
+    grep -qE "^\[ *(OK|FAILED|SKIPPED) *\] $t " "$logs/$bin.log" && continue
+    step "$bin.$(echo "$t" | tr '/' '_')" 60 "$here/bin/$bin" --gtest_filter="$t"
+  done
+}
+
+train() {  # train NAME LIMIT ARGS...: offload_train train on the synthetic task, metrics kept
+  local name=$1 limit=$2; shift 2
+  with_mem "$name" "$limit" "$B" train --data synthetic --eval-batches 1 --log-every 5 \
+    --metrics "$logs/$name.metrics" "$@"
+}
+
+phase_check() {
+  step device_info 60 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; $B info"
+  gtest_run test_gpu 120
+  gtest_run test_pinned_memory 120
+  gtest_run test_cuda_ops 240
+  # The same GPT-2 124M step (weights, data) on the GPU in bf16 and fp32 (the fp32 logits GEMM
+  # with ld = vocab at N = B*T = 16384) and on the host backend: summarize.py compares the losses.
+  local one=(--model gpt2-124m -b 16 --seq-len 1024 --steps 2 --seed 7 --mode resident)
+  ZO_SYNC_EACH_OP=1 train check_124m_cuda_bf16_sync 180 "${one[@]}" --device cuda --precision bf16
+  train check_124m_cuda_bf16 120 "${one[@]}" --device cuda --precision bf16
+  train check_124m_cuda_fp32 120 "${one[@]}" --device cuda --precision fp32
+  train check_124m_host_fp32 300 "${one[@]}" --device host --precision fp32
+}
+
+phase_resident() {
+  local m=(--model gpt2-124m -b 16 --seq-len 1024 --steps 33 --device cuda --mode resident)
+  step bench_train_124m_bf16 180 "$here/bin/bench_train" --device cuda --precision bf16 \
+    --mode resident --models gpt2-124m --micro-batch 16 --seq-len 1024 --steps 30 --json
+  train resident_124m_bf16 180 "${m[@]}" --precision bf16
+  train resident_124m_fp16 180 "${m[@]}" --precision fp16
+}
+
+phase_offload() {
+  step bench_copy 90 "$here/bin/bench_copy" --device cuda --sizes 8MiB,32MiB,128MiB,512MiB --json
+  local model
+  for model in gpt2-350m gpt2-774m gpt2-1558m; do
+    local m=(--model "$model" -b 8 --seq-len 1024 --steps 12 --device cuda --precision bf16)
+    train "resident_${model#gpt2-}" 120 "${m[@]}" --mode resident
+    train "offload_${model#gpt2-}" 150 "${m[@]}" --mode offload
+    train "offload_dpu_${model#gpt2-}" 150 "${m[@]}" --mode offload --dpu --dpu-warmup 3
+  done
+  train trace_350m 120 --model gpt2-350m -b 8 --seq-len 1024 --steps 6 --device cuda \
+    --precision bf16 --mode offload --trace "$out/trace.json"
+}
+
+phase_big() {
+  local m=(--model gpt-6.7b -b 2 --seq-len 1024 --recompute --precision bf16 --optimizer-state bf16)
+  step plan_6.7b 60 "$B" plan "${m[@]}"
+  train big_6.7b 420 "${m[@]}" --device cuda --mode offload --steps 5 --dpu --dpu-warmup 2
+}
+
+for p in "$@"; do
+  echo "=== phase $p"
+  t=$(date +%s)
+  "phase_$p"
+  echo "{\"step\":\"phase_$p\",\"rc\":0,\"seconds\":$(( $(date +%s) - t )),\"limit\":480,\"cmd\":\"\"}" >> "$results"
+done
+finish
+cat "$report"
