@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iterator>
@@ -481,6 +483,9 @@ TEST_P(CudaOps, AdamWMatchesHostOverTenSteps) {
     Tensor gg = gpu_.act(g), hg = host_.f32(g);
     gpu_.dev->adamw(gm.f(), gmo.f(), gv.f(), gg.p, gp.p, n, step, *gpu_.stream);
     host_.dev->adamw(hm.f(), hmo.f(), hv.f(), hg.p, nullptr, n, step, *host_.stream);
+    // Both streams run asynchronously: the gradients must outlive the steps that read them.
+    gpu_.stream->synchronize();
+    host_.stream->synchronize();
   }
   const std::vector<float> master = gpu_.get(gm);
   expect_close(master, host_.get(hm), kStatsTol, "master");
@@ -589,6 +594,38 @@ TEST(CudaDevice, NameBackendAndDtype) {
   EXPECT_EQ(name.rfind("cuda:" + std::to_string(usable_device()) + " ", 0), 0u) << name;
   EXPECT_TRUE(contains(name, "(bf16)")) << name;
   EXPECT_TRUE(contains(cuda_device(DType::kF16)->name(), "(fp16)"));
+}
+
+// ZO_SYNC_EACH_OP=1 (read when the device is made): an op's call returns only once the op has
+// run, so the call lasts at least as long as the GPU takes for it (measured with events first).
+TEST(CudaDevice, SyncEachOpWaitsForEveryOp) {
+  ZO_REQUIRE_GPU();
+  const int n = 4096;  // a 4096^3 fp32 GEMM: milliseconds, against microseconds to enqueue it
+  auto gemm_ms = [n](zo::dev::Device& dev, bool host_clock) {
+    const auto s = dev.create_stream();
+    const auto t0 = dev.create_event(), t1 = dev.create_event();
+    Buffer a = dev.alloc(std::size_t(n) * n * 4, "a"), out = dev.alloc(std::size_t(n) * n * 4, "o");
+    dev.fill_zero(a.data(), a.bytes(), *s);
+    double best = 1e30;
+    for (int k = 0; k < 3; ++k) {
+      s->synchronize();
+      dev.record(*t0, *s);
+      const auto h0 = std::chrono::steady_clock::now();
+      dev.matmul_forward(out.data(), a.data(), a.data(), nullptr, {n, n, n}, *s);
+      const double host_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
+      dev.record(*t1, *s);
+      t1->synchronize();
+      best = std::min(best, host_clock ? host_ms : t1->elapsed_ms_since(*t0));
+    }
+    return best;
+  };
+  const double gpu_ms = gemm_ms(*cuda_device(DType::kF32), false);
+  ::setenv("ZO_SYNC_EACH_OP", "1", 1);
+  const auto synced = cuda_device(DType::kF32);
+  ::unsetenv("ZO_SYNC_EACH_OP");
+  const double call_ms = gemm_ms(*synced, true);
+  EXPECT_GE(call_ms, 0.5 * gpu_ms) << "the call returned before the GEMM had run";
 }
 
 TEST(CudaDevice, CapacityCachingAndOutOfMemory) {
@@ -744,7 +781,8 @@ TEST(CudaMatmul, PlansAreCachedPerShapeAndAlignment) {
   };
   const std::unique_ptr<zo::gpu::MatmulContext, Destroy> owner(zo::gpu::create_matmul_context());
   zo::gpu::MatmulContext* ctx = owner.get();
-  const int N = 26, C = 48, OC = 37;
+  // OC * 4 bytes is a multiple of 32, so the output's alignment is set by its address alone.
+  const int N = 26, C = 48, OC = 40;
   zo::gpu::DeviceBuffer out(std::size_t(N) * OC * 4 + 16), inp(std::size_t(N) * C * 4 + 16),
       w(std::size_t(OC) * C * 4 + 16);
   std::vector<float> ones(std::size_t(OC) * C + 4, 0.5f);

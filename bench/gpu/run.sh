@@ -4,15 +4,16 @@
 # gpu_report.md (the summary), results.json (every step's figures), logs.tar.gz (every log), and
 # trace.json when a phase writes one. A failing step is recorded and the next one runs.
 #   bash gpu-bundle/run.sh check [resident] [offload] [big]
-# Phases: check (device, GPU tests, a GPT-2 124M step against the host backend), resident
+# Phases: check (device, GPU tests, a GPT-2 124M step against the host backend), sanitize
+# (compute-sanitizer memcheck and racecheck over the op tests and two tiny trainings), resident
 # (GPT-2 124M bf16 and fp16), offload (350M/774M/1.5B, with and without DPU, vs resident),
 # big (the largest model the plan admits here).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
-[ $# -gt 0 ] || { echo "usage: run.sh check|resident|offload|big ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: run.sh check|sanitize|resident|offload|big ..." >&2; exit 2; }
 for p in "$@"; do
-  case $p in check | resident | offload | big) ;; *) echo "run.sh: unknown phase '$p' (check, resident, offload, big)" >&2; exit 2 ;; esac
+  case $p in check | sanitize | resident | offload | big) ;; *) echo "run.sh: unknown phase '$p' (check, sanitize, resident, offload, big)" >&2; exit 2 ;; esac
 done
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
@@ -91,12 +92,25 @@ phase_check() {
   train check_124m_host_fp32 300 "${one[@]}" --device host --precision fp32
 }
 
+phase_sanitize() {
+  local cs=(compute-sanitizer --error-exitcode 9 --print-limit 20)
+  step memcheck_ops 240 "${cs[@]}" --tool memcheck "$here/bin/test_cuda_ops" --gtest_filter='Dtypes/*'
+  step racecheck_ops 240 "${cs[@]}" --tool racecheck "$here/bin/test_cuda_ops" \
+    --gtest_filter='Dtypes/*Attention*:Dtypes/*LayerNorm*:Dtypes/*CrossEntropy*:Dtypes/*Embedding*'
+  local m=(train --model small-test -b 2 --steps 3 --data synthetic --eval-batches 1 --device cuda)
+  step memcheck_train_resident 120 "${cs[@]}" --tool memcheck "$B" "${m[@]}" --mode resident
+  step memcheck_train_offload 120 "${cs[@]}" --tool memcheck "$B" "${m[@]}" --mode offload --dpu \
+    --dpu-warmup 1 --grad-accum 2
+}
+
 phase_resident() {
   local m=(--model gpt2-124m -b 16 --seq-len 1024 --steps 33 --device cuda --mode resident)
   step bench_train_124m_bf16 180 "$here/bin/bench_train" --device cuda --precision bf16 \
     --mode resident --models gpt2-124m --micro-batch 16 --seq-len 1024 --steps 30 --json
   train resident_124m_bf16 180 "${m[@]}" --precision bf16
   train resident_124m_fp16 180 "${m[@]}" --precision fp16
+  # The peer: the same GPT-2 in PyTorch (torch.compile, bf16 autocast, fused AdamW), if present.
+  step pytorch_124m 300 python3 "$here/pytorch_gpt2.py" --batch 16 --seq 1024 --steps 30
 }
 
 phase_offload() {

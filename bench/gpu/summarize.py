@@ -19,6 +19,11 @@ def read_lines(path):
         return []
 
 
+def prev_tokens(rows, steady):
+    i = rows.index(steady[0])
+    return rows[i - 1]["tokens"] if i > 0 else 0
+
+
 def metrics_of(log_dir, name):
     rows = []
     for line in read_lines(os.path.join(log_dir, name + ".metrics")):
@@ -37,7 +42,9 @@ def metrics_of(log_dir, name):
         "losses": [r["loss"] for r in rows],
         "grad_norms": [r.get("grad_norm") for r in rows],
         "skipped": sum(1 for r in rows if r.get("skipped")),
-        "tokens_per_s": sum(r["tokens"] for r in steady) / (sum(r["step_ms"] for r in steady) * 1e-3),
+        # "tokens" counts from the start of the run: a step's tokens are the difference.
+        "tokens_per_s": (steady[-1]["tokens"] - prev_tokens(rows, steady))
+        / (sum(r["step_ms"] for r in steady) * 1e-3),
         "step_ms": mean("step_ms"),
         "model_tflops": mean("tflops"),
         "phase_ms": {p: round(mean(p + "_ms"), 2) for p in phases},
@@ -50,6 +57,18 @@ def metrics_of(log_dir, name):
 def peak_mem_mib(log_dir, name):
     vals = [int(x) for x in read_lines(os.path.join(log_dir, name + ".mem")) if x.strip().isdigit()]
     return max(vals) if vals else None
+
+
+def bench_note(b):
+    """The figures of one benchmark JSON line, compactly."""
+    keys = ("memory", "bytes", "h2d_gbps", "d2h_gbps", "model", "micro_batch", "tokens_per_s",
+            "step_ms", "model_gflops", "model_tflops", "matmul_gflops", "ratio_to_matmul")
+    parts = []
+    for k in keys:
+        if k in b:
+            v = b[k]
+            parts.append(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}")
+    return ", ".join(parts)
 
 
 def gtest_counts(lines):
@@ -96,15 +115,18 @@ def main():
         for l in lines:
             if l.startswith("per step (ms)"):
                 s["per_step"] = l
-            if l.startswith("{") and '"name"' in l:
-                s.setdefault("bench", []).append(json.loads(l))
+            if l.startswith("{"):
+                try:
+                    s.setdefault("bench", []).append(json.loads(l))
+                except ValueError:
+                    pass
         errors = [l for l in lines if "error" in l.lower() and not l.startswith("[")]
         if s["rc"] != 0:
             note += ("; " if note else "") + ("TIMEOUT" if s["rc"] in (124, 137) else f"rc {s['rc']}")
             if errors:
                 note += ": " + errors[-1][:300]
         if "bench" in s and not note:
-            note = "; ".join(json.dumps(b)[:200] for b in s["bench"][:4])
+            note = "; ".join(bench_note(b) for b in s["bench"])
         s["note"] = note
         by_name[name] = s
         report.append(f"| {name} | {s['rc']} | {s['seconds']} | {note} |")
