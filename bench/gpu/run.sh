@@ -4,16 +4,17 @@
 # gpu_report.md (the summary), results.json (every step's figures), logs.tar.gz (every log), and
 # trace.json when a phase writes one. A failing step is recorded and the next one runs.
 #   bash gpu-bundle/run.sh check [resident] [offload] [big]
-# Phases: check (device, GPU tests, a GPT-2 124M step against the host backend), sanitize
+# Phases: check (device, GPU tests, a GPT-2 124M step against the host backend, then paths:
+# checkpoint, resume, sample and fp16 overflow steps on a small model), sanitize
 # (compute-sanitizer memcheck and racecheck over the op tests and two tiny trainings), resident
 # (GPT-2 124M bf16 and fp16), offload (350M/774M/1.5B, with and without DPU, vs resident),
 # big (the largest model the plan admits here).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
-[ $# -gt 0 ] || { echo "usage: run.sh check|sanitize|resident|offload|big ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|offload|big ..." >&2; exit 2; }
 for p in "$@"; do
-  case $p in check | sanitize | resident | offload | big) ;; *) echo "run.sh: unknown phase '$p' (check, sanitize, resident, offload, big)" >&2; exit 2 ;; esac
+  case $p in check | paths | sanitize | resident | offload | big) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, offload, big)" >&2; exit 2 ;; esac
 done
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
@@ -90,6 +91,25 @@ phase_check() {
   train check_124m_cuda_bf16 120 "${one[@]}" --device cuda --precision bf16
   train check_124m_cuda_fp32 120 "${one[@]}" --device cuda --precision fp32
   train check_124m_host_fp32 300 "${one[@]}" --device host --precision fp32
+  phase_paths
+}
+
+phase_paths() {
+  # Checkpoint, resume (summarize.py compares the resumed steps with the uninterrupted run),
+  # sample, and fp16 overflow steps, on a small model.
+  local ck=/tmp/zo-gpu-ckpt mode
+  for mode in resident offload; do
+    local s=(--model small-test -b 4 --seq-len 128 --device cuda --precision bf16 --seed 3
+             --lr 1e-3 --warmup 2 --mode "$mode")
+    rm -rf "$ck.$mode"
+    train "full_$mode" 60 "${s[@]}" --steps 6
+    train "ckpt_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" --checkpoint-every 3
+    train "resume_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" \
+      --resume "$ck.$mode/step_00000003"
+  done
+  step sample_cuda 60 "$B" sample --checkpoint latest --checkpoint-dir "$ck.resident" -n 16 --ids
+  train fp16_overflow 60 --model small-test -b 4 --seq-len 128 --device cuda --precision fp16 \
+    --loss-scale 1e30 --steps 3
 }
 
 phase_sanitize() {

@@ -111,7 +111,8 @@ def main():
             note = (f"{m['tokens_per_s']:.0f} tok/s, {m['step_ms']:.1f} ms/step, "
                     f"{m['model_tflops']:.1f} TFLOP/s (MFU {100 * m['mfu_vs_datasheet']:.1f}% of "
                     f"{H100_BF16_DENSE_TFLOPS:.0f}), peak {m['peak_mem_mib']} MiB, "
-                    f"loss {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}")
+                    f"loss {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}"
+                    + (f", {m['skipped']} skipped" if m["skipped"] else ""))
         for l in lines:
             if l.startswith("per step (ms)"):
                 s["per_step"] = l
@@ -152,6 +153,20 @@ def main():
         for q, a, b, rel, tol in checks:
             report.append(f"| {q} | {a:.6g} | {b:.6g} | {rel:.2e} | {tol:.0e} | "
                           f"{'ok' if rel <= tol else 'MISMATCH'} |")
+
+    # A resumed run's steps against the same steps of the uninterrupted run.
+    resumed = []
+    for mode in ("resident", "offload"):
+        full = by_name.get(f"full_{mode}", {}).get("metrics")
+        res = by_name.get(f"resume_{mode}", {}).get("metrics")
+        if full and res and len(res["losses"]) <= len(full["losses"]):
+            tail = full["losses"][len(full["losses"]) - len(res["losses"]):]
+            diff = max(abs(a - b) for a, b in zip(res["losses"], tail))
+            resumed.append((mode, len(res["losses"]), diff))
+    if resumed:
+        report += ["", "## Resume against the uninterrupted run", "",
+                   "| mode | resumed steps | max loss difference |", "|---|---|---|"]
+        report += [f"| {m} | {n} | {d:.3g} |" for m, n, d in resumed]
 
     # Offload practicality: offload tokens/s over resident tokens/s for the same model.
     ratios = []
