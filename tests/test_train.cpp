@@ -159,6 +159,9 @@ TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
 TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {
   TempDir a, b;
   TrainConfig off = tiny_config(5);
+  // Clipping off: with it the global norm is summed in another order (per bucket) and the clip
+  // coefficient may differ in the last bit (OffloadEqualsResidentForAnyBucketSize below).
+  off.grad_clip = 0.0f;
   off.mode = "offload";
   off.checkpoint_dir = a.path.string();
   TrainConfig res = off;

@@ -1,22 +1,239 @@
-// The few CUDA runtime calls gpu/src's launchers make, over host memory, for the SIMT emulator
-// (tests/simt/simt.h). The emulated test links this instead of libcudart, so a launcher calling
-// anything else fails to link, which is the signal to add it here.
+// The CUDA runtime calls gpu/, src/device/cuda_device.cpp and pinned_memory/ make, over host
+// memory, for the SIMT emulator (tests/simt/simt.h). The emulated build links this instead of
+// libcudart, so a call not defined here fails to link, which is the signal to add it.
+//
+// Streams are worker threads (streams.h) and events carry record generations, so the ordering
+// rules are CUDA's: work on a stream runs later than the call that enqueued it, cudaStreamWaitEvent
+// orders against the last record issued before it, copies between device memory and page-locked
+// host memory are asynchronous, copies to or from pageable memory wait for the stream first (as
+// CUDA's do), and cudaFree waits for the whole device. Memory is tracked by range, so a copy in a
+// certainly wrong direction or an unregister of memory never registered is refused.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <new>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
 
 #include "simt.h"
+#include "streams.h"
+
+using Clock = std::chrono::steady_clock;
+
+struct CUstream_st {
+  std::deque<std::function<void()>> queue;  // guarded by g_mu
+  bool busy = false;                        // the worker is running an item
+  bool stop = false;
+  std::thread worker;
+};
+
+struct CUevent_st {
+  unsigned flags = 0;
+  std::uint64_t recorded = 0;   // records issued
+  std::uint64_t completed = 0;  // records the device has reached
+  Clock::time_point when{};     // when the last completed record was reached
+};
 
 namespace {
+
+// The emulated device's memory: what cudaMemGetInfo reports and allocations may use.
+constexpr std::size_t kDeviceBytes = std::size_t{8} << 30;
+
+// One lock for all runtime state; waits use one condition variable (contention is irrelevant here).
+std::mutex g_mu;
+std::condition_variable g_cv;
+std::set<CUstream_st*> g_streams;
+std::map<const char*, std::size_t> g_device;  // allocation start -> bytes
+std::map<const char*, std::size_t> g_pinned;  // cudaHostRegister start -> bytes
+std::size_t g_device_used = 0;
+cudaError_t g_sticky = cudaSuccess;  // a failed stream item poisons the context, as on a GPU
+std::string g_sticky_text;
 thread_local cudaError_t t_last_error = cudaSuccess;
 
 cudaError_t record(cudaError_t e) {
   if (e != cudaSuccess) t_last_error = e;
   return e;
 }
+
+bool in_ranges(const std::map<const char*, std::size_t>& ranges, const void* p) {
+  const char* c = static_cast<const char*>(p);
+  auto it = ranges.upper_bound(c);
+  if (it == ranges.begin()) return false;
+  --it;
+  return c < it->first + std::max<std::size_t>(it->second, 1);
+}
+
+void fail_sticky(const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_sticky == cudaSuccess) {
+    g_sticky = cudaErrorLaunchFailure;
+    g_sticky_text = "unspecified launch failure (" + what + ")";
+    std::fprintf(stderr, "SIMT emulator: a stream item failed: %s\n", what.c_str());
+  }
+}
+
+void run_item(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const std::exception& e) {
+    fail_sticky(e.what());
+  } catch (...) {
+    fail_sticky("unknown exception");
+  }
+}
+
+void worker_main(CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  for (;;) {
+    g_cv.wait(lock, [s] { return s->stop || !s->queue.empty(); });
+    if (s->queue.empty()) return;  // stop requested and nothing left
+    std::function<void()> work = std::move(s->queue.front());
+    s->queue.pop_front();
+    s->busy = true;
+    const bool poisoned = g_sticky != cudaSuccess;
+    lock.unlock();
+    if (!poisoned) run_item(work);  // after a fault nothing more runs, as on a GPU
+    work = nullptr;                 // captured state dies outside the lock
+    lock.lock();
+    s->busy = false;
+    g_cv.notify_all();
+  }
+}
+
+bool idle(const CUstream_st* s) {
+  return s->queue.empty() && !s->busy;
+}
+
+// Waits (holding `lock` on g_mu) until `s`, or every stream for nullptr, has drained.
+void drain(std::unique_lock<std::mutex>& lock, const CUstream_st* s) {
+  g_cv.wait(lock, [s] {
+    if (s != nullptr) return idle(s);
+    return std::all_of(g_streams.begin(), g_streams.end(), idle);
+  });
+}
+
+cudaError_t sticky_or(cudaError_t e) {
+  return record(g_sticky != cudaSuccess ? g_sticky : e);
+}
+
+cudaError_t synchronize(const CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  drain(lock, s);
+  return sticky_or(cudaSuccess);
+}
+
+bool valid_stream(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_streams.count(s) != 0;
+}
+
+CUstream_st* worker_of(cudaStream_t s) {
+  return (s == cudaStreamLegacy || s == cudaStreamPerThread) ? nullptr : s;
+}
+
+enum class Where { kDevice, kPinned, kPageable };
+
+Where where_is(const void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (in_ranges(g_device, p)) return Where::kDevice;
+  return in_ranges(g_pinned, p) ? Where::kPinned : Where::kPageable;
+}
+
+void* device_alloc(std::size_t size) {
+  const std::size_t bytes = (size + 255) / 256 * 256;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (bytes == 0 || g_device_used + bytes > kDeviceBytes) return nullptr;
+  void* p = std::aligned_alloc(256, bytes);
+  if (p == nullptr) return nullptr;
+  // All-ones bits (NaN as floats): reading memory no kernel wrote shows up in the results.
+  std::memset(p, 0xff, bytes);
+  g_device[static_cast<const char*>(p)] = bytes;
+  g_device_used += bytes;
+  return p;
+}
+
+bool device_free(void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_device.find(static_cast<const char*>(p));
+  if (it == g_device.end()) return false;
+  g_device_used -= it->second;
+  g_device.erase(it);
+  std::free(p);
+  return true;
+}
+
+// Refuses a copy whose direction is certainly wrong: device memory named as the host side, or
+// registered host memory named as the device side. (Other host memory may stand for device
+// memory: the kernel tests keep their "device" tensors in ordinary vectors.)
+cudaError_t check_copy(const void* dst, const void* src, std::size_t count, cudaMemcpyKind kind) {
+  if (count != 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  const Where d = where_is(dst), s = where_is(src);
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return s != Where::kDevice && d != Where::kPinned ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToHost:
+      return d != Where::kDevice && s != Where::kPinned ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToDevice:
+      return d != Where::kPinned && s != Where::kPinned ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDefault:
+      return cudaSuccess;
+    default:
+      return cudaErrorInvalidMemcpyDirection;
+  }
+}
+
+// The host side of a copy, if it has one.
+const void* host_side(const void* dst, const void* src, cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return src;
+    case cudaMemcpyDeviceToHost:
+      return dst;
+    case cudaMemcpyDeviceToDevice:
+      return nullptr;
+    default:
+      if (where_is(dst) != Where::kDevice) return dst;
+      return where_is(src) != Where::kDevice ? src : nullptr;
+  }
+}
+
 }  // namespace
+
+namespace zo::simt {
+
+void enqueue(cudaStream_t stream, std::function<void()> work) {
+  CUstream_st* s = worker_of(stream);
+  std::unique_lock<std::mutex> lock(g_mu);
+  if (s == nullptr) {
+    drain(lock, nullptr);  // the legacy default stream waits for every stream
+    if (g_sticky != cudaSuccess) return;
+    lock.unlock();
+    work();  // errors reach the caller directly
+    return;
+  }
+  s->queue.push_back(std::move(work));
+  g_cv.notify_all();
+}
+
+bool is_device_pointer(const void* p) {
+  return where_is(p) == Where::kDevice;
+}
+
+}  // namespace zo::simt
 
 extern "C" {
 
@@ -42,6 +259,20 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
     default:
       return "cudaErrorUnknown";
   }
@@ -59,10 +290,28 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "invalid configuration argument";
     case cudaErrorNoDevice:
       return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorLaunchFailure: {
+      std::lock_guard<std::mutex> lock(g_mu);  // set once, then never changed
+      return g_sticky_text.empty() ? "unspecified launch failure" : g_sticky_text.c_str();
+    }
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
     default:
       return "unknown error";
   }
 }
+
+// ---- the device -------------------------------------------------------------------------------
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return record(cudaErrorInvalidValue);
@@ -73,6 +322,27 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaGetDevice(int* device) {
   if (device == nullptr) return record(cudaErrorInvalidValue);
   *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return record(cudaErrorInvalidValue);
+  if (device != 0) return record(cudaErrorInvalidDevice);
+  const zo::simt::DeviceLimits& l = zo::simt::limits();
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "SIMT emulator (H100 limits)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->multiProcessorCount = l.sm_count;
+  prop->maxThreadsPerBlock = l.max_threads_per_block;
+  prop->sharedMemPerBlock = static_cast<std::size_t>(l.max_shared_default);
+  prop->sharedMemPerBlockOptin = static_cast<std::size_t>(l.max_shared_optin);
+  prop->warpSize = l.warp_size;
   return cudaSuccess;
 }
 
@@ -100,6 +370,13 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   }
 }
 
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  if (pci_bus_id == nullptr || len <= 0) return record(cudaErrorInvalidValue);
+  if (device != 0) return record(cudaErrorInvalidDevice);
+  std::snprintf(pci_bus_id, static_cast<std::size_t>(len), "0000:00:00.0");
+  return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (func == nullptr) return record(cudaErrorInvalidValue);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
@@ -109,32 +386,233 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
-// Fresh allocations are filled with all-ones bits (NaN as floats), so reading memory no kernel
-// wrote shows up in the results.
-cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t) {
+cudaError_t cudaDeviceSynchronize(void) {
+  return synchronize(nullptr);
+}
+
+// ---- memory -----------------------------------------------------------------------------------
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) return record(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_mu);
+  *total_bytes = kDeviceBytes;
+  *free_bytes = kDeviceBytes - g_device_used;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return record(cudaErrorInvalidValue);
-  const size_t bytes = (size + 255) / 256 * 256;
-  *ptr = bytes == 0 ? nullptr : std::aligned_alloc(256, bytes);
-  if (bytes != 0 && *ptr == nullptr) return record(cudaErrorMemoryAllocation);
-  if (*ptr != nullptr) std::memset(*ptr, 0xff, bytes);
+  *ptr = size == 0 ? nullptr : device_alloc(size);
+  return size != 0 && *ptr == nullptr ? record(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::unique_lock<std::mutex> lock(g_mu);
+    drain(lock, nullptr);  // cudaFree synchronises the device
+  }
+  return device_free(ptr) ? cudaSuccess : record(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  if (ptr == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidValue);
+  *ptr = size == 0 ? nullptr : device_alloc(size);
+  return size != 0 && *ptr == nullptr ? record(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) return cudaSuccess;
+  if (!valid_stream(stream) || !zo::simt::is_device_pointer(ptr))
+    return record(cudaErrorInvalidValue);
+  zo::simt::enqueue(stream, [ptr] { device_free(ptr); });
   return cudaSuccess;
 }
 
-cudaError_t cudaFreeAsync(void* ptr, cudaStream_t) {
-  std::free(ptr);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  static int the_pool;  // one opaque handle; the attributes set on it change nothing here
+  if (pool == nullptr) return record(cudaErrorInvalidValue);
+  if (device != 0) return record(cudaErrorInvalidDevice);
+  *pool = reinterpret_cast<cudaMemPool_t>(&the_pool);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind,
-                            cudaStream_t) {
-  if (count != 0 && (dst == nullptr || src == nullptr)) return record(cudaErrorInvalidValue);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr, void* value) {
+  return pool == nullptr || value == nullptr ? record(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t) {
+  return pool == nullptr ? record(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+  if (ptr == nullptr || size == 0) return record(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_mu);
+  const char* c = static_cast<const char*>(ptr);
+  if (in_ranges(g_pinned, c) || in_ranges(g_pinned, c + size - 1))
+    return record(cudaErrorHostMemoryAlreadyRegistered);
+  g_pinned[c] = size;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_pinned.erase(static_cast<const char*>(ptr)) == 1
+             ? cudaSuccess
+             : record(cudaErrorHostMemoryNotRegistered);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return record(e);
+  if (count == 0) return cudaSuccess;
+  const void* host = host_side(dst, src, kind);
+  if (host != nullptr && where_is(host) == Where::kPageable) {
+    // Pageable memory: CUDA waits for the stream, then copies before returning.
+    const cudaError_t e = synchronize(worker_of(stream));
+    if (e != cudaSuccess) return e;
+    std::memmove(dst, src, count);
+    return cudaSuccess;
+  }
+  zo::simt::enqueue(stream, [dst, src, count] { std::memmove(dst, src, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return record(e);
+  if (const cudaError_t e = synchronize(nullptr); e != cudaSuccess) return e;
   if (count != 0) std::memmove(dst, src, count);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t) {
-  if (count != 0 && ptr == nullptr) return record(cudaErrorInvalidValue);
-  if (count != 0) std::memset(ptr, value, count);
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  if (count == 0) return cudaSuccess;
+  if (ptr == nullptr || where_is(ptr) == Where::kPinned) return record(cudaErrorInvalidValue);
+  zo::simt::enqueue(stream, [ptr, value, count] { std::memset(ptr, value, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (count == 0) return cudaSuccess;
+  if (ptr == nullptr || where_is(ptr) == Where::kPinned) return record(cudaErrorInvalidValue);
+  if (const cudaError_t e = synchronize(nullptr); e != cudaSuccess) return e;
+  std::memset(ptr, value, count);
+  return cudaSuccess;
+}
+
+// ---- streams ------------------------------------------------------------------------------------
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  if (stream == nullptr) return record(cudaErrorInvalidValue);
+  auto* s = new CUstream_st;
+  s->worker = std::thread(worker_main, s);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_streams.insert(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  {
+    // Work already enqueued still runs (CUDA returns at once and finishes it in the background).
+    std::unique_lock<std::mutex> lock(g_mu);
+    drain(lock, stream);
+    stream->stop = true;
+    g_streams.erase(stream);
+    g_cv.notify_all();
+  }
+  stream->worker.join();
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  return synchronize(worker_of(stream));
+}
+
+// ---- events -------------------------------------------------------------------------------------
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (event == nullptr) return record(cudaErrorInvalidValue);
+  *event = new CUevent_st;
+  (*event)->flags = flags;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (event == nullptr) return record(cudaErrorInvalidResourceHandle);
+  // CUDA releases an event whose record is still pending once it completes: wait for it here.
+  std::unique_lock<std::mutex> lock(g_mu);
+  g_cv.wait(lock, [event] { return event->completed >= event->recorded || g_sticky != cudaSuccess; });
+  lock.unlock();
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    generation = ++event->recorded;
+  }
+  zo::simt::enqueue(stream, [event, generation] {
+    std::lock_guard<std::mutex> lock(g_mu);
+    event->completed = std::max(event->completed, generation);
+    event->when = Clock::now();
+    g_cv.notify_all();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event == nullptr) return record(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_sticky != cudaSuccess) return record(g_sticky);
+  // Not ready is a status, not an error: it is not kept for cudaGetLastError.
+  return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return record(cudaErrorInvalidResourceHandle);
+  std::unique_lock<std::mutex> lock(g_mu);
+  const std::uint64_t target = event->recorded;
+  g_cv.wait(lock, [&] { return event->completed >= target || g_sticky != cudaSuccess; });
+  return sticky_or(cudaSuccess);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (event == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  std::uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    target = event->recorded;  // the last record issued before this call
+  }
+  if (target == 0) return cudaSuccess;  // never recorded: nothing to wait for
+  zo::simt::enqueue(stream, [event, target] {
+    std::unique_lock<std::mutex> lock(g_mu);
+    g_cv.wait(lock, [&] { return event->completed >= target || g_sticky != cudaSuccess; });
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return record(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (((start->flags | end->flags) & cudaEventDisableTiming) != 0)
+    return record(cudaErrorInvalidResourceHandle);
+  if (start->recorded == 0 || end->recorded == 0) return record(cudaErrorInvalidResourceHandle);
+  if (start->completed < start->recorded || end->completed < end->recorded)
+    return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
   return cudaSuccess;
 }
 

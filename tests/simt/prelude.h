@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "simt.h"
+#include "streams.h"
 
 #define ZO_SIMT_EMULATION 1
 
@@ -100,19 +101,25 @@ namespace zo::simt {
 template <typename... Params>
 class KernelLaunch {
  public:
-  KernelLaunch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t, void (*kernel)(Params...),
-               const char* name)
-      : grid_(grid), block_(block), smem_(smem), kernel_(kernel), name_(name) {}
+  KernelLaunch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+               void (*kernel)(Params...), const char* name)
+      : grid_(grid), block_(block), smem_(smem), stream_(stream), kernel_(kernel), name_(name) {}
   template <typename... Args>
   void operator()(Args&&... args) const {
-    // Arguments are copied per launch, as CUDA copies them into the parameter buffer.
+    // Arguments are copied per launch, as CUDA copies them into the parameter buffer; the
+    // configuration is checked now, the kernel runs later in its stream's order.
+    const void* id = reinterpret_cast<const void*>(kernel_);
+    check_launch(grid_, block_, smem_, id, name_);
     auto body = [kernel = kernel_, ... a = static_cast<Params>(args)] { kernel(a...); };
-    launch(grid_, block_, smem_, reinterpret_cast<const void*>(kernel_), name_, body);
+    enqueue(stream_, [grid = grid_, block = block_, smem = smem_, id, name = name_, body] {
+      launch(grid, block, smem, id, name, body);
+    });
   }
 
  private:
   dim3 grid_, block_;
   std::size_t smem_;
+  cudaStream_t stream_;
   void (*kernel_)(Params...);
   const char* name_;
 };

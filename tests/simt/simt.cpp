@@ -251,8 +251,8 @@ void set_max_dynamic_shared(const void* kernel, int bytes) {
   smem_limits()[kernel] = bytes;
 }
 
-void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void* kernel,
-            const char* name, const std::function<void()>& thread_body) {
+void check_launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void* kernel,
+                  const char* name) {
   if (t_block != nullptr) throw SimtError("SIMT emulator: launch from inside a kernel");
   int smem_limit = limits().max_shared_default;
   {
@@ -260,6 +260,11 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
     if (auto it = smem_limits().find(kernel); it != smem_limits().end()) smem_limit = it->second;
   }
   check_config(grid, block, dynamic_shared_bytes, smem_limit, name);
+}
+
+void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void* kernel,
+            const char* name, const std::function<void()>& thread_body) {
+  check_launch(grid, block, dynamic_shared_bytes, kernel, name);
 
   const int n = static_cast<int>(block.x * block.y * block.z);
   std::vector<Fiber> fibers(n);

@@ -1,9 +1,10 @@
 // A SIMT emulator that runs this project's CUDA kernels on the CPU, so that CI (no GPU) executes
-// every kernel and launcher in gpu/ against the host backend (tests/test_simt_kernels.cpp).
+// every kernel and launcher in gpu/ against the host backend (tests/test_simt.cpp).
 //
-// Model: a launch runs its blocks one after another on the calling thread; the threads of a block
-// are fibers (ucontext) scheduled round-robin, each running until it reaches a barrier or returns.
-// Memory is host memory, so "device pointers" are plain pointers and launches are synchronous.
+// Model: a launch runs its blocks one after another on one OS thread (its stream's worker, see
+// streams.h, or the caller's for the default stream); the threads of a block are fibers (ucontext)
+// scheduled round-robin, each running until it reaches a barrier or returns. Memory is host
+// memory, so "device pointers" are plain pointers.
 //
 // What it checks, beyond the results (each violation throws zo::simt::SimtError naming the block,
 // the threads and the call site):
@@ -50,6 +51,10 @@ const DeviceLimits& limits();
 // SimtError for a bad configuration or a violated rule, and rethrows what a thread threw.
 void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void* kernel,
             const char* name, const std::function<void()>& thread_body);
+
+// The configuration checks of launch() alone (for a launch enqueued to run later on a stream).
+void check_launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void* kernel,
+                  const char* name);
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize for `kernel`; throws above the opt-in limit.
 void set_max_dynamic_shared(const void* kernel, int bytes);
