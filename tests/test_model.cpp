@@ -140,11 +140,14 @@ TEST(ParameterLayout, Gpt2InitStatistics) {
 TEST(Philox, MatchesPublishedKnownAnswers) {
   using zo::model::philox4x32_10;
   using P = zo::model::Philox4x32;
-  EXPECT_EQ(philox4x32_10(P{0, 0, 0, 0}, 0, 0), (P{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
-  EXPECT_EQ(philox4x32_10(P{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, 0xffffffff, 0xffffffff),
-            (P{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
-  EXPECT_EQ(philox4x32_10(P{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, 0xa4093822, 0x299f31d0),
-            (P{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+  EXPECT_EQ(philox4x32_10(P{0, 0, 0, 0}, 0, 0),
+            (P{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(
+      philox4x32_10(P{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, 0xffffffff, 0xffffffff),
+      (P{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(
+      philox4x32_10(P{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, 0xa4093822, 0x299f31d0),
+      (P{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
 }
 
 // The parallel fill equals an element-by-element scalar evaluation of the documented stream, on
@@ -170,9 +173,9 @@ TEST(ParameterLayout, Gpt2InitIsCounterBasedAndThreadCountFree) {
     const double stddev = t.residual_projection ? 0.02 / std::sqrt(2.0 * spec.n_layer) : 0.02;
     for (std::size_t i : {std::size_t{0}, std::size_t{3}, t.numel / 2 + 1, t.numel - 1}) {
       const std::uint64_t block = i / 4;
-      const auto bits = zo::model::philox4x32_10(
-          {std::uint32_t(block), std::uint32_t(block >> 32), index, 0}, std::uint32_t(seed),
-          std::uint32_t(seed >> 32));
+      const auto bits =
+          zo::model::philox4x32_10({std::uint32_t(block), std::uint32_t(block >> 32), index, 0},
+                                   std::uint32_t(seed), std::uint32_t(seed >> 32));
       // Box-Muller written out again: pair i%4/2, cosine for even i, sine for odd.
       const int pair = int(i % 4) / 2;
       const double r = std::sqrt(-2.0 * std::log((bits[2 * pair] + 1.0) / 4294967296.0));

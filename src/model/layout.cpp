@@ -87,9 +87,9 @@ void fill_normal(float* p, std::size_t n, std::uint64_t seed, std::uint32_t inde
   const std::size_t blocks = (n + 3) / 4;
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks, 4096), [&](const auto& r) {
     for (std::size_t b = r.begin(); b != r.end(); ++b) {
-      const auto z = philox_normals(philox4x32_10(
-          {std::uint32_t(b), std::uint32_t(std::uint64_t(b) >> 32), index, 0},
-          std::uint32_t(seed), std::uint32_t(seed >> 32)));
+      const auto z = philox_normals(
+          philox4x32_10({std::uint32_t(b), std::uint32_t(std::uint64_t(b) >> 32), index, 0},
+                        std::uint32_t(seed), std::uint32_t(seed >> 32)));
       for (std::size_t k = 0; k < 4 && 4 * b + k < n; ++k)
         p[4 * b + k] = static_cast<float>(stddev * z[k]);
     }

@@ -551,7 +551,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (event == nullptr) return record(cudaErrorInvalidResourceHandle);
   // CUDA releases an event whose record is still pending once it completes: wait for it here.
   std::unique_lock<std::mutex> lock(g_mu);
-  g_cv.wait(lock, [event] { return event->completed >= event->recorded || g_sticky != cudaSuccess; });
+  g_cv.wait(lock,
+            [event] { return event->completed >= event->recorded || g_sticky != cudaSuccess; });
   lock.unlock();
   delete event;
   return cudaSuccess;

@@ -1,8 +1,6 @@
 // The SIMT emulator's scheduler (tests/simt/simt.h): blocks in order, a block's threads as
-// ucontext fibers, barriers and warp shuffles as scheduling points.
+// fibers (fiber.h), barriers and warp shuffles as scheduling points.
 #include "simt.h"
-
-#include <ucontext.h>
 
 #include <algorithm>
 #include <array>
@@ -14,6 +12,8 @@
 #include <sstream>
 #include <vector>
 
+#include "fiber.h"
+
 namespace zo::simt {
 namespace {
 
@@ -23,7 +23,7 @@ constexpr int kWarp = 32;
 enum class State { kReady, kBlockBarrier, kWarpSync, kDone };
 
 struct Fiber {
-  ucontext_t context{};
+  FiberContext context;
   uint3 tid{};
   int linear = 0;
   State state = State::kReady;
@@ -36,7 +36,7 @@ struct Block {
   dim3 grid, dim;
   uint3 idx{};
   std::vector<Fiber>* fibers = nullptr;
-  ucontext_t scheduler{};
+  FiberContext scheduler;
   void* dynamic_shared = nullptr;
   const std::function<void()>* body = nullptr;
   // Shuffle values per thread: what it offers at its current warp sync, and what it offered at the
@@ -84,7 +84,7 @@ void wait(State s, const std::source_location& site, unsigned mask = 0) {
   f.state = s;
   f.site = site;
   f.mask = mask;
-  swapcontext(&f.context, &t_block->scheduler);
+  switch_fiber(f.context, t_block->scheduler);
 }
 
 void fiber_main() {
@@ -95,7 +95,7 @@ void fiber_main() {
     if (!b.error) b.error = std::current_exception();
   }
   t_fiber->state = State::kDone;
-  // Returning resumes uc_link, the scheduler.
+  switch_fiber(t_fiber->context, b.scheduler);  // for good: the scheduler never resumes it
 }
 
 // Releases the threads waiting at a complete barrier; false when none is complete.
@@ -189,7 +189,7 @@ void run_block(Block& b) {
     for (Fiber& f : fibers) {
       if (f.state != State::kReady) continue;
       t_fiber = &f;
-      swapcontext(&b.scheduler, &f.context);
+      switch_fiber(b.scheduler, f.context);
       t_fiber = nullptr;
       ran = true;
       if (b.error) std::rethrow_exception(b.error);
@@ -208,11 +208,7 @@ void start_fiber(Block& b, int i, char* stack) {
   f.linear = i;
   f.tid = uint3{static_cast<unsigned>(i) % b.dim.x, static_cast<unsigned>(i) / b.dim.x % b.dim.y,
                 static_cast<unsigned>(i) / (b.dim.x * b.dim.y)};
-  getcontext(&f.context);
-  f.context.uc_stack.ss_sp = stack;
-  f.context.uc_stack.ss_size = kStackBytes;
-  f.context.uc_link = &b.scheduler;
-  makecontext(&f.context, fiber_main, 0);
+  prepare_fiber(f.context, stack, kStackBytes, fiber_main);
 }
 
 void check_config(dim3 grid, dim3 block, std::size_t smem, int smem_limit, const char* name) {
@@ -268,7 +264,15 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
 
   const int n = static_cast<int>(block.x * block.y * block.z);
   std::vector<Fiber> fibers(n);
-  std::unique_ptr<char[]> stacks(new char[kStackBytes * n]);  // touched lazily
+  // Fiber stacks stay with the OS thread from launch to launch: allocating (and faulting in)
+  // a fresh 256 KiB per thread on every launch would cost more than most kernels.
+  thread_local std::unique_ptr<char[]> t_stacks;
+  thread_local int t_stack_count = 0;
+  if (t_stack_count < n) {
+    t_stacks.reset(new char[kStackBytes * static_cast<std::size_t>(n)]);  // touched lazily
+    t_stack_count = n;
+  }
+  char* const stacks = t_stacks.get();
   const std::size_t smem_bytes = std::max<std::size_t>(dynamic_shared_bytes, 16);
   std::unique_ptr<float4[]> smem(new float4[(smem_bytes + 15) / 16]);
 
@@ -297,7 +301,7 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
         // it never wrote produces NaN instead of plausible numbers.
         std::memset(smem.get(), 0xff, smem_bytes);
         for (int i = 0; i < n; ++i)
-          start_fiber(b, i, stacks.get() + kStackBytes * static_cast<std::size_t>(i));
+          start_fiber(b, i, stacks + kStackBytes * static_cast<std::size_t>(i));
         run_block(b);
         g_threads += static_cast<std::uint64_t>(n);
       }

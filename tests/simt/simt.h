@@ -2,7 +2,7 @@
 // every kernel and launcher in gpu/ against the host backend (tests/test_simt.cpp).
 //
 // Model: a launch runs its blocks one after another on one OS thread (its stream's worker, see
-// streams.h, or the caller's for the default stream); the threads of a block are fibers (ucontext)
+// streams.h, or the caller's for the default stream); the threads of a block are fibers (fiber.h)
 // scheduled round-robin, each running until it reaches a barrier or returns. Memory is host
 // memory, so "device pointers" are plain pointers.
 //

@@ -1,0 +1,150 @@
+// The whole CUDA path in CI: `offload_train_simt train --device cuda` is the real trainer linked
+// against the SIMT emulator's build of gpu/ (its kernels on the CPU, a fake runtime whose streams
+// are threads, a reference cuBLASLt), compared with `offload_train --device host` on the same
+// weights and data. Tolerances, per step, relative to the host's value:
+//   fp32 loss 1e-5, gradient norm 1e-4 (the same arithmetic in another order);
+//   bf16/fp16 loss 2e-2, gradient norm 1e-1 (activations and gradients rounded to 8 or 11 bits);
+//   resuming a checkpoint gives the uninterrupted run's losses exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "run_binary.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zo::test::run_command;
+using zo::test::TempDir;
+
+struct Steps {
+  std::vector<double> loss, grad_norm, loss_scale;
+  std::vector<bool> skipped;
+};
+
+// A short run of the `tiny` GPT-2 on the synthetic task; `extra` picks device, dtype and mode.
+Steps train(const char* binary, const std::string& extra, const fs::path& dir,
+            const std::string& name) {
+  const fs::path metrics = dir / (name + ".jsonl");
+  const std::string cmd = std::string(binary) +
+                          " train --model tiny -b 2 --seq-len 32 --seed 5 --lr 3e-3 --warmup 2"
+                          " --eval-batches 1 -q --metrics " +
+                          metrics.string() + " " + extra;
+  const auto r = run_command(cmd);
+  EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out;
+  Steps run;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    run.loss.push_back(j.at("loss").get<double>());
+    // A skipped step's norm is not finite, which JSON writes as null.
+    const auto& norm = j.at("grad_norm");
+    run.grad_norm.push_back(norm.is_null() ? std::nan("") : norm.get<double>());
+    run.loss_scale.push_back(j.at("loss_scale").get<double>());
+    run.skipped.push_back(j.at("skipped").get<bool>());
+  }
+  return run;
+}
+
+Steps emulated(const std::string& extra, const fs::path& dir, const std::string& name) {
+  return train(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda " + extra, dir, name);
+}
+
+Steps host(const std::string& extra, const fs::path& dir, const std::string& name) {
+  return train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 " + extra, dir, name);
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_FALSE(got.empty()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(got[i])) << what << " step " << i + 1;
+    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i]))
+        << what << " step " << i + 1 << ": " << got[i] << " vs host " << want[i];
+  }
+}
+
+void expect_matches_host(const Steps& gpu, const Steps& ref, double loss_rel, double norm_rel,
+                         const std::string& what) {
+  expect_close(gpu.loss, ref.loss, loss_rel, what + " loss");
+  expect_close(gpu.grad_norm, ref.grad_norm, norm_rel, what + " grad norm");
+}
+
+class SimtTrain : public ::testing::Test {
+ protected:
+  TempDir dir_{"zo_simt_train_"};
+};
+
+TEST_F(SimtTrain, ResidentFp32MatchesTheHostBackend) {
+  const std::string args = "--steps 5 --mode resident";
+  expect_matches_host(emulated(args + " --precision fp32", dir_.path, "gpu"),
+                      host(args, dir_.path, "host"), 1e-5, 1e-4, "fp32 resident");
+}
+
+TEST_F(SimtTrain, ResidentBf16MatchesTheHostBackend) {
+  const std::string args = "--steps 5 --mode resident";
+  expect_matches_host(emulated(args + " --precision bf16", dir_.path, "gpu"),
+                      host(args, dir_.path, "host"), 2e-2, 1e-1, "bf16 resident");
+}
+
+TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) {
+  for (const std::string mode :
+       {"--mode offload", "--mode offload --dpu --dpu-warmup 2", "--mode offload --grad-accum 2"}) {
+    const std::string args = "--steps 5 " + mode;
+    expect_matches_host(emulated(args + " --precision bf16", dir_.path, "gpu"),
+                        host(args, dir_.path, "host"), 2e-2, 1e-1, "bf16 " + mode);
+  }
+}
+
+// The dynamic scale doubles after every clean step until an fp16 gradient overflows: that step
+// is skipped (nothing changes, the scale halves) and training goes on.
+TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
+  const std::string args = "--steps 10 --mode resident";
+  const Steps gpu = emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30",
+                             dir_.path, "gpu");
+  const Steps ref = host(args, dir_.path, "host");
+  ASSERT_EQ(gpu.loss.size(), 10u);
+  std::size_t first_skip = gpu.skipped.size();
+  for (std::size_t i = 0; i < gpu.skipped.size(); ++i) {
+    if (gpu.skipped[i] && first_skip == gpu.skipped.size()) first_skip = i;
+  }
+  ASSERT_LT(first_skip, gpu.skipped.size()) << "no fp16 overflow in 10 doublings of the scale";
+  ASSERT_GT(first_skip, 0u) << "the first step overflowed at the initial scale";
+  EXPECT_EQ(gpu.loss_scale[first_skip], 2.0 * gpu.loss_scale[first_skip - 1])
+      << "the scale doubles after every clean step";
+  if (first_skip + 1 < gpu.loss_scale.size()) {
+    EXPECT_EQ(gpu.loss_scale[first_skip + 1], gpu.loss_scale[first_skip] / 2)
+        << "the scale halves after the overflow";
+  }
+  for (std::size_t i = 0; i < first_skip; ++i) {  // identical schedule up to the overflow
+    EXPECT_LE(std::abs(gpu.loss[i] - ref.loss[i]), 2e-2 * ref.loss[i]) << "step " << i + 1;
+  }
+  EXPECT_TRUE(std::isfinite(gpu.loss.back()));
+  EXPECT_LT(gpu.loss.back(), gpu.loss.front());
+}
+
+// Stopping at step 3 and resuming gives the same steps 4..6 as the uninterrupted run.
+TEST_F(SimtTrain, CheckpointAndResumeAreExact) {
+  for (const std::string mode : {"resident", "offload"}) {
+    const std::string args = "--steps 6 --precision bf16 --mode " + mode;
+    const fs::path ckpt = dir_.path / ("ckpt_" + mode);
+    const Steps full = emulated(args, dir_.path, "full_" + mode);
+    emulated(args + " --checkpoint-dir " + ckpt.string() + " --checkpoint-every 3", dir_.path,
+             "first_" + mode);
+    const Steps resumed = emulated(args + " --checkpoint-dir " + ckpt.string() + " --resume " +
+                                       (ckpt / "step_00000003").string(),
+                                   dir_.path, "resumed_" + mode);
+    ASSERT_EQ(full.loss.size(), 6u) << mode;
+    ASSERT_EQ(resumed.loss.size(), 3u) << mode;
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(resumed.loss[i], full.loss[i + 3]) << mode << " step " << i + 4;
+  }
+}
+
+}  // namespace
