@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "run_binary.h"
@@ -93,6 +94,35 @@ TEST(DataParallel, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
       EXPECT_NEAR(x, y, 2e-5 * x);
     }
     EXPECT_LT(b.back()["loss"].get<double>(), b.front()["loss"].get<double>()) << "it learns";
+  }
+}
+
+// Reference losses of a 2-rank job, pinned bit for bit like Trainer.ReferenceLossesArePinned
+// (test_train.cpp): restructuring must not change what the ranks compute. Written from what this
+// test printed when it was added.
+TEST(DataParallel, ReferenceLossesArePinned) {
+  NEED_MPI();
+  TempDir d;
+  const std::vector<std::pair<std::string, std::vector<double>>> cases = {
+      {"",
+       {5.563388504087925, 5.501355085521936, 5.442388065159321, 5.418829541653395,
+        5.454415198415518, 5.4298959374427795}},
+      {"--dpu --dpu-warmup 1",
+       {5.563388504087925, 5.501355085521936, 5.4744140431284904, 5.446772858500481,
+        5.467759162187576, 5.437365997582674}},
+  };
+  for (const auto& [extra, want] : cases) {
+    const fs::path m = d.path / "m.jsonl";
+    fs::remove(m);
+    const Result r = ranks(2, "--micro-batch 1 --metrics " + m.string() + " " + extra);
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::vector<double> got;
+    std::string text;
+    for (const auto& j : read_metrics(m)) {
+      got.push_back(j["loss"].get<double>());
+      text += j["loss"].dump() + ", ";
+    }
+    EXPECT_EQ(got, want) << "'" << extra << "': got {" << text << "}";
   }
 }
 

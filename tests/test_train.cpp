@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -210,6 +212,51 @@ TEST(Trainer, OffloadEqualsResidentForAnyBucketSize) {
   const auto s1 = Trainer(off).run(), s2 = Trainer(res).run();
   for (std::size_t i = 0; i < s1.losses.size(); ++i)
     EXPECT_NEAR(s1.losses[i], s2.losses[i], 1e-5 * s2.losses[i]) << "step " << i + 1;
+}
+
+// Reference losses, pinned bit for bit: restructuring the trainer, the engine or the backends
+// must not change one bit of what the host backend computes (host arithmetic is independent of
+// the thread count, see docs/testing.md). The values are the losses this test printed when it was
+// written; a change that alters the arithmetic on purpose (a new kernel order, another init)
+// updates them in the same commit and says why.
+TEST(Trainer, ReferenceLossesArePinned) {
+  struct Case {
+    const char* name;
+    std::function<void(TrainConfig&)> set;
+    std::vector<double> losses;
+  };
+  const std::vector<Case> cases = {
+      {"resident",
+       [](TrainConfig& c) { c.mode = "resident"; },
+       {5.5921321362257004, 5.5157777965068817, 5.3432742357254028, 5.4156288802623749}},
+      {"offload, odd buckets",
+       [](TrainConfig& c) {
+         c.mode = "offload";
+         c.bucket_size = 30011;
+       },
+       {5.5921321362257004, 5.5157777965068817, 5.3432742357254028, 5.4156288951635361}},
+      {"offload, DPU, accumulation",
+       [](TrainConfig& c) {
+         c.mode = "offload";
+         c.bucket_size = 30011;
+         c.dpu = true;
+         c.dpu_warmup = 1;
+         c.grad_accum = 2;
+       },
+       {5.563388504087925, 5.4516430981457233, 5.4341905899345875, 5.3700740598142147}},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c = tiny_config(4);
+    k.set(c);
+    const auto losses = Trainer(c).run().losses;
+    std::string got;
+    char buf[32];
+    for (double l : losses) {
+      std::snprintf(buf, sizeof buf, "%.17g, ", l);
+      got += buf;
+    }
+    EXPECT_EQ(losses, k.losses) << k.name << ": got {" << got << "}";
+  }
 }
 
 // DPU (one-step stale parameters after a warm-up) still learns the synthetic task.
