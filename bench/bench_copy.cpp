@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bytes.h"
 #include "device/device.h"
 #include "pinned_memory/pinned_buffer.h"
 #include "train/trainer.h"
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
     auto d = zo::train::make_device(cfg);
     auto s = d->create_stream();
     for (const auto& text : sizes) {
-      const std::size_t bytes = zo::train::parse_bytes(text);
+      const std::size_t bytes = zo::parse_bytes(text);
       auto dev = d->alloc(bytes, "copy target");
       for (const bool pin : {true, false}) {
         zo::pinned::PinOptions o;

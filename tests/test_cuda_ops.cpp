@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "device/cuda_device.h"
 #include "device/device.h"
 #include "gpu/device.h"
@@ -470,19 +470,18 @@ TEST_P(CudaOps, AdamWMatchesHostOverTenSteps) {
   Tensor gm = gpu_.f32(master0), gmo = gpu_.f32(zeros), gv = gpu_.f32(zeros);
   Tensor gp = gpu_.act(zeros);
   Tensor hm = host_.f32(master0), hmo = host_.f32(zeros), hv = host_.f32(zeros);
-  zo::dev::AdamWStep step;
-  step.lr = 1e-2f;
-  step.beta1 = 0.9f;
-  step.beta2 = 0.95f;
-  step.eps = 1e-8f;
-  step.weight_decay = 0.1f;
-  step.grad_mult = 0.5f;
+  zo::AdamConfig c;
+  c.lr = 1e-2f;
+  c.beta1 = 0.9f;
+  c.beta2 = 0.95f;
+  c.eps = 1e-8f;
+  c.weight_decay = 0.1f;
+  const float grad_mult = 0.5f;
   for (std::int64_t k = 1; k <= 10; ++k) {
-    step.t = k;
     const auto g = rand(n);  // representable in the dtype under test
     Tensor gg = gpu_.act(g), hg = host_.f32(g);
-    gpu_.dev->adamw(gm.f(), gmo.f(), gv.f(), gg.p, gp.p, n, step, *gpu_.stream);
-    host_.dev->adamw(hm.f(), hmo.f(), hv.f(), hg.p, nullptr, n, step, *host_.stream);
+    gpu_.dev->adamw(gm.f(), gmo.f(), gv.f(), gg.p, gp.p, n, c, k, grad_mult, *gpu_.stream);
+    host_.dev->adamw(hm.f(), hmo.f(), hv.f(), hg.p, nullptr, n, c, k, grad_mult, *host_.stream);
     // Both streams run asynchronously: the gradients must outlive the steps that read them.
     gpu_.stream->synchronize();
     host_.stream->synchronize();
@@ -656,7 +655,7 @@ TEST(CudaDevice, CapacityCachingAndOutOfMemory) {
   try {
     (void)dev->alloc(30u << 20, "too much");
     FAIL() << "allocating past the capacity must throw";
-  } catch (const zo::dev::OutOfMemoryError& e) {
+  } catch (const zo::OutOfMemoryError& e) {
     EXPECT_EQ(e.requested(), 30u << 20);
     EXPECT_EQ(e.capacity(), kCap);
     EXPECT_EQ(e.in_use(), dev->used_bytes());

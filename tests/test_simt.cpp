@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "cpu_adam/cpu_adam.h"
-#include "cpu_adam/dtype.h"
 #include "device/host_ops.h"
 #include "gpu/check.h"
 #include "gpu/matmul_bias.cuh"
@@ -471,27 +471,25 @@ TEST_P(SimtOps, AdamWMatchesCpuAdamOverTenSteps) {
   std::vector<float> master = master0, m(n, 0.0f), v(n, 0.0f);
   std::vector<float> master_h = master0, m_h(n, 0.0f), v_h(n, 0.0f);
   DevTensor params = act(std::vector<float>(n, 0.0f), 1);
-  zo::gpu::AdamWArgs args{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
-  args.grad_mult = 0.5f;
-  zo::cpu_adam::AdamConfig c;
-  c.lr = args.lr;
-  c.beta1 = args.beta1;
-  c.beta2 = args.beta2;
-  c.eps = args.eps;
-  c.weight_decay = args.weight_decay;
+  zo::AdamConfig c;
+  c.lr = 1e-2f;
+  c.beta1 = 0.9f;
+  c.beta2 = 0.95f;
+  c.eps = 1e-8f;
+  c.weight_decay = 0.1f;
+  const float grad_mult = 0.5f;
   const zo::cpu_adam::CpuAdam adam(c);
   for (std::int64_t k = 1; k <= 10; ++k) {
-    args.t = k;
     std::vector<float> g = rand(n);  // representable in the dtype under test
     DevTensor gd = act(g);
-    zo::gpu::launch_adamw(master.data(), m.data(), v.data(), gd.p(), t(), params.p(), t(), n, args,
-                          nullptr);
+    zo::gpu::launch_adamw(master.data(), m.data(), v.data(), gd.p(), t(), params.p(), t(), n, c, k,
+                          grad_mult, nullptr);
     zo::cpu_adam::AdamBuffers b;
     b.params = {master_h.data(), n};
     b.exp_avg = {m_h.data(), n, DType::kF32};
     b.exp_avg_sq = {v_h.data(), n, DType::kF32};
     b.grads = {g.data(), n, DType::kF32};
-    adam.update(b, k, {args.grad_mult, zo::cpu_adam::NonFinitePolicy::kReport});
+    adam.update(b, k, {grad_mult, zo::cpu_adam::NonFinitePolicy::kReport});
   }
   expect_close(master, master_h, kStatsTol, "master");
   expect_close(m, m_h, kStatsTol, "m");

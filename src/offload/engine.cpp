@@ -189,8 +189,8 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
 
   clock_ = dev::EventClock(dev_, compute_, trace_ ? trace_->now_us() : 0.0);
 
-  accumulator_ = std::make_unique<SerialWorker>("accumulate");
-  adam_ = std::make_unique<SerialWorker>("adam");
+  accumulator_ = std::make_unique<SerialQueue>("offload accumulate thread");
+  adam_ = std::make_unique<SerialQueue>("offload Adam thread");
 }
 
 Engine::~Engine() {
@@ -205,7 +205,7 @@ Engine::~Engine() {
     }
   }
   // Nothing may still read or write the buffers below once they are freed.
-  for (SerialWorker* w : {adam_.get(), accumulator_.get()}) {
+  for (SerialQueue* w : {adam_.get(), accumulator_.get()}) {
     try {
       if (w) w->wait_idle();
     } catch (const std::exception&) {
@@ -245,11 +245,11 @@ void Engine::sync_bounded(dev::Stream& s, const char* what) {
       if (Clock::now() > deadline) {
         grad_comm_->abort();
         param_comm_->abort();
-        throw comm::CommError("rank " + std::to_string(cfg_.rank) + " of " +
-                              std::to_string(cfg_.ranks) + ": " + what +
-                              " did not complete within " + std::to_string(int(cfg_.comm_timeout)) +
-                              " s: another rank has died, stopped, or runs a different "
-                              "configuration (--comm-timeout)");
+        throw CommError("rank " + std::to_string(cfg_.rank) + " of " + std::to_string(cfg_.ranks) +
+                        ": " + what + " did not complete within " +
+                        std::to_string(int(cfg_.comm_timeout)) +
+                        " s: another rank has died, stopped, or runs a different "
+                        "configuration (--comm-timeout)");
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

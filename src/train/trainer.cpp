@@ -11,8 +11,8 @@
 #include <sstream>
 #include <thread>
 
-#include "checkpoint/error.h"
 #include "comm/comm.h"
+#include "core/error.h"
 #ifdef ZO_HAVE_CUDA
 #include "device/cuda_device.h"
 #include "gpu/device.h"
@@ -403,18 +403,14 @@ struct Trainer::Impl {
   void resident_step(float lr, float coef) {
     const std::int64_t t = opt->state().step + 1;
     const std::size_t esize = dtype_size(act);
+    AdamConfig c = opt->config().adam;
+    c.lr = lr;
+    const float wd = c.weight_decay;
     for (const auto& r : opt->runs()) {
-      dev::AdamWStep a;
-      a.lr = lr;
-      a.beta1 = cfg.beta1;
-      a.beta2 = cfg.beta2;
-      a.eps = cfg.eps;
-      a.weight_decay = r.decay ? cfg.weight_decay : 0.0f;
-      a.t = t;
-      a.grad_mult = coef;
+      c.weight_decay = r.decay ? wd : 0.0f;
       dev->adamw(master_dev.as<float>() + r.begin, m_dev.as<float>() + r.begin,
                  v_dev.as<float>() + r.begin, grads.as<char>() + r.begin * esize,
-                 params.as<char>() + r.begin * esize, r.end - r.begin, a, *stream);
+                 params.as<char>() + r.begin * esize, r.end - r.begin, c, t, coef, *stream);
     }
     opt->state().step = t;
   }
