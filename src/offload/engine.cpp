@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "device/make_device.h"
 #include "offload/host_accumulate.h"
 
 namespace zo::offload {
@@ -16,17 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 bool is_embedding(const Bucket& b) {
   return b.ready_after == -1;
-}
-
-// Page-locked on the NUMA node nearest the GPU (DMA crosses no socket link); ordinary memory on
-// the host backend, where "copies" are memcpy on stream threads.
-pinned::PinOptions pin_options(const dev::Device& d, const EngineConfig& c) {
-  pinned::PinOptions o;
-  o.enable = c.pin && d.backend() == dev::Backend::kCuda;
-  if (d.cuda_ordinal() >= 0) {
-    o.placement = pinned::placement_on_node(pinned::numa_node_of_gpu(d.cuda_ordinal()));
-  }
-  return o;
 }
 
 // Largest padded bucket (ranks x shard count) among those cycling through the device ring.
@@ -156,7 +146,7 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
     dev_.fill_zero(gather_in_.data(), gather_in_.bytes(), *h2d_);  // the padding is never garbage
   }
 
-  const pinned::PinOptions pin = pin_options(dev_, cfg_);
+  const pinned::PinOptions pin = dev::staging_pin_options(dev_, cfg_.pin);
   const int copies = cfg_.dpu ? 2 : 1;
   if (cfg_.grad_accum > 1) {
     ring_ = std::make_unique<pinned::BucketRing>(std::size_t(cfg_.host_slots),

@@ -13,13 +13,10 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
-#ifdef ZO_HAVE_CUDA
-#include "device/cuda_device.h"
-#include "gpu/device.h"
-#endif
 #include "data/loader.h"
 #include "data/token_source.h"
 #include "device/event_clock.h"
+#include "device/make_device.h"
 #include "model/gpt.h"
 #include "model/hf_weights.h"
 #include "offload/engine.h"
@@ -40,38 +37,6 @@ double ms_since(Clock::time_point t0) {
 }
 
 }  // namespace
-
-std::unique_ptr<dev::Device> make_device(const TrainConfig& config, int gpu_ordinal) {
-  std::string which = config.device;
-#ifdef ZO_HAVE_CUDA
-  if (which == "auto") which = gpu::no_device_reason().empty() ? "cuda" : "host";
-  if (which == "cuda") {
-    const std::string why = gpu::no_device_reason();
-    if (!why.empty()) throw std::runtime_error("--device cuda: " + why);
-    dev::CudaDeviceOptions o;
-    o.device = gpu_ordinal;
-    o.capacity_bytes = config.device_memory;
-    o.act_dtype = config.precision == "auto" ? DType::kBF16 : parse_dtype(config.precision);
-    return dev::make_cuda_device(o);
-  }
-#else
-  if (which == "auto") which = "host";
-  if (which == "cuda") {
-    throw std::runtime_error(
-        "--device cuda: this build has no CUDA backend (configured without "
-        "nvcc or with -DZO_CUDA=OFF); use --device host");
-  }
-#endif
-  if (config.precision != "auto" && config.precision != "fp32") {
-    throw std::runtime_error("--precision " + config.precision +
-                             ": the host backend computes in "
-                             "fp32 only; use --precision fp32 (or auto) with --device host");
-  }
-  dev::HostDeviceOptions o;
-  o.capacity_bytes = config.device_memory;
-  o.threads = config.threads;
-  return dev::make_host_device(o);
-}
 
 namespace {
 
@@ -252,16 +217,18 @@ struct Trainer::Impl {
 
     // The memory plan, checked before allocating.
     {
+      dev::DeviceRequest r;
+      r.device = cfg.device;
+      r.precision = cfg.precision;
+      r.capacity_bytes = cfg.device_memory;
       // Ranks sharing a machine share its cores: "all cores" means this rank's share.
-      TrainConfig dc = cfg;
-      if (dc.threads == 0) dc.threads = core_share();
-      dev = make_device(dc, comm->local_rank());  // one GPU per rank on a machine
+      r.threads = cfg.threads == 0 ? core_share() : cfg.threads;
+      r.gpu_ordinal = comm->local_rank();  // one GPU per rank on a machine
+      dev = dev::make_device(r);
     }
     // Ranks sharing a machine: run this one (and the Adam threads it creates) next to its GPU,
     // unless the launcher bound it already (mpirun --bind-to ...).
-    if (ranks > 1 && dev->cuda_ordinal() >= 0) {
-      pinned::run_near_node(pinned::numa_node_of_gpu(dev->cuda_ordinal()));
-    }
+    if (ranks > 1) pinned::run_near_node(dev::numa_node_of(*dev));
     act = dev->act_dtype();
     scaler = LossScaler(scaler_config(cfg, act));
     PlanInput pi{spec,
