@@ -28,8 +28,6 @@
 #include "device/cuda_device.h"
 #include "device/device.h"
 #include "gpu/device.h"
-#include "gpu/device_buffer.h"
-#include "gpu/matmul_context.h"
 #include "gpu/ops.h"
 #include "gpu_test_device.h"
 #include "model/gpt.h"
@@ -784,7 +782,7 @@ TEST(CudaMatmul, PlansAreCachedPerShapeAndAlignment) {
   zo::gpu::MatmulContext* ctx = owner.get();
   // OC * 4 bytes is a multiple of 32, so the output's alignment is set by its address alone.
   const int N = 26, C = 48, OC = 40;
-  zo::gpu::DeviceBuffer out(std::size_t(N) * OC * 4 + 16), inp(std::size_t(N) * C * 4 + 16),
+  zo::test::GpuBuffer out(std::size_t(N) * OC * 4 + 16), inp(std::size_t(N) * C * 4 + 16),
       w(std::size_t(OC) * C * 4 + 16);
   std::vector<float> ones(std::size_t(OC) * C + 4, 0.5f);
   inp.copy_from_host(ones.data(), std::size_t(N) * C * 4);

@@ -1,5 +1,7 @@
-// gpu/: error checking, device discovery, device buffers and the cast kernel. The first group
-// runs everywhere; tests that need a usable GPU skip with the reason when there is none.
+// gpu/ on its own: error checking, device discovery, the allocator, streams and events, the
+// ZO_SYNC_EACH_OP check, page-locking (through pinned_memory's PinnedBuffer with gpu/'s CUDA
+// locker), the cast kernel and NCCL. The first group runs everywhere; tests that need a usable
+// GPU skip with the reason when there is none.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -8,8 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -17,18 +22,22 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "gpu/cast.h"
+#include "core/error.h"
 #include "gpu/check.h"
 #include "gpu/device.h"
-#include "gpu/device_buffer.h"
 #include "gpu/nccl_comm.h"
+#include "gpu/ops.h"
+#include "gpu/runtime.h"
 #include "gpu_test_device.h"
+#include "pinned_memory/bucket_ring.h"
+#include "pinned_memory/pinned_buffer.h"
 
 namespace {
 
 using zo::DType;
 using zo::gpu::CudaError;
-using zo::gpu::DeviceBuffer;
+using zo::test::GpuBuffer;
+using zo::test::test_pool;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -62,6 +71,18 @@ TEST(GpuDevice, QueryNeverThrowsAndExplainsAnEmptyResult) {
     EXPECT_EQ(info.pci_bus_id.find(':'), info.pci_bus_id.size() - 8) << info.pci_bus_id;
   }
   EXPECT_EQ(reason.empty(), any_usable) << reason;
+
+  // The count and the properties-only description agree with the full query.
+  const zo::gpu::DeviceCount count = zo::gpu::count_devices();
+  EXPECT_EQ(static_cast<std::size_t>(count.count), devices.size());
+  for (const zo::gpu::DeviceInfo& info : devices) {
+    const zo::gpu::DeviceInfo props = zo::gpu::describe_device(info.index);
+    EXPECT_EQ(props.name, info.name);
+    EXPECT_EQ(props.pci_bus_id, info.pci_bus_id);
+    EXPECT_EQ(props.free_bytes, 0u) << "describe_device opens no context";
+  }
+  EXPECT_FALSE(zo::gpu::describe_device(-1).usable());
+  EXPECT_FALSE(zo::gpu::describe_device(count.count).usable());
 }
 
 TEST(GpuDevice, RequireDeviceRejectsMissingDevices) {
@@ -124,21 +145,51 @@ TEST(GpuCast, RejectsBadArgumentsBeforeTouchingTheDevice) {
   EXPECT_NO_THROW(zo::gpu::launch_cast(host, DType::kBF16, host, DType::kBF16, 8, nullptr));
 }
 
-TEST(GpuDeviceBuffer, EmptyBuffersNeedNoDevice) {
-  DeviceBuffer a;
-  EXPECT_TRUE(a.empty());
-  EXPECT_EQ(a.data(), nullptr);
-  EXPECT_EQ(a.device(), -1);
-  DeviceBuffer b(0);
-  EXPECT_TRUE(b.empty());
-  DeviceBuffer c(std::move(b));
-  EXPECT_TRUE(c.empty());
-  a = std::move(c);
-  EXPECT_TRUE(a.empty());
-  std::byte byte{};
-  EXPECT_THROW(a.copy_from_host(&byte, 1), std::out_of_range);
-  EXPECT_THROW(a.copy_to_host(&byte, 1), std::out_of_range);
-  EXPECT_NO_THROW(a.copy_from_host(nullptr, 0));
+TEST(GpuMemoryPool, SizeClassesAndCapacityNeedNoDevice) {
+  using zo::gpu::MemoryPool;
+  EXPECT_EQ(MemoryPool::size_class(0), 512u);  // a distinct block even for 0 bytes
+  EXPECT_EQ(MemoryPool::size_class(1000), 1024u);
+  EXPECT_EQ(MemoryPool::size_class((1u << 20) - 1), std::size_t{1} << 20);
+  EXPECT_EQ(MemoryPool::size_class((1u << 20) + 1), std::size_t{2} << 20);
+  EXPECT_EQ(MemoryPool::size_class((std::size_t{3} << 20) + 1), std::size_t{4} << 20);
+  EXPECT_THROW((void)MemoryPool::size_class(~std::size_t{0} - 5), std::length_error);
+
+  // A request past the capacity is refused before the device is touched, naming it.
+  MemoryPool pool(usable_device() < 0 ? 0 : usable_device(), std::size_t{1} << 20);
+  try {
+    (void)pool.allocate(std::size_t{3} << 20, "the big one");
+    FAIL() << "allocated past the capacity";
+  } catch (const zo::OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), std::size_t{3} << 20);
+    EXPECT_EQ(e.capacity(), std::size_t{1} << 20);
+    EXPECT_EQ(e.in_use(), 0u);
+    EXPECT_TRUE(contains(e.what(), "the big one")) << e.what();
+  }
+  EXPECT_THROW(pool.reserve(std::size_t{2} << 20, "scratch"), zo::OutOfMemoryError);
+  pool.reserve(1000, "scratch");
+  EXPECT_EQ(pool.in_use(), 1000u);
+  pool.unreserve(1000);
+  EXPECT_EQ(pool.in_use(), 0u);
+}
+
+TEST(GpuSyncEachOp, ReadsTheSwitchFromTheEnvironment) {
+  const char* saved = std::getenv("ZO_SYNC_EACH_OP");
+  const std::string old = saved != nullptr ? saved : "";
+  ::unsetenv("ZO_SYNC_EACH_OP");
+  EXPECT_FALSE(zo::gpu::sync_each_op_requested());
+  for (const char* off : {"", "0"}) {
+    ::setenv("ZO_SYNC_EACH_OP", off, 1);
+    EXPECT_FALSE(zo::gpu::sync_each_op_requested()) << '"' << off << '"';
+  }
+  for (const char* on : {"1", "yes"}) {
+    ::setenv("ZO_SYNC_EACH_OP", on, 1);
+    EXPECT_TRUE(zo::gpu::sync_each_op_requested()) << on;
+  }
+  if (saved != nullptr) {
+    ::setenv("ZO_SYNC_EACH_OP", old.c_str(), 1);
+  } else {
+    ::unsetenv("ZO_SYNC_EACH_OP");
+  }
 }
 
 // ---- needs a GPU ------------------------------------------------------------------------------
@@ -151,18 +202,9 @@ class GpuTest : public testing::Test {
   }
 };
 
-class Stream {
- public:
-  Stream() { ZO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~Stream() { (void)cudaStreamDestroy(stream_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return stream_; }
-  void sync() const { ZO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
+zo::gpu::Stream make_stream() {
+  return zo::gpu::Stream(usable_device(), test_pool());
+}
 
 TEST_F(GpuTest, CheckLaunchReportsAndThenClearsThePendingError) {
   (void)cudaSetDevice(-1);  // leaves cudaErrorInvalidDevice in the last-error slot
@@ -178,57 +220,88 @@ TEST_F(GpuTest, CheckLaunchReportsAndThenClearsThePendingError) {
   EXPECT_NO_THROW(ZO_CUDA_CHECK_LAUNCH());
 }
 
-TEST_F(GpuTest, DeviceBufferMovesOwnership) {
-  std::vector<std::uint8_t> pattern(1000);
+// ZO_SYNC_EACH_OP's check names the op, the error and the switch; without a failure it only waits.
+TEST_F(GpuTest, CheckOpFinishedNamesTheFailingOp) {
+  zo::gpu::Stream s = make_stream();
+  EXPECT_NO_THROW(zo::gpu::check_op_finished("gelu_forward", s.get()));
+  (void)cudaSetDevice(-1);  // leaves cudaErrorInvalidDevice in the last-error slot, as a bad launch
+  try {
+    zo::gpu::check_op_finished("layernorm_backward", s.get());
+    FAIL() << "pending error not reported";
+  } catch (const CudaError& e) {
+    EXPECT_EQ(e.code(), cudaErrorInvalidDevice);
+    for (const char* part : {"op layernorm_backward failed on the GPU", "cudaErrorInvalidDevice",
+                             "ZO_SYNC_EACH_OP=1"}) {
+      EXPECT_TRUE(contains(e.what(), part)) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(ZO_CUDA_CHECK_LAUNCH());  // consumed
+}
+
+TEST_F(GpuTest, StreamsAndEventsMoveAndOrderWork) {
+  std::vector<std::uint8_t> pattern(4099);
   for (std::size_t i = 0; i < pattern.size(); ++i)
     pattern[i] = static_cast<std::uint8_t>(i * 7);
+  GpuBuffer a(pattern.size()), b(pattern.size());
 
-  DeviceBuffer a(pattern.size());
-  EXPECT_EQ(a.size(), pattern.size());
-  EXPECT_EQ(a.device(), usable_device());
-  a.copy_from_host(pattern.data(), pattern.size());
-  void* const raw = a.data();
+  zo::gpu::Stream first = make_stream();
+  const cudaStream_t raw = first.get();
+  zo::gpu::Stream s1(std::move(first));
+  EXPECT_EQ(first.get(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from state is the API
+  EXPECT_EQ(s1.get(), raw);
+  zo::gpu::Stream s2 = make_stream();
+  zo::gpu::Event start(usable_device()), done(usable_device()), never(usable_device());
+  zo::gpu::Event moved(std::move(done));
+  EXPECT_EQ(done.get(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_TRUE(never.query());      // never recorded: complete
+  never.synchronize();
+  EXPECT_THROW((void)moved.elapsed_ms_since(never), std::logic_error);
 
-  DeviceBuffer b(std::move(a));
-  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from state is the API
-  EXPECT_EQ(a.size(), 0u);
-  EXPECT_EQ(b.data(), raw);
-  EXPECT_EQ(b.as<std::uint8_t>(), static_cast<std::uint8_t*>(raw));
-
-  DeviceBuffer c(64);  // its own memory is freed by the assignment
-  c = std::move(b);
-  EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(c.data(), raw);
-  DeviceBuffer& alias = c;
-  c = std::move(alias);  // self-move keeps the memory
-  EXPECT_EQ(c.data(), raw);
-
+  start.record(s1);
+  s1.copy(a.data(), pattern.data(), pattern.size(), cudaMemcpyHostToDevice);
+  moved.record(s1);
+  s2.wait(moved);  // s2's copy must see s1's upload
+  s2.copy(b.data(), a.data(), pattern.size(), cudaMemcpyDeviceToDevice);
+  s2.fill_zero(b.as<std::uint8_t>() + 10, 5);
   std::vector<std::uint8_t> back(pattern.size());
-  c.copy_to_host(back.data(), back.size());
-  EXPECT_EQ(back, pattern);
-  std::vector<std::uint8_t> tail(10);
-  c.copy_to_host(tail.data(), tail.size(), 990);
-  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), pattern.begin() + 990));
-  EXPECT_THROW(c.copy_to_host(tail.data(), tail.size(), 991), std::out_of_range);
-  c.reset();
-  EXPECT_TRUE(c.empty());
+  s2.copy(back.data(), b.data(), back.size(), cudaMemcpyDeviceToHost);
+  s2.synchronize();
+  std::vector<std::uint8_t> expect = pattern;
+  std::fill_n(expect.begin() + 10, 5, std::uint8_t{0});
+  EXPECT_EQ(back, expect);
+  EXPECT_TRUE(moved.query());
+  EXPECT_GE(moved.elapsed_ms_since(start), 0.0);
+  EXPECT_THROW(s1.copy(nullptr, pattern.data(), 1, cudaMemcpyHostToDevice), std::invalid_argument);
+  EXPECT_THROW(s1.fill_zero(nullptr, 1), std::invalid_argument);
+
+  // The per-stream scratch is accounted in the pool while the stream lives.
+  const auto pool = std::make_shared<zo::gpu::MemoryPool>(usable_device(), std::size_t{64} << 20);
+  {
+    zo::gpu::Stream s(usable_device(), pool);
+    s.with_scratch(1000, "test scratch", [](float* p) { EXPECT_NE(p, nullptr); });
+    EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(4000));
+    EXPECT_THROW(s.with_scratch(std::size_t{32} << 20, "too much scratch", [](float*) {}),
+                 zo::OutOfMemoryError);
+  }
+  EXPECT_EQ(pool->in_use(), 0u);
 }
 
 TEST_F(GpuTest, OversizedAllocationNamesTheRequest) {
   constexpr std::size_t kPiB = std::size_t{1} << 50;
   try {
-    DeviceBuffer huge(kPiB);
+    (void)test_pool()->allocate(kPiB, "a petabyte");
     FAIL() << "allocated 1 PiB";
-  } catch (const CudaError& e) {
-    EXPECT_EQ(e.code(), cudaErrorMemoryAllocation);
+  } catch (const zo::OutOfMemoryError& e) {
+    EXPECT_EQ(e.requested(), kPiB);
+    EXPECT_TRUE(contains(e.what(), "a petabyte")) << e.what();
     EXPECT_TRUE(contains(e.what(), std::to_string(kPiB))) << e.what();
     EXPECT_TRUE(contains(e.what(), "1.00 PiB")) << e.what();
-    EXPECT_TRUE(contains(e.what(), " free of ")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "cudaMalloc failed")) << e.what();
   }
   // The failure is not left behind for the next check, and the device still works.
   EXPECT_NO_THROW(ZO_CUDA_CHECK_LAUNCH());
-  DeviceBuffer small(256);
-  EXPECT_FALSE(small.empty());
+  GpuBuffer small(256);
+  EXPECT_NE(small.data(), nullptr);
 }
 
 // ---- cast: every element is stored as raw bits (fp32 bits, or 16-bit bits in the low half) ----
@@ -376,14 +449,14 @@ std::vector<std::uint32_t> cast_on_device(const std::vector<std::uint32_t>& in, 
   const std::size_t n = in.size();
   const std::size_t src_size = size_of(src_t);
   const std::size_t dst_size = size_of(dst_t);
-  DeviceBuffer src((n + src_offset) * src_size);
-  DeviceBuffer dst((n + dst_offset) * dst_size);
+  GpuBuffer src((n + src_offset) * src_size);
+  GpuBuffer dst((n + dst_offset) * dst_size);
   const std::vector<std::byte> in_bytes = to_bytes(src_t, in);
   src.copy_from_host(in_bytes.data(), in_bytes.size(), src_offset * src_size);
-  Stream stream;
+  zo::gpu::Stream stream = make_stream();
   zo::gpu::launch_cast(src.as<std::byte>() + src_offset * src_size, src_t,
                        dst.as<std::byte>() + dst_offset * dst_size, dst_t, n, stream.get());
-  stream.sync();
+  stream.synchronize();
   std::vector<std::byte> out_bytes(n * dst_size);
   dst.copy_to_host(out_bytes.data(), out_bytes.size(), dst_offset * dst_size);
   return from_bytes(dst_t, out_bytes);
@@ -464,7 +537,7 @@ TEST_F(GpuTest, SixteenBitValuesSurviveTheTripThroughFp32) {
 
 }  // namespace
 
-// ---- NCCL (data parallelism on GPUs, issue 6) -------------------------------------------------
+// ---- NCCL (data parallelism on GPUs) ------------------------------------------------------------
 
 namespace {
 
@@ -475,7 +548,7 @@ TEST(Nccl, SingleRankCollectivesAreExactCopies) {
   if (!zo::gpu::nccl_available()) GTEST_SKIP() << "this build has no NCCL";
   zo::gpu::NcclComm comm(zo::gpu::NcclComm::unique_id(), 0, 1, usable_device(), 60.0);
   EXPECT_EQ(comm.size(), 1);
-  cudaStream_t s = nullptr;
+  cudaStream_t s = nullptr;  // a blocking stream: ordered after the synchronous copies below
   ZO_CUDA_CHECK(cudaStreamCreate(&s));
   std::mt19937 rng(5);
   std::normal_distribution<float> value(0.0f, 3.0f);
@@ -491,7 +564,7 @@ TEST(Nccl, SingleRankCollectivesAreExactCopies) {
         std::memcpy(host.data() + 2 * i, &h, 2);
       }
     }
-    DeviceBuffer in(bytes), out(bytes);
+    GpuBuffer in(bytes), out(bytes);
     ZO_CUDA_CHECK(cudaMemcpy(in.data(), host.data(), bytes, cudaMemcpyHostToDevice));
     comm.reduce_scatter(in.data(), out.data(), n, d, s);
     ZO_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -504,6 +577,131 @@ TEST(Nccl, SingleRankCollectivesAreExactCopies) {
     EXPECT_EQ(back, host) << "all_gather " << zo::dtype_name(d);
   }
   ZO_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+}  // namespace
+
+// ---- page-locking: pinned_memory's PinnedBuffer with gpu/'s CUDA locker ------------------------
+
+namespace {
+
+using zo::pinned::PinnedBuffer;
+using zo::pinned::PinOptions;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+// What the trainer passes (src/device/make_device.cpp, staging_pin_options).
+PinOptions cuda_pin(bool warn = true) {
+  PinOptions o;
+  o.locker = {&zo::gpu::page_lock_unavailable_reason, &zo::gpu::page_lock,
+              &zo::gpu::page_unlock};
+  o.warn = warn;
+  return o;
+}
+
+// Collects warnings for the lifetime of the object, then restores the previous sink.
+class WarningCapture {
+ public:
+  WarningCapture()
+      : previous_(zo::pinned::set_warning_sink(
+            [this](const std::string& m) { messages_.push_back(m); })) {}
+  ~WarningCapture() { zo::pinned::set_warning_sink(std::move(previous_)); }
+  WarningCapture(const WarningCapture&) = delete;
+  WarningCapture& operator=(const WarningCapture&) = delete;
+  const std::vector<std::string>& messages() const { return messages_; }
+
+ private:
+  std::vector<std::string> messages_;
+  zo::pinned::WarningSink previous_;
+};
+
+bool fits_memlock(std::size_t bytes) {
+  return !zo::pinned::pin_precheck(bytes, zo::pinned::memlock_limit_bytes(),
+                                   zo::pinned::host_available_bytes());
+}
+
+TEST(CudaPageLocking, FallsBackWithTheProbesReasonWithoutGpu) {
+  const std::optional<std::string> reason = zo::pinned::pin_unavailable_reason(cuda_pin().locker);
+  if (!reason) GTEST_SKIP() << "pinning works here: covered by CudaPageLocking.PinsWithGpu";
+  EXPECT_TRUE(contains(*reason, "CUDA device")) << *reason;
+  EXPECT_TRUE(contains(*reason, "--no-pin")) << *reason;
+  EXPECT_EQ(reason, zo::gpu::page_lock_unavailable_reason().value() + ", or pass --no-pin "
+                    "(PinOptions::enable = false) to use pageable memory without this warning");
+  {
+    WarningCapture warnings;
+    PinnedBuffer buffer(3 * kMiB, cuda_pin());
+    EXPECT_FALSE(buffer.is_pinned());
+    EXPECT_EQ(buffer.fallback_reason(), *reason);
+    ASSERT_EQ(warnings.messages().size(), 1u);
+    EXPECT_TRUE(contains(warnings.messages()[0], *reason)) << warnings.messages()[0];
+    EXPECT_TRUE(contains(warnings.messages()[0], "pageable")) << warnings.messages()[0];
+    EXPECT_EQ(zo::pinned::pinned_bytes_in_use(), 0u);
+  }
+  {
+    WarningCapture warnings;
+    PinnedBuffer quiet(kMiB, cuda_pin(/*warn=*/false));
+    EXPECT_FALSE(quiet.is_pinned());
+    EXPECT_EQ(quiet.fallback_reason(), *reason);
+    EXPECT_TRUE(warnings.messages().empty());
+  }
+  zo::pinned::BucketRing ring(8, kMiB, cuda_pin());
+  EXPECT_FALSE(ring.pinned().is_pinned());
+}
+
+TEST(CudaPageLocking, PinsWithGpu) {
+  if (const auto why = zo::pinned::pin_unavailable_reason(cuda_pin().locker)) GTEST_SKIP() << *why;
+  const std::size_t bytes = 8 * kMiB;
+  WarningCapture warnings;
+  const std::size_t before = zo::pinned::pinned_bytes_in_use();
+  {
+    // Placed on the GPU's NUMA node, as the trainer places its staging buffers.
+    PinOptions o = cuda_pin();
+    const std::string bus_id = zo::gpu::describe_device(std::max(usable_device(), 0)).pci_bus_id;
+    o.placement = zo::pinned::placement_on_node(zo::pinned::numa_node_of_gpu(bus_id));
+    PinnedBuffer buffer(bytes, o);
+    if (!fits_memlock(bytes)) {  // a low RLIMIT_MEMLOCK without CAP_IPC_LOCK: the right fallback
+      EXPECT_FALSE(buffer.is_pinned());
+      EXPECT_TRUE(contains(buffer.fallback_reason(), "RLIMIT_MEMLOCK"));
+      return;
+    }
+    EXPECT_TRUE(buffer.is_pinned()) << buffer.fallback_reason();
+    EXPECT_TRUE(warnings.messages().empty());
+    EXPECT_EQ(zo::pinned::pinned_bytes_in_use(), before + bytes);
+    PinnedBuffer moved(std::move(buffer));
+    EXPECT_TRUE(moved.is_pinned());
+    EXPECT_FALSE(buffer.is_pinned());  // NOLINT(bugprone-use-after-move)
+    EXPECT_EQ(zo::pinned::pinned_bytes_in_use(), before + bytes);
+    // Registered memory copies asynchronously (the emulator checks the registration too).
+    GpuBuffer device(bytes);
+    zo::gpu::Stream s = make_stream();
+    std::memset(moved.data(), 0x3c, bytes);
+    s.copy(device.data(), moved.data(), bytes, cudaMemcpyHostToDevice);
+    std::memset(moved.data(), 0, bytes);
+    s.synchronize();  // the buffer is only reused after the copy completed
+    s.copy(moved.data(), device.data(), bytes, cudaMemcpyDeviceToHost);
+    s.synchronize();
+    EXPECT_EQ(moved.span<std::uint8_t>()[bytes - 1], 0x3c);
+  }
+  EXPECT_EQ(zo::pinned::pinned_bytes_in_use(), before);
+  // Unchecked memlock still pins (the driver does not charge the limit); portable too.
+  PinOptions unchecked = cuda_pin();
+  unchecked.check_memlock = false;
+  unchecked.portable = true;
+  PinnedBuffer pinned(kMiB, unchecked);
+  EXPECT_TRUE(pinned.is_pinned()) << pinned.fallback_reason();
+  if (fits_memlock(4 * kMiB)) {
+    zo::pinned::BucketRing ring(4, kMiB, cuda_pin());
+    EXPECT_TRUE(ring.pinned().is_pinned()) << ring.pinned().fallback_reason();
+  }
+  EXPECT_TRUE(warnings.messages().empty());
+}
+
+TEST(CudaPageLocking, GpuBusIdLocatesItsNumaNode) {
+  EXPECT_EQ(zo::pinned::numa_node_of_gpu(zo::gpu::describe_device(-1).pci_bus_id), -1);
+  if (usable_device() < 0) GTEST_SKIP() << "needs a CUDA GPU: " << zo::gpu::no_device_reason();
+  const std::string bus_id = zo::gpu::describe_device(usable_device()).pci_bus_id;
+  EXPECT_FALSE(bus_id.empty());
+  EXPECT_GE(zo::pinned::numa_node_of_gpu(bus_id), -1);
 }
 
 }  // namespace

@@ -375,9 +375,56 @@ bool exempt_from_memlock() {
   return (caps >> 14 & 1) != 0 && inside == 0 && outside == 0 && count == 4294967295ull;
 }
 
-std::string no_gpu_skip_message() {
-  return "needs a GPU that can pin memory; here: " + pin_unavailable_reason().value_or("?");
+// A PageLocker that locks nothing and records its calls, so that the pinned path runs without a
+// GPU (gpu/'s CUDA locker is tested in test_gpu). Plain functions over this state, as a locker's
+// are; the counters are atomic for the pool's threads. One FakeLocker at a time.
+namespace fake {
+std::atomic<int> locks{0}, unlocks{0};
+std::atomic<bool> last_portable{false};
+std::atomic<void*> last_data{nullptr};
+std::atomic<std::size_t> last_bytes{0};
+std::optional<std::string> unavailable;  // set between buffers, never while one is made
+std::optional<std::string> refusal;
+
+std::optional<std::string> unavailable_reason() {
+  return unavailable;
 }
+std::optional<std::string> lock(void* data, std::size_t bytes, bool portable) {
+  ++locks;
+  last_data = data;
+  last_bytes = bytes;
+  last_portable = portable;
+  return refusal;
+}
+void unlock(void*) noexcept {
+  ++unlocks;
+}
+}  // namespace fake
+
+class FakeLocker {
+ public:
+  FakeLocker() { reset(); }
+  ~FakeLocker() { reset(); }
+  FakeLocker(const FakeLocker&) = delete;
+  FakeLocker& operator=(const FakeLocker&) = delete;
+
+  PageLocker locker() const { return {&fake::unavailable_reason, &fake::lock, &fake::unlock}; }
+  // A locker whose GPU is missing (`why`), or present again (nullopt).
+  void unavailable(std::optional<std::string> why) { fake::unavailable = std::move(why); }
+  // lock() answers with `why` (nullopt: success).
+  void refuse(std::optional<std::string> why) { fake::refusal = std::move(why); }
+
+ private:
+  static void reset() {
+    fake::locks = 0;
+    fake::unlocks = 0;
+    fake::last_portable = false;
+    fake::last_data = nullptr;
+    fake::last_bytes = 0;
+    fake::unavailable.reset();
+    fake::refusal.reset();
+  }
+};
 
 TEST(PinnedBuffer, DisabledPinningIsPageableAndSilent) {
   WarningCapture warnings;
@@ -392,57 +439,82 @@ TEST(PinnedBuffer, DisabledPinningIsPageableAndSilent) {
   EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](std::uint8_t v) { return v == 0x5a; }));
 }
 
-TEST(PinnedBuffer, FallsBackWithExactlyOneWarningWithoutGpu) {
-  const std::optional<std::string> reason = pin_unavailable_reason();
-  if (!reason) GTEST_SKIP() << "pinning works here: covered by PinnedBuffer.PinsWithGpu";
-  EXPECT_TRUE(contains(*reason, "--no-pin")) << *reason;
-  {
-    WarningCapture warnings;
-    PinnedBuffer buffer(3 * kMiB);
-    EXPECT_FALSE(buffer.is_pinned());
-    EXPECT_EQ(buffer.fallback_reason(), *reason);
-    const std::vector<std::string> messages = warnings.messages();
-    ASSERT_EQ(messages.size(), 1u);
-    EXPECT_TRUE(contains(messages[0], *reason)) << messages[0];
-    EXPECT_TRUE(contains(messages[0], "pageable")) << messages[0];
-    EXPECT_EQ(pinned_bytes_in_use(), 0u);
-    buffer.span<std::uint32_t>()[12345] = 7;  // still usable memory
-    EXPECT_EQ(buffer.span<const std::uint32_t>()[12345], 7u);
+// No locker at all (a build without CUDA) and a locker whose GPU is missing: the same fallback,
+// each with its own reason.
+TEST(PinnedBuffer, FallsBackWithExactlyOneWarningWhenItCannotPin) {
+  FakeLocker fake;
+  fake.unavailable("no GPU in this test, check the driver");
+  for (const PageLocker& locker : {PageLocker{}, fake.locker()}) {
+    const std::optional<std::string> reason = pin_unavailable_reason(locker);
+    ASSERT_TRUE(reason);
+    EXPECT_TRUE(contains(*reason, "--no-pin")) << *reason;
+    {
+      WarningCapture warnings;
+      PinnedBuffer buffer(3 * kMiB, PinOptions{.locker = locker});
+      EXPECT_FALSE(buffer.is_pinned());
+      EXPECT_EQ(buffer.fallback_reason(), *reason);
+      const std::vector<std::string> messages = warnings.messages();
+      ASSERT_EQ(messages.size(), 1u);
+      EXPECT_TRUE(contains(messages[0], *reason)) << messages[0];
+      EXPECT_TRUE(contains(messages[0], "pageable")) << messages[0];
+      EXPECT_EQ(pinned_bytes_in_use(), 0u);
+      buffer.span<std::uint32_t>()[12345] = 7;  // still usable memory
+      EXPECT_EQ(buffer.span<const std::uint32_t>()[12345], 7u);
+    }
+    {
+      WarningCapture warnings;
+      PinnedBuffer quiet(kMiB, PinOptions{.locker = locker, .warn = false});
+      EXPECT_FALSE(quiet.is_pinned());
+      EXPECT_EQ(quiet.fallback_reason(), *reason);
+      EXPECT_TRUE(warnings.messages().empty());
+    }
   }
-  {
-    WarningCapture warnings;
-    PinnedBuffer quiet(kMiB, PinOptions{.warn = false});
-    EXPECT_FALSE(quiet.is_pinned());
-    EXPECT_EQ(quiet.fallback_reason(), *reason);
-    EXPECT_TRUE(warnings.messages().empty());
-  }
+  EXPECT_TRUE(contains(*pin_unavailable_reason(fake.locker()), "check the driver"));
+  EXPECT_EQ(fake::locks, 0) << "a locker without a GPU is never asked to lock";
 }
 
-TEST(PinnedBuffer, PinsWithGpu) {
-  if (pin_unavailable_reason()) GTEST_SKIP() << no_gpu_skip_message();
+TEST(PinnedBuffer, PinsThroughItsLockerAndUnlocksOnce) {
+  FakeLocker fake;
+  EXPECT_FALSE(pin_unavailable_reason(fake.locker()));
   const std::size_t bytes = 8 * kMiB;
   const bool fits = !pin_precheck(bytes, memlock_limit_bytes(), host_available_bytes());
   WarningCapture warnings;
   const std::size_t before = pinned_bytes_in_use();
   {
-    PinnedBuffer buffer(bytes, PinOptions{.placement = placement_on_node(numa_node_of_gpu(0))});
+    PinnedBuffer buffer(bytes, PinOptions{.locker = fake.locker(), .portable = true});
     if (!fits) {  // a low RLIMIT_MEMLOCK without CAP_IPC_LOCK: the fallback is the right answer
       EXPECT_FALSE(buffer.is_pinned());
       EXPECT_TRUE(contains(buffer.fallback_reason(), "RLIMIT_MEMLOCK"));
+      EXPECT_EQ(fake::locks, 0);
       return;
     }
     EXPECT_TRUE(buffer.is_pinned()) << buffer.fallback_reason();
+    EXPECT_EQ(fake::locks, 1);
+    EXPECT_EQ(fake::last_data, buffer.data());
+    EXPECT_EQ(fake::last_bytes, bytes);
+    EXPECT_TRUE(fake::last_portable);
     EXPECT_TRUE(warnings.messages().empty());
     EXPECT_EQ(pinned_bytes_in_use(), before + bytes);
     PinnedBuffer moved(std::move(buffer));
     EXPECT_TRUE(moved.is_pinned());
     EXPECT_FALSE(buffer.is_pinned());  // NOLINT(bugprone-use-after-move)
     EXPECT_EQ(pinned_bytes_in_use(), before + bytes);
+    EXPECT_EQ(fake::unlocks, 0);
   }
+  EXPECT_EQ(fake::unlocks, 1) << "unlocked once, by the buffer that owned the pages last";
   EXPECT_EQ(pinned_bytes_in_use(), before);
   // Unchecked memlock still pins (the driver does not charge the limit).
-  PinnedBuffer unchecked(kMiB, PinOptions{.check_memlock = false});
+  PinnedBuffer unchecked(kMiB, PinOptions{.locker = fake.locker(), .check_memlock = false});
   EXPECT_TRUE(unchecked.is_pinned()) << unchecked.fallback_reason();
+  EXPECT_FALSE(fake::last_portable);
+  // A locker that refuses (a driver error): the fallback names its reason and the fix, once.
+  fake.refuse("the driver refused the registration");
+  WarningCapture refusals;
+  PinnedBuffer refused(kMiB, PinOptions{.locker = fake.locker()});
+  EXPECT_FALSE(refused.is_pinned());
+  EXPECT_TRUE(contains(refused.fallback_reason(), "the driver refused")) << refused.fallback_reason();
+  EXPECT_TRUE(contains(refused.fallback_reason(), "--no-pin")) << refused.fallback_reason();
+  EXPECT_EQ(refusals.messages().size(), 1u);
 }
 
 TEST(PinnedBuffer, EmptyAndMoveSemantics) {
@@ -541,15 +613,23 @@ TEST(PinPrecheck, LoweredMemlockLimitIsSeenAndReported) {
       EXPECT_EQ(seen, lowered);
     }
 
-    WarningCapture warnings;
-    PinnedBuffer buffer(kMiB);
-    const std::vector<std::string> messages = warnings.messages();
-    if (pin_unavailable_reason()) {
+    FakeLocker fake;
+    {
       // No GPU: the buffer falls back for that reason, not for the limit (which would not help).
+      fake.unavailable("no GPU in this test");
+      WarningCapture warnings;
+      PinnedBuffer buffer(kMiB, PinOptions{.locker = fake.locker()});
       EXPECT_FALSE(buffer.is_pinned());
+      const std::vector<std::string> messages = warnings.messages();
       ASSERT_EQ(messages.size(), 1u);
-      EXPECT_TRUE(contains(messages[0], *pin_unavailable_reason())) << messages[0];
-    } else if (seen != kUnlimited) {
+      EXPECT_TRUE(contains(messages[0], "no GPU in this test")) << messages[0];
+      EXPECT_FALSE(contains(messages[0], "RLIMIT_MEMLOCK")) << messages[0];
+      fake.unavailable(std::nullopt);
+    }
+    WarningCapture warnings;
+    PinnedBuffer buffer(kMiB, PinOptions{.locker = fake.locker()});
+    const std::vector<std::string> messages = warnings.messages();
+    if (seen != kUnlimited) {
       EXPECT_FALSE(buffer.is_pinned());
       ASSERT_EQ(messages.size(), 1u);
       EXPECT_TRUE(contains(messages[0], "RLIMIT_MEMLOCK")) << messages[0];
@@ -557,7 +637,7 @@ TEST(PinPrecheck, LoweredMemlockLimitIsSeenAndReported) {
       EXPECT_TRUE(contains(messages[0], "ulimit -l unlimited")) << messages[0];
 
       WarningCapture unchecked_warnings;
-      PinnedBuffer unchecked(kMiB, PinOptions{.check_memlock = false});
+      PinnedBuffer unchecked(kMiB, PinOptions{.locker = fake.locker(), .check_memlock = false});
       EXPECT_TRUE(unchecked.is_pinned()) << unchecked.fallback_reason();
     } else {
       EXPECT_TRUE(buffer.is_pinned()) << buffer.fallback_reason();
@@ -567,11 +647,6 @@ TEST(PinPrecheck, LoweredMemlockLimitIsSeenAndReported) {
   rlimit restored{};
   ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &restored), 0);
   EXPECT_EQ(restored.rlim_cur, original.rlim_cur);
-  if (pin_unavailable_reason()) {
-    GTEST_SKIP() << "the warning's memlock wording is checked by "
-                    "PinPrecheck.MessagesNameTheLimitTheNumbersAndTheFix; "
-                 << no_gpu_skip_message();
-  }
 }
 
 // Where this process is exempt (CAP_IPC_LOCK, as root here), a forked child drops the
@@ -650,13 +725,6 @@ TEST(NumaNodeOfGpu, ReadsSysfsForEveryBusIdSpelling) {
   EXPECT_EQ(numa_node_of_gpu("0000:3b:00.0/../x", sysfs), -1);
   EXPECT_EQ(numa_node_of_gpu("0000:3b:0.0", sysfs), -1);
   fs::remove_all(root);
-
-  EXPECT_EQ(numa_node_of_gpu(-1), -1);
-  if (pin_unavailable_reason()) {
-    EXPECT_EQ(numa_node_of_gpu(0), -1);
-  } else {
-    EXPECT_GE(numa_node_of_gpu(0), -1);
-  }
 }
 
 // ---- PinnedPool ---------------------------------------------------------------------------------
@@ -686,14 +754,12 @@ TEST(PinnedPool, ReturnsTheSameBufferAfterTheLeaseEnds) {
   EXPECT_EQ(stats.buffers, 3u);
   EXPECT_EQ(stats.bytes_leased, 8 * kMiB);
   EXPECT_EQ(stats.bytes_pinned + stats.bytes_pageable, 8 * kMiB);
-  if (pin_unavailable_reason()) {
-    EXPECT_EQ(stats.bytes_pinned, 0u);
-    EXPECT_FALSE(again.is_pinned());
-    // Three buffers fell back; the pool says so once.
-    const std::vector<std::string> messages = warnings.messages();
-    ASSERT_EQ(messages.size(), 1u);
-    EXPECT_TRUE(contains(messages[0], *pin_unavailable_reason())) << messages[0];
-  }
+  // No locker: three buffers fell back; the pool says so once.
+  EXPECT_EQ(stats.bytes_pinned, 0u);
+  EXPECT_FALSE(again.is_pinned());
+  const std::vector<std::string> messages = warnings.messages();
+  ASSERT_EQ(messages.size(), 1u);
+  EXPECT_TRUE(contains(messages[0], *pin_unavailable_reason(PageLocker{}))) << messages[0];
 
   again.reset();
   EXPECT_FALSE(again);
@@ -744,7 +810,8 @@ TEST(PinnedPool, LeaseMayOutliveThePool) {
 
 TEST(PinnedPool, FourThreadsShareThePoolSafely) {
   WarningCapture warnings;  // thread-safe sink; the pool warns at most once
-  PinnedPool pool(PinOptions{}, 4096);
+  FakeLocker fake;          // buffers are locked and unlocked from every thread
+  PinnedPool pool(PinOptions{.locker = fake.locker()}, 4096);
   constexpr int kThreads = 4;
   constexpr int kIterations = 1000;
   std::mutex live_mutex;
@@ -1059,24 +1126,26 @@ TEST(BucketRing, DestructionRunsPendingFencesAndSlotsKeepMemoryAlive) {
 }
 
 TEST(BucketRing, WarnsOnceWhenItCannotPin) {
-  if (!pin_unavailable_reason())
-    GTEST_SKIP() << "pinning works here: see BucketRing.IsPinnedWithGpu";
   WarningCapture warnings;
-  BucketRing ring(8, kMiB);
+  BucketRing ring(8, kMiB);  // no locker
   EXPECT_FALSE(ring.pinned().is_pinned());
   EXPECT_EQ(warnings.messages().size(), 1u);
 }
 
-TEST(BucketRing, IsPinnedWithGpu) {
-  if (pin_unavailable_reason()) GTEST_SKIP() << no_gpu_skip_message();
+TEST(BucketRing, IsPinnedThroughItsLocker) {
   const std::size_t bytes = 4 * kMiB;
   if (pin_precheck(bytes, memlock_limit_bytes(), host_available_bytes())) {
     GTEST_SKIP() << "RLIMIT_MEMLOCK too low to pin " << bytes << " bytes";
   }
+  FakeLocker fake;
   WarningCapture warnings;
-  BucketRing ring(4, kMiB);
-  EXPECT_TRUE(ring.pinned().is_pinned()) << ring.pinned().fallback_reason();
-  EXPECT_TRUE(warnings.messages().empty());
+  {
+    BucketRing ring(4, kMiB, PinOptions{.locker = fake.locker()});
+    EXPECT_TRUE(ring.pinned().is_pinned()) << ring.pinned().fallback_reason();
+    EXPECT_EQ(fake::locks, 1) << "one buffer for all slots";
+    EXPECT_TRUE(warnings.messages().empty());
+  }
+  EXPECT_EQ(fake::unlocks, 1);
 }
 
 }  // namespace

@@ -25,10 +25,10 @@
 #include "core/dtype.h"
 #include "cpu_adam/cpu_adam.h"
 #include "device/host_ops.h"
+#include "block_reduce.cuh"
 #include "gpu/check.h"
-#include "gpu/matmul_bias.cuh"
 #include "gpu/ops.h"
-#include "gpu/reduce.cuh"
+#include "matmul_bias.h"
 #include "op_compare.h"
 #include "simt.h"
 

@@ -1,14 +1,89 @@
-// Launcher of adamw (kernel, math and launch shape in gpu/adamw.cuh).
+// AdamW for the GPU-resident mode (arXiv 1711.05101, Algorithm 2; decoupled weight decay only),
+// with the element math of cpu_adam (docs/cpu_adam.md, cpu_adam/src/adam_kernel.h) operation for
+// operation. With g = grad * grad_mult:
+//   m = fma(1 - b1, g, b1 * m)
+//   v = fma(1 - b2, g * g, b2 * v)
+//   p = fma(-lr / (1 - b1^t), m / fma(sqrt(v), 1 / sqrt(1 - b2^t), eps), p * (1 - lr * wd))
+// The per-step constants are zo::adam_scalars (core/adam.h), as cpu_adam's, and every operation is
+// a round-to-nearest intrinsic (__fmul_rn,
+// __fmaf_rn, __fdiv_rn, __fsqrt_rn), which the compiler neither contracts into other FMAs nor
+// approximates (whatever -fmad or -prec-div say), so the results equal cpu_adam's scalar path bit
+// for bit. Subnormals are kept as on the host as long as the build does not flush them
+// (-ftz=false, the nvcc default; -use_fast_math would turn it on).
+//
+// Launch shape: 1-D grid-stride, kAdamWThreads per block, grid = min(packs / threads, one full
+// GPU); each thread updates packs of kVec = 4 elements (16 B of fp32 state, 8 B of 16-bit
+// grads/params), then the tail one element per thread. kVec == 1 when a pointer is not aligned
+// to its pack. params_out may be null, and may equal master (fp32): each element is read before
+// it is written, by the same thread.
+
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "gpu/adamw.cuh"
+#include "cast.cuh"
+#include "core/adam.h"
+#include "dispatch.cuh"
 #include "gpu/check.h"
-#include "gpu/dispatch.cuh"
 #include "gpu/ops.h"
 #include "launch_util.h"
 
 namespace zo::gpu {
+
+constexpr int kAdamWThreads = 256;
+
+// Updates p, m, v in place from the raw gradient g_raw.
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g_raw,
+                                              const AdamScalars& k) {
+  const float g = __fmul_rn(g_raw, k.grad_mult);
+  m = __fmaf_rn(k.one_minus_beta1, g, __fmul_rn(k.beta1, m));
+  v = __fmaf_rn(k.one_minus_beta2, __fmul_rn(g, g), __fmul_rn(k.beta2, v));
+  const float denom = __fmaf_rn(__fsqrt_rn(v), k.bc2_rsqrt, k.eps);
+  p = __fmaf_rn(k.neg_step_size, __fdiv_rn(m, denom), __fmul_rn(p, k.decay));
+}
+
+// master, m, v (n) fp32 updated; params_out (n) written when non-null. No __restrict__ on master
+// and params_out: they may be the same array.
+template <typename GT, typename PT, int kVec>
+__global__ void __launch_bounds__(kAdamWThreads)
+    adamw_kernel(float* master, float* __restrict__ m, float* __restrict__ v,
+                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamScalars k) {
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t packs = n / kVec;
+  for (std::size_t q = tid; q < packs; q += stride) {
+    const std::size_t i = q * kVec;
+    Pack<float, kVec> p = *reinterpret_cast<const Pack<float, kVec>*>(master + i);
+    Pack<float, kVec> mm = *reinterpret_cast<const Pack<float, kVec>*>(m + i);
+    Pack<float, kVec> vv = *reinterpret_cast<const Pack<float, kVec>*>(v + i);
+    const Pack<GT, kVec> g = *reinterpret_cast<const Pack<GT, kVec>*>(grads + i);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e)
+      adamw_element(p.v[e], mm.v[e], vv.v[e], to_float(g.v[e]), k);
+    *reinterpret_cast<Pack<float, kVec>*>(master + i) = p;
+    *reinterpret_cast<Pack<float, kVec>*>(m + i) = mm;
+    *reinterpret_cast<Pack<float, kVec>*>(v + i) = vv;
+    if (params_out != nullptr) {
+      Pack<PT, kVec> out;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        out.v[e] = from_float<PT>(p.v[e]);
+      *reinterpret_cast<Pack<PT, kVec>*>(params_out + i) = out;
+    }
+  }
+  const std::size_t i = packs * kVec + tid;  // the tail, fewer than kVec elements
+  if (i < n) {
+    float p = master[i];
+    float mm = m[i];
+    float vv = v[i];
+    adamw_element(p, mm, vv, to_float(grads[i]), k);
+    master[i] = p;
+    m[i] = mm;
+    v[i] = vv;
+    if (params_out != nullptr) params_out[i] = from_float<PT>(p);
+  }
+}
+
 namespace {
 
 using detail::aligned;

@@ -1,3 +1,5 @@
+// Element-type conversion of device arrays (launch_cast, gpu/ops.h): fp32 <-> fp16 <-> bf16 with
+// the host converters' rounding, 16-byte packs on the wider side where both pointers allow.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -5,12 +7,34 @@
 #include <string>
 #include <type_traits>
 
-#include "gpu/cast.cuh"
+#include "cast.cuh"
 #include "gpu/check.h"
+#include "gpu/ops.h"
 #include "launch_util.h"
 
 namespace zo::gpu {
 namespace {
+
+// Grid-stride over whole packs of kVec elements, then one thread per element of the tail
+// (fewer than kVec). kVec == 1 is the path for pointers not aligned to a pack.
+template <typename Src, typename Dst, int kVec>
+__global__ void cast_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, std::size_t n) {
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t packs = n / kVec;
+  const auto* src_packs = reinterpret_cast<const Pack<Src, kVec>*>(src);
+  auto* dst_packs = reinterpret_cast<Pack<Dst, kVec>*>(dst);
+  for (std::size_t p = tid; p < packs; p += stride) {
+    const Pack<Src, kVec> in = src_packs[p];
+    Pack<Dst, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      out.v[k] = from_float<Dst>(to_float(in.v[k]));
+    dst_packs[p] = out;
+  }
+  const std::size_t i = packs * kVec + tid;
+  if (i < n) dst[i] = from_float<Dst>(to_float(src[i]));
+}
 
 constexpr const char* kOp = "launch_cast";
 constexpr int kThreads = 256;

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "gpu/device.h"
+
 namespace zo::gpu {
 namespace detail {
 
@@ -48,15 +50,13 @@ void throw_cuda_error(cudaError_t code, const char* expr, const char* file, int 
   std::ostringstream msg;
   msg << "CUDA error " << cuda_error_text(code) << " from `" << expr << "` at " << file << ':'
       << line;
-  int count = 0;
   int device = -1;
-  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0 &&
-      cudaGetDevice(&device) == cudaSuccess) {
+  if (count_devices().count > 0 && cudaGetDevice(&device) == cudaSuccess) {
     msg << " (device " << device << ')';
   } else {
     msg << " (no usable CUDA device)";
   }
-  (void)cudaGetLastError();  // the two queries above may have failed too
+  (void)cudaGetLastError();  // the query above may have failed too
   if (const char* hint = cuda_error_hint(code); *hint != '\0') msg << ": " << hint;
   throw CudaError(code, msg.str());
 }

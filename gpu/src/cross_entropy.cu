@@ -1,14 +1,155 @@
-// Launcher of cross_entropy (kernel and launch shape in gpu/cross_entropy.cuh).
+// Softmax cross-entropy over V classes per row, fused with its gradient. Shapes: logits and
+// dlogits (N,V), targets (N) int32, losses (N) fp32. Formulas as the host reference
+// (src/device/host_ops.cpp): loss = logsumexp(x) - x[target];
+// dlogits = dloss_scale * (softmax(x) - onehot(target)).
+//
+// Launch shape: one block of kCrossEntropyThreads threads per row (grid = N); V up to ~50k.
+//   Pass 1: each thread keeps an online (max, sum of exp(x - max)) pair over its strided
+//   elements in fp32; the block combines the pairs with a fixed shuffle tree (deterministic) into
+//   the row's log-sum-exp. Pass 2 (only when dlogits is non-null): each thread re-reads its own
+//   elements and writes dloss_scale * (exp(x - lse) - onehot).
+//   The row is walked as a scalar head up to the first 16-byte boundary, whole packs of kVec
+//   (16 B), then a scalar tail, so odd V (e.g. GPT-2's 50257, rows not 16-byte aligned) still
+//   moves most bytes in packs. kVec == 1 when dlogits and logits are not at the same offset
+//   modulo 16 bytes.
+//
+// Aliasing: dlogits may equal logits. Every read of pass 1 (and of logits[target]) happens before
+// the block-wide barriers of the reduction, and in pass 2 each thread writes only the elements
+// it has just read itself, so no thread overwrites a logit another thread still needs.
+//
+// A target outside [0, V) (the host backend throws; a kernel cannot) gives a NaN loss for that
+// row, and its dlogits row is written as dloss_scale * softmax without the onehot term.
+
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "cast.cuh"
+#include "dispatch.cuh"
 #include "gpu/check.h"
-#include "gpu/cross_entropy.cuh"
-#include "gpu/dispatch.cuh"
 #include "gpu/ops.h"
 #include "launch_util.h"
 
 namespace zo::gpu {
+
+constexpr int kCrossEntropyThreads = 512;
+
+// Adds exp(x - m) to s, raising m first if x is larger. -inf logits add nothing (also when m is
+// still -inf); NaN makes s NaN; exp(inf - inf) = NaN as in the host reference.
+__device__ __forceinline__ void online_logsumexp_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else if (x != -INFINITY) {
+    s += expf(x - m);
+  }
+}
+
+// (m1, s1) := (m1, s1) combined with (m2, s2). Symmetric in its operands (bit for bit), so an xor
+// butterfly leaves every lane with the same result. m is never NaN (only raised by x > m).
+__device__ __forceinline__ void online_logsumexp_combine(float& m1, float& s1, float m2, float s2) {
+  const float m = fmaxf(m1, m2);
+  const float a = m1 == m ? s1 : s1 * expf(m1 - m);
+  const float b = m2 == m ? s2 : s2 * expf(m2 - m);
+  m1 = m;
+  s1 = a + b;
+}
+
+// Row walk: elements [0, head) one by one, then packs of kVec starting at `head` (16-byte
+// aligned), then the tail [head + packs * kVec, V). fn(j, x_j) for every element this thread owns.
+template <typename T, int kVec>
+struct RowSplit {
+  int head, packs, tail_begin;
+  __device__ __forceinline__ RowSplit(const T* row, int V) {
+    head = 0;
+    if constexpr (kVec > 1) {
+      const int misaligned =
+          static_cast<int>((reinterpret_cast<std::uintptr_t>(row) % 16) / sizeof(T));
+      if (misaligned != 0) head = min(V, kVec - misaligned);
+    }
+    packs = (V - head) / kVec;
+    tail_begin = head + packs * kVec;
+  }
+};
+
+// losses (N) written; dlogits (N,V) written when non-null (may alias logits); grid = N.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits,
+                         const std::int32_t* __restrict__ targets, int V, float dloss_scale) {
+  __shared__ float shared_m[32];
+  __shared__ float shared_s[32];
+  const std::size_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  const RowSplit<T, kVec> split(x, V);
+  const auto* x_packs = reinterpret_cast<const Pack<T, kVec>*>(x + split.head);
+
+  // Pass 1: per-thread online log-sum-exp.
+  float m = -INFINITY;
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x)
+    online_logsumexp_add(m, s, to_float(x[j]));
+  for (int p = threadIdx.x; p < split.packs; p += blockDim.x) {
+    const Pack<T, kVec> v = x_packs[p];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      online_logsumexp_add(m, s, to_float(v.v[k]));
+  }
+  for (int j = split.tail_begin + threadIdx.x; j < V; j += blockDim.x)
+    online_logsumexp_add(m, s, to_float(x[j]));
+
+  const std::int32_t target = targets[row];
+  const bool valid = target >= 0 && target < V;
+  float x_target = 0.0f;
+  if (threadIdx.x == 0 && valid) x_target = to_float(x[target]);  // before any write below
+
+  // Block combine: warps, then every warp combines the per-warp results in the same order.
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+    online_logsumexp_combine(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    shared_m[warp] = m;
+    shared_s[warp] = s;
+  }
+  __syncthreads();  // also orders every read of pass 1 before any write of pass 2
+  const int warps = blockDim.x / 32;
+  m = lane < warps ? shared_m[lane] : -INFINITY;
+  s = lane < warps ? shared_s[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+    online_logsumexp_combine(m, s, m2, s2);
+  }
+  const float lse = m + logf(s);
+  if (threadIdx.x == 0) losses[row] = valid ? lse - x_target : __int_as_float(0x7fc00000);
+  if (dlogits == nullptr) return;
+
+  // Pass 2: each thread rewrites exactly the elements it read in pass 1.
+  T* d = dlogits + row * V;
+  auto* d_packs = reinterpret_cast<Pack<T, kVec>*>(d + split.head);
+  auto grad = [&](int j, float xj) {
+    return from_float<T>(dloss_scale * (expf(xj - lse) - (j == target ? 1.0f : 0.0f)));
+  };
+  for (int j = threadIdx.x; j < split.head; j += blockDim.x)
+    d[j] = grad(j, to_float(x[j]));
+  for (int p = threadIdx.x; p < split.packs; p += blockDim.x) {
+    const Pack<T, kVec> v = x_packs[p];
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      out.v[k] = grad(split.head + p * kVec + k, to_float(v.v[k]));
+    d_packs[p] = out;
+  }
+  for (int j = split.tail_begin + threadIdx.x; j < V; j += blockDim.x)
+    d[j] = grad(j, to_float(x[j]));
+}
+
 namespace {
 
 template <typename T>

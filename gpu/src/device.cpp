@@ -11,13 +11,13 @@ namespace {
 
 constexpr const char* kHostFallback = "use --device host to train on the CPU backend";
 
-struct DeviceCount {
+struct RawCount {
   cudaError_t status = cudaSuccess;
   int count = 0;
 };
 
-DeviceCount count_devices() noexcept {
-  DeviceCount result;
+RawCount count_raw() noexcept {
+  RawCount result;
   result.status = cudaGetDeviceCount(&result.count);
   if (result.status != cudaSuccess) {
     (void)cudaGetLastError();  // not a kernel-launch failure; keep it out of later checks
@@ -113,8 +113,25 @@ std::string device_label(const DeviceInfo& info) {
 
 }  // namespace
 
+DeviceCount count_devices() noexcept {
+  const RawCount found = count_raw();
+  DeviceCount result;
+  result.count = found.count;
+  if (found.status != cudaSuccess) {
+    try {
+      result.error = error_clause(found.status);
+    } catch (...) {  // no memory for the text: the count alone still answers
+    }
+  }
+  return result;
+}
+
+DeviceInfo describe_device(int index) {
+  return describe(index, Probe::kProperties);
+}
+
 std::vector<DeviceInfo> query_devices() {
-  const DeviceCount found = count_devices();
+  const RawCount found = count_raw();
   std::vector<DeviceInfo> devices;
   devices.reserve(static_cast<std::size_t>(found.count));
   for (int i = 0; i < found.count; ++i)
@@ -123,14 +140,14 @@ std::vector<DeviceInfo> query_devices() {
 }
 
 std::string no_device_reason() {
-  const DeviceCount found = count_devices();
+  const RawCount found = count_raw();
   if (found.count == 0) return no_devices_sentence(found.status);
 
   // Properties only: opening every device would leave a context on each (on every rank of a
   // data-parallel job); the device actually used is opened, and checked, by require_device.
   std::string reason = "found " + std::to_string(found.count) + " CUDA device(s), none usable:";
   for (int i = 0; i < found.count; ++i) {
-    const DeviceInfo info = describe(i, Probe::kProperties);
+    const DeviceInfo info = describe_device(i);
     if (info.usable()) return {};
     reason.append(" ").append(device_label(info)).append(": ").append(info.unusable_reason);
     reason += ';';
@@ -139,7 +156,7 @@ std::string no_device_reason() {
 }
 
 DeviceInfo require_device(int index) {
-  const DeviceCount found = count_devices();
+  const RawCount found = count_raw();
   if (found.count == 0) {
     throw std::runtime_error("CUDA device " + std::to_string(index) + " was requested, but " +
                              no_devices_sentence(found.status));

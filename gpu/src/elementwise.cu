@@ -1,14 +1,108 @@
-// Launchers of gelu_forward, gelu_backward, residual_forward and accumulate (kernel and launch
-// shape in gpu/elementwise.cuh).
+// Elementwise ops of the GPT block: GELU forward and backward, the residual add and gradient
+// accumulation. One kernel template, elementwise_kernel<T, kVec, Op>, computes
+//     dst[i] = Op::apply(dst[i] (if Op::kReadsDst), a[i], b[i] (if Op::kUsesB))
+// in fp32 with T loads and stores.
+//
+// Launch shape: 1-D, kElementwiseThreads threads per block, grid-stride over whole packs of kVec
+// elements (16 B: 4 floats or 8 halves), grid = min(packs / threads, one full GPU); then one
+// thread per element of the tail (fewer than kVec). kVec == 1 is the path for pointers that are
+// not all 16-byte aligned. Memory-bound: one 16 B access per operand per pack.
+//
+// Each thread reads all of its inputs before it writes its outputs, and every element is owned
+// by one thread, so dst may alias a or b (e.g. residual_forward(x, x, y)).
+
 #include <cstddef>
 
+#include "cast.cuh"
+#include "dispatch.cuh"
 #include "gpu/check.h"
-#include "gpu/dispatch.cuh"
-#include "gpu/elementwise.cuh"
 #include "gpu/ops.h"
 #include "launch_util.h"
 
 namespace zo::gpu {
+
+constexpr int kElementwiseThreads = 256;
+
+// GELU, tanh approximation (arXiv 1606.08415), formulas exactly as the host reference
+// (src/device/host_ops.cpp).
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+
+// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+struct GeluForwardOp {
+  static constexpr bool kReadsDst = false;
+  static constexpr bool kUsesB = false;
+  __device__ __forceinline__ static float apply(float, float x, float) {
+    return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCube * x * x * x)));
+  }
+};
+
+// dinp += gelu'(x) * dout, with sech^2 = 1 / cosh^2 as the host (precise where tanh -> +-1;
+// cosh overflows to inf for |u| > ~89, giving the correct limit 0).
+struct GeluBackwardOp {
+  static constexpr bool kReadsDst = true;
+  static constexpr bool kUsesB = true;
+  __device__ __forceinline__ static float apply(float dinp, float x, float dout) {
+    const float u = kGeluScale * (x + kGeluCube * x * x * x);
+    const float th = tanhf(u);
+    const float ch = coshf(u);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f / (ch * ch)) * kGeluScale *
+                                                (1.0f + 3.0f * kGeluCube * x * x);
+    return dinp + grad * dout;
+  }
+};
+
+// out = a + b
+struct AddOp {
+  static constexpr bool kReadsDst = false;
+  static constexpr bool kUsesB = true;
+  __device__ __forceinline__ static float apply(float, float a, float b) { return a + b; }
+};
+
+// dst += a
+struct AccumulateOp {
+  static constexpr bool kReadsDst = true;
+  static constexpr bool kUsesB = false;
+  __device__ __forceinline__ static float apply(float dst, float a, float) { return dst + a; }
+};
+
+// No __restrict__: dst may alias a or b (see above). b is unused (may be null) unless Op::kUsesB.
+template <typename T, int kVec, typename Op>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    elementwise_kernel(T* dst, const T* a, const T* b, std::size_t n) {
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t packs = n / kVec;
+  auto* dst_packs = reinterpret_cast<Pack<T, kVec>*>(dst);
+  const auto* a_packs = reinterpret_cast<const Pack<T, kVec>*>(a);
+  const auto* b_packs = reinterpret_cast<const Pack<T, kVec>*>(b);
+  for (std::size_t p = tid; p < packs; p += stride) {
+    Pack<T, kVec> d;
+    Pack<T, kVec> y;
+    const Pack<T, kVec> x = a_packs[p];
+    if constexpr (Op::kReadsDst) d = dst_packs[p];
+    if constexpr (Op::kUsesB) y = b_packs[p];
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      float d_k = 0.0f;
+      float y_k = 0.0f;
+      if constexpr (Op::kReadsDst) d_k = to_float(d.v[k]);
+      if constexpr (Op::kUsesB) y_k = to_float(y.v[k]);
+      out.v[k] = from_float<T>(Op::apply(d_k, to_float(x.v[k]), y_k));
+    }
+    dst_packs[p] = out;
+  }
+  const std::size_t i = packs * kVec + tid;  // the tail, fewer than kVec elements
+  if (i < n) {
+    float d_i = 0.0f;
+    float y_i = 0.0f;
+    if constexpr (Op::kReadsDst) d_i = to_float(dst[i]);
+    if constexpr (Op::kUsesB) y_i = to_float(b[i]);
+    dst[i] = from_float<T>(Op::apply(d_i, to_float(a[i]), y_i));
+  }
+}
+
 namespace {
 
 using detail::aligned;

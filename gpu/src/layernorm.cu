@@ -1,16 +1,238 @@
-// Launchers of layernorm_forward and layernorm_backward (kernels and launch shapes in
-// gpu/layernorm.cuh).
+// LayerNorm over the last dimension (arXiv 1607.06450), GPT-2 flavour: biased variance, eps 1e-5
+// inside the square root; formulas as the host reference (src/device/host_ops.cpp). Shapes:
+// inp/out/dout/dinp (N,C), weight/bias (C), mean/rstd (N) fp32.
+//
+// Forward, layernorm_forward_kernel: one warp per row, kLayerNormThreads/32 rows per block,
+// grid = ceil(N / rows per block). Lanes stride over the row in packs of kVec (16 B of T; 1 when
+// C or a pointer does not allow packs). Three passes over the row (sum; sum of squared
+// deviations, the two-pass variance; output), all fp32; the second and third re-read the row,
+// which L1/L2 serve. mean and rstd are written as the fp32 values the output was computed with.
+//
+// Backward (dinp +=, dweight +=, dbias +=), deterministic without atomics, in three kernels:
+//   1. layernorm_backward_dinp_kernel: warp per row as the forward. Pass 1 reduces
+//      g = weight * dout and g * norm over the row; pass 2 does
+//      dinp += (g - mean(g) - norm * mean(g * norm)) * rstd.
+//   2. layernorm_backward_partials_kernel: the column sums over N rows. Block (32, 8): x over
+//      32 consecutive channels (coalesced), y over 8 interleaved rows; grid (ceil(C/32), chunks),
+//      each blockIdx.y a contiguous chunk of rows. Every thread adds norm*dout and dout over its
+//      rows in row order in fp32, the block adds its 8 row groups in y order, and writes one fp32
+//      partial per (chunk, channel) to scratch.
+//   3. layernorm_backward_finish_kernel: one thread per channel adds the chunks' partials in
+//      chunk order and adds the total into dweight/dbias (one rounding to T).
+//   The chunking is a function of (N, C) only (layernorm_backward_chunks), so the summation tree
+//   and hence the bits are too. Kernel 2 re-reads inp and dout (2NC extra reads against the 4NC
+//   of kernel 1) in exchange for a fixed reduction order with bounded scratch.
+
 #include <cstddef>
 #include <initializer_list>
 #include <string>
 
+#include "block_reduce.cuh"
+#include "cast.cuh"
+#include "dispatch.cuh"
 #include "gpu/check.h"
-#include "gpu/dispatch.cuh"
-#include "gpu/layernorm.cuh"
 #include "gpu/ops.h"
 #include "launch_util.h"
 
 namespace zo::gpu {
+
+constexpr float kLayerNormEps = 1e-5f;  // GPT-2 / PyTorch default, as the host backend
+constexpr int kLayerNormThreads = 256;  // 8 warps, 8 rows per block
+constexpr int kLayerNormRowsPerBlock = kLayerNormThreads / 32;
+constexpr int kLnPartialX = 32;  // channels per block of the column-sum kernel
+constexpr int kLnPartialY = 8;   // row groups per block of the column-sum kernel
+
+// Row chunks of the column-sum kernel: about 2048 blocks in all, at least 64 rows per chunk (8
+// per thread); a function of the shape only.
+inline int layernorm_backward_rows_per_chunk(int N, int C) {
+  const long long col_blocks = (C + kLnPartialX - 1) / kLnPartialX;
+  long long chunks = (2048 + col_blocks - 1) / col_blocks;
+  const long long max_chunks = (static_cast<long long>(N) + 63) / 64;
+  if (chunks > max_chunks) chunks = max_chunks;
+  if (chunks < 1) chunks = 1;
+  return static_cast<int>((N + chunks - 1) / chunks);
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void load_floats(const T* p, float (&x)[kVec]) {
+  const Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(p);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    x[k] = to_float(v.v[k]);
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_floats(T* p, const float (&x)[kVec]) {
+  Pack<T, kVec> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    v.v[k] = from_float<T>(x[k]);
+  *reinterpret_cast<Pack<T, kVec>*>(p) = v;
+}
+
+// out (N,C) written; mean, rstd (N) written.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kLayerNormThreads)
+    layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean,
+                             float* __restrict__ rstd, const T* __restrict__ inp,
+                             const T* __restrict__ weight, const T* __restrict__ bias, int N,
+                             int C) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kLayerNormRowsPerBlock + threadIdx.x / 32;
+  if (row >= N) return;  // whole warps only: no block-level barrier below
+  const T* x = inp + static_cast<std::size_t>(row) * C;
+  T* o = out + static_cast<std::size_t>(row) * C;
+
+  float sum = 0.0f;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    float v[kVec];
+    load_floats<T, kVec>(x + c, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      sum += v[k];
+  }
+  const float m = warp_sum(sum) / static_cast<float>(C);
+
+  float var = 0.0f;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    float v[kVec];
+    load_floats<T, kVec>(x + c, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float d = v[k] - m;
+      var = fmaf(d, d, var);
+    }
+  }
+  var = warp_sum(var) / static_cast<float>(C);
+  const float rs = 1.0f / sqrtf(var + kLayerNormEps);
+
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    float v[kVec], w[kVec], b[kVec], y[kVec];
+    load_floats<T, kVec>(x + c, v);
+    load_floats<T, kVec>(weight + c, w);
+    load_floats<T, kVec>(bias + c, b);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      y[k] = (v[k] - m) * rs * w[k] + b[k];
+    store_floats<T, kVec>(o + c, y);
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// dinp (N,C) += the input gradient of each row.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kLayerNormThreads)
+    layernorm_backward_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dout,
+                                   const T* __restrict__ inp, const T* __restrict__ weight,
+                                   const float* __restrict__ mean, const float* __restrict__ rstd,
+                                   int N, int C) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kLayerNormRowsPerBlock + threadIdx.x / 32;
+  if (row >= N) return;
+  const std::size_t offset = static_cast<std::size_t>(row) * C;
+  const T* x = inp + offset;
+  const T* dy = dout + offset;
+  T* dx = dinp + offset;
+  const float m = mean[row];
+  const float rs = rstd[row];
+
+  float g_sum = 0.0f;
+  float g_norm_sum = 0.0f;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    float v[kVec], d[kVec], w[kVec];
+    load_floats<T, kVec>(x + c, v);
+    load_floats<T, kVec>(dy + c, d);
+    load_floats<T, kVec>(weight + c, w);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float g = w[k] * d[k];
+      g_sum += g;
+      g_norm_sum = fmaf(g, (v[k] - m) * rs, g_norm_sum);
+    }
+  }
+  const float g_mean = warp_sum(g_sum) / static_cast<float>(C);
+  const float g_norm_mean = warp_sum(g_norm_sum) / static_cast<float>(C);
+
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    float v[kVec], d[kVec], w[kVec], acc[kVec];
+    load_floats<T, kVec>(x + c, v);
+    load_floats<T, kVec>(dy + c, d);
+    load_floats<T, kVec>(weight + c, w);
+    load_floats<T, kVec>(dx + c, acc);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float norm = (v[k] - m) * rs;
+      acc[k] += (w[k] * d[k] - g_mean - norm * g_norm_mean) * rs;
+    }
+    store_floats<T, kVec>(dx + c, acc);
+  }
+}
+
+// partial_w, partial_b (chunks, C) fp32 written: per chunk of rows, sum of norm*dout and dout.
+// blockDim (kLnPartialX, kLnPartialY); grid (ceil(C / kLnPartialX), chunks).
+template <typename T>
+__global__ void __launch_bounds__(kLnPartialX* kLnPartialY)
+    layernorm_backward_partials_kernel(float* __restrict__ partial_w, float* __restrict__ partial_b,
+                                       const T* __restrict__ dout, const T* __restrict__ inp,
+                                       const float* __restrict__ mean,
+                                       const float* __restrict__ rstd, int N, int C,
+                                       int rows_per_chunk) {
+  __shared__ float shared_w[kLnPartialY][kLnPartialX];
+  __shared__ float shared_b[kLnPartialY][kLnPartialX];
+  const int c = blockIdx.x * kLnPartialX + threadIdx.x;
+  const int row_begin = blockIdx.y * rows_per_chunk;
+  const int row_end = row_begin + min(N - row_begin, rows_per_chunk);  // no int overflow
+  float acc_w = 0.0f;
+  float acc_b = 0.0f;
+  if (c < C) {
+#pragma unroll 4
+    for (int n = row_begin + static_cast<int>(threadIdx.y); n < row_end; n += kLnPartialY) {
+      const std::size_t i = static_cast<std::size_t>(n) * C + c;
+      const float d = to_float(dout[i]);
+      const float norm = (to_float(inp[i]) - mean[n]) * rstd[n];
+      acc_w = fmaf(norm, d, acc_w);
+      acc_b += d;
+    }
+  }
+  shared_w[threadIdx.y][threadIdx.x] = acc_w;
+  shared_b[threadIdx.y][threadIdx.x] = acc_b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float w = 0.0f;
+    float b = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kLnPartialY; ++y) {
+      w += shared_w[y][threadIdx.x];
+      b += shared_b[y][threadIdx.x];
+    }
+    const std::size_t o = static_cast<std::size_t>(blockIdx.y) * C + c;
+    partial_w[o] = w;
+    partial_b[o] = b;
+  }
+}
+
+// dweight, dbias (C) += the sums of the chunks' partials, in chunk order. One thread per channel.
+template <typename T>
+__global__ void __launch_bounds__(kLayerNormThreads)
+    layernorm_backward_finish_kernel(T* __restrict__ dweight, T* __restrict__ dbias,
+                                     const float* __restrict__ partial_w,
+                                     const float* __restrict__ partial_b, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float w = 0.0f;
+  float b = 0.0f;
+  for (int k = 0; k < chunks; ++k) {
+    const std::size_t i = static_cast<std::size_t>(k) * C + c;
+    w += partial_w[i];
+    b += partial_b[i];
+  }
+  dweight[c] = from_float<T>(to_float(dweight[c]) + w);
+  dbias[c] = from_float<T>(to_float(dbias[c]) + b);
+}
+
 namespace {
 
 using detail::aligned;

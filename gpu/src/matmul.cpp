@@ -22,12 +22,24 @@
 #include <string>
 
 #include "gpu/check.h"
-#include "gpu/matmul_bias.cuh"
-#include "gpu/matmul_context.h"
 #include "gpu/ops.h"
+#include "launch_util.h"
+#include "matmul_bias.h"
+
+// Every failing status becomes a CublasError naming the call, file:line, the current device and
+// the status (name and description).
+#define ZO_CUBLAS_CHECK(expr)                                                                    \
+  do {                                                                                           \
+    const cublasStatus_t zo_cublas_check_status_ = (expr);                                       \
+    if (zo_cublas_check_status_ != CUBLAS_STATUS_SUCCESS) {                                      \
+      ::zo::gpu::throw_cublas_error(zo_cublas_check_status_, #expr, __FILE__, __LINE__);         \
+    }                                                                                            \
+  } while (0)
 
 namespace zo::gpu {
+namespace {
 
+// "CUBLAS_STATUS_NOT_SUPPORTED (the requested functionality is not supported)".
 std::string cublas_status_text(cublasStatus_t status) {
   std::string text = cublasLtGetStatusName(status);
   text += " (";
@@ -35,9 +47,6 @@ std::string cublas_status_text(cublasStatus_t status) {
   text += ')';
   return text;
 }
-
-namespace detail {
-namespace {
 
 const char* cublas_hint(cublasStatus_t status) {
   switch (status) {
@@ -55,9 +64,7 @@ const char* cublas_hint(cublasStatus_t status) {
   }
 }
 
-}  // namespace
-
-void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
   std::ostringstream msg;
   msg << "cuBLASLt error " << cublas_status_text(status) << " from `" << expr << "` at " << file
       << ':' << line;
@@ -70,7 +77,7 @@ void throw_cublas_error(cublasStatus_t status, const char* expr, const char* fil
   throw CublasError(status, msg.str());
 }
 
-}  // namespace detail
+}  // namespace
 
 namespace {
 
@@ -319,9 +326,7 @@ void run(MatmulContext& ctx, const Plan& p, const void* a, const void* b, void* 
                                  &p.algo, ctx.workspace, kWorkspaceBytes, s));
 }
 
-[[noreturn]] void bad_arg(const char* op, const std::string& what) {
-  throw std::invalid_argument(std::string(op) + ": " + what);
-}
+using detail::bad_arg;
 
 void check_common(const char* op, const MatmulContext* ctx, int N, int C, int OC, DType t) {
   if (ctx == nullptr) bad_arg(op, "the matmul context is null (create_matmul_context first)");

@@ -1,13 +1,15 @@
+// The bias kernels of the matmul op that cuBLASLt's epilogues do not cover (matmul_bias.h says
+// which and why).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "gpu/cast.cuh"
+#include "cast.cuh"
+#include "dispatch.cuh"
 #include "gpu/check.h"
-#include "gpu/dispatch.cuh"
-#include "gpu/matmul_bias.cuh"
 #include "launch_util.h"
+#include "matmul_bias.h"
 
 namespace zo::gpu {
 namespace {

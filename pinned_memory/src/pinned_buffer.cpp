@@ -14,13 +14,6 @@
 #include <sstream>
 #include <utility>
 
-#if defined(ZO_HAVE_CUDA) && ZO_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#define ZO_PINNED_CUDA 1
-#else
-#define ZO_PINNED_CUDA 0
-#endif
-
 #include "core/bytes.h"
 
 namespace zo::pinned {
@@ -87,58 +80,6 @@ std::atomic<std::size_t> g_pinned_bytes{0};
 std::size_t page_bytes() {
   const long v = ::sysconf(_SC_PAGESIZE);
   return v > 0 ? static_cast<std::size_t>(v) : std::size_t{4096};
-}
-
-// ---- CUDA ---------------------------------------------------------------------------------------
-
-#if ZO_PINNED_CUDA
-std::string cuda_error_text(cudaError_t err) {
-  return std::string(cudaGetErrorString(err)) + " [" + cudaGetErrorName(err) + "]";
-}
-#endif
-
-std::optional<std::string> compute_unavailable_reason() {
-#if ZO_PINNED_CUDA
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky, but leave no error behind for other callers
-    return "no usable CUDA device (cudaGetDeviceCount: " + cuda_error_text(err) +
-           "), so there is nothing to page-lock for; check the driver with `nvidia-smi`, " +
-           kNoPinHint;
-  }
-  if (count == 0) {
-    return std::string(
-               "no CUDA device is visible (check CUDA_VISIBLE_DEVICES and `nvidia-smi`), ") +
-           kNoPinHint;
-  }
-  return std::nullopt;
-#else
-  return std::string(
-      "this build has no CUDA support (configured without nvcc or with -DZO_CUDA=OFF), so there "
-      "is nothing to page-lock for; pass --no-pin (PinOptions::enable = false) on the host "
-      "backend to use pageable memory without this warning");
-#endif
-}
-
-// Page-locks [data, data + bytes); nullopt on success, else the reason.
-std::optional<std::string> register_pages(void* data, std::size_t bytes, bool portable) {
-#if ZO_PINNED_CUDA
-  const unsigned flags = portable ? cudaHostRegisterPortable : cudaHostRegisterDefault;
-  const cudaError_t err = cudaHostRegister(data, bytes, flags);
-  if (err == cudaSuccess) return std::nullopt;
-  (void)cudaGetLastError();
-  return "cudaHostRegister of " + format_bytes(bytes) + " (" + std::to_string(bytes) +
-         " bytes) failed: " + cuda_error_text(err) +
-         "; check the locked-memory limit (`ulimit -l`; raise it with `ulimit -l unlimited`) and "
-         "free host memory, " +
-         kNoPinHint;
-#else
-  (void)data;
-  (void)bytes;
-  (void)portable;
-  return "this build has no CUDA support";  // unreachable: pin_unavailable_reason() says so first
-#endif
 }
 
 // Whole pages covering a buffer, for madvise.
@@ -245,8 +186,16 @@ std::size_t memlock_limit_bytes() {
       std::min<rlim_t>(limit.rlim_cur, static_cast<rlim_t>(kUnlimited - 1)));
 }
 
-std::optional<std::string> pin_unavailable_reason() {
-  static const std::optional<std::string> reason = compute_unavailable_reason();
+std::optional<std::string> pin_unavailable_reason(const PageLocker& locker) {
+  if (locker.lock == nullptr || locker.unlock == nullptr) {
+    return std::string(
+        "no GPU runtime page-locks memory in this process (PinOptions::locker is empty: a build "
+        "without CUDA, or the host backend), so there is nothing to page-lock for; pass --no-pin "
+        "(PinOptions::enable = false) to use pageable memory without this warning");
+  }
+  if (locker.unavailable_reason == nullptr) return std::nullopt;
+  std::optional<std::string> reason = locker.unavailable_reason();
+  if (reason) *reason += std::string(", ") + kNoPinHint;
   return reason;
 }
 
@@ -265,21 +214,6 @@ int numa_node_of_gpu(std::string_view pci_bus_id, std::string_view sysfs_root) {
   return node < 0 ? -1 : node;
 }
 
-int numa_node_of_gpu(int device) {
-#if ZO_PINNED_CUDA
-  if (device < 0 || pin_unavailable_reason()) return -1;
-  char id[64] = {};
-  if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return numa_node_of_gpu(std::string_view(id));
-#else
-  (void)device;
-  return -1;
-#endif
-}
-
 // ---- PinnedBuffer -------------------------------------------------------------------------------
 
 PinnedBuffer::PinnedBuffer(std::size_t bytes, const PinOptions& options)
@@ -287,7 +221,7 @@ PinnedBuffer::PinnedBuffer(std::size_t bytes, const PinOptions& options)
   if (bytes == 0) return;
   std::optional<std::string> reason;
   if (options.enable) {
-    reason = pin_unavailable_reason();
+    reason = pin_unavailable_reason(options.locker);
     // Checked before first touch commits the pages, which would lower MemAvailable by `bytes`.
     // Current drivers do not charge VmLck for what they pin, so count our own pins too.
     if (!reason) {
@@ -298,9 +232,12 @@ PinnedBuffer::PinnedBuffer(std::size_t bytes, const PinOptions& options)
   }
   if (options.first_touch_chunk_bytes > 0) host_.first_touch(options.first_touch_chunk_bytes);
   if (!options.enable) return;
-  if (!reason) reason = register_pages(host_.data(), bytes, options.portable);
   if (!reason) {
-    pinned_ = true;
+    reason = options.locker.lock(host_.data(), bytes, options.portable);
+    if (reason) *reason += std::string(", ") + kNoPinHint;
+  }
+  if (!reason) {
+    unlock_ = options.locker.unlock;
     g_pinned_bytes.fetch_add(bytes, std::memory_order_relaxed);
     // A fork would make these pages copy-on-write in the parent, and the DMA engine would keep
     // using the pages the child got; keep them out of children (as RDMA stacks do).
@@ -322,28 +259,23 @@ PinnedBuffer::~PinnedBuffer() {
 
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
     : host_(std::move(other.host_)),
-      pinned_(std::exchange(other.pinned_, false)),
+      unlock_(std::exchange(other.unlock_, nullptr)),
       fallback_reason_(std::exchange(other.fallback_reason_, std::string{})) {}
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
     unpin();
     host_ = std::move(other.host_);
-    pinned_ = std::exchange(other.pinned_, false);
+    unlock_ = std::exchange(other.unlock_, nullptr);
     fallback_reason_ = std::exchange(other.fallback_reason_, std::string{});
   }
   return *this;
 }
 
 void PinnedBuffer::unpin() noexcept {
-  if (!pinned_) return;
-  pinned_ = false;
+  if (unlock_ == nullptr) return;
   g_pinned_bytes.fetch_sub(host_.size(), std::memory_order_relaxed);
-#if ZO_PINNED_CUDA
-  // Fails only when the runtime is already torn down (static destruction at exit), where the
-  // driver releases the pages with the context anyway.
-  if (cudaHostUnregister(host_.data()) != cudaSuccess) (void)cudaGetLastError();
-#endif
+  std::exchange(unlock_, nullptr)(host_.data());
 }
 
 }  // namespace zo::pinned

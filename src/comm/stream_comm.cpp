@@ -5,7 +5,6 @@
 
 #include "device/host_stream.h"
 #ifdef ZO_HAVE_CUDA
-#include "device/cuda_device.h"
 #include "gpu/nccl_comm.h"
 #endif
 
@@ -54,7 +53,8 @@ class HostStreamComm final : public StreamComm {
 };
 
 #ifdef ZO_HAVE_CUDA
-// The CUDA backend: NCCL on the CUDA stream.
+// The CUDA backend: NCCL on the stream's cudaStream_t, which the CUDA device's streams expose as
+// their native handle.
 class NcclStreamComm final : public StreamComm {
  public:
   NcclStreamComm(const gpu::NcclId& id, int rank, int size, int device, double timeout_s)
@@ -63,15 +63,21 @@ class NcclStreamComm final : public StreamComm {
   int size() const override { return nccl_.size(); }
   void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                       dev::Stream& s) override {
-    nccl_.reduce_scatter(in, out, count, dtype, dev::cuda_stream_handle(s));
+    nccl_.reduce_scatter(in, out, count, dtype, native(s));
   }
   void all_gather(const void* in, void* out, std::size_t count, DType dtype,
                   dev::Stream& s) override {
-    nccl_.all_gather(in, out, count, dtype, dev::cuda_stream_handle(s));
+    nccl_.all_gather(in, out, count, dtype, native(s));
   }
   void abort() noexcept override { nccl_.abort(); }
 
  private:
+  static void* native(dev::Stream& s) {
+    void* handle = s.native_handle();
+    if (handle == nullptr) throw std::logic_error("NCCL collective on a stream without a CUDA stream");
+    return handle;
+  }
+
   gpu::NcclComm nccl_;
 };
 #endif

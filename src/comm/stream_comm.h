@@ -1,11 +1,11 @@
-// Collectives on device memory, enqueued on a device stream like any other op (issue 6,
-// docs/scale_out.md): the offload engine reduce-scatters gradient buckets on its gradient stream
+// Collectives on device memory, enqueued on a device stream like any other op (docs/scale_out.md): the offload engine reduce-scatters gradient buckets on its gradient stream
 // and all-gathers parameter shards on its upload stream, so both overlap compute.
 //
 // On the host backend a collective is a task on the stream's worker thread that calls an MPI
 // communicator owned by this object (one per stream: the ranks then agree on the order of the
-// collectives within each). On CUDA it is NCCL on the CUDA stream (gpu/nccl_comm.h), its
-// communicator bootstrapped by broadcasting the unique id over MPI.
+// collectives within each). On CUDA it is NCCL (gpu/nccl_comm.h) on the stream's cudaStream_t,
+// which a CUDA device's streams expose as dev::Stream::native_handle(); its communicator is
+// bootstrapped by broadcasting the unique id over MPI.
 #pragma once
 
 #include <cstddef>

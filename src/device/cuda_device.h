@@ -1,5 +1,5 @@
-// The CUDA backend of zo::dev::Device (DESIGN.md §4): gpu/'s launchers on non-blocking CUDA
-// streams, timing CUDA events, and a caching allocator under a capacity. Only built with CUDA
+// The CUDA backend of zo::dev::Device: gpu/'s launchers on non-blocking CUDA streams, timing
+// CUDA events, and gpu/'s caching allocator under a capacity (docs/gpu.md). Only built with CUDA
 // (ZO_HAVE_CUDA); the options struct is always visible so that configuration code compiles
 // either way.
 #pragma once
@@ -12,13 +12,11 @@
 
 namespace zo::dev {
 
-inline constexpr std::size_t kDefaultMarginBytes = std::size_t{512} << 20;
-
 struct CudaDeviceOptions {
   int device = 0;                  // CUDA runtime ordinal (after CUDA_VISIBLE_DEVICES)
   DType act_dtype = DType::kBF16;  // kBF16 or kF16 to train; kF32 to compare with the host backend
-  // 0: the memory free at creation less a margin (kDefaultMarginBytes or 2% of the total, the
-  // larger) for NCCL and other allocations outside the pool; else min(this, free memory).
+  // 0: the memory free at creation less a margin (gpu::kDefaultMarginBytes or 2% of the total,
+  // the larger) for NCCL and other allocations outside the pool; else min(this, free memory).
   std::size_t capacity_bytes = 0;
 };
 
@@ -34,8 +32,6 @@ struct CudaDeviceOptions {
 // Streams are non-blocking CUDA streams; ops validate arguments eagerly (std::invalid_argument)
 // and kernel faults surface at the next synchronize as zo::gpu::CudaError.
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options);
-// The cudaStream_t behind a stream of a CUDA device (for NCCL); throws for other streams.
-void* cuda_stream_handle(Stream& s);
 #endif
 
 }  // namespace zo::dev

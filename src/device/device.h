@@ -1,6 +1,6 @@
-// The op-level device interface the GPT model is written against (DESIGN.md §4). Two backends
-// implement it: the host backend (fp32, Eigen, worker-thread streams; src/device/host_*) and the
-// CUDA backend (gpu/). Every op is enqueued on a stream and runs asynchronously with respect to
+// The op-level device interface the GPT model is written against (docs/training.md, "The device
+// interface"). Two backends implement it: the host backend (fp32, Eigen, worker-thread streams;
+// src/device/host_*) and the CUDA backend (gpu/, adapted by src/device/cuda_device.cpp). Every op is enqueued on a stream and runs asynchronously with respect to
 // the caller; ordering between streams is expressed with events, exactly as in CUDA.
 //
 // Conventions for every op:
@@ -61,6 +61,10 @@ class Stream {
  public:
   virtual ~Stream() = default;
   virtual void synchronize() = 0;  // blocks the caller until all enqueued work is done
+  // The backend's own stream object, for a library that enqueues work on it (NCCL collectives,
+  // src/comm/stream_comm.cpp): the cudaStream_t of a CUDA stream; nullptr on the host backend,
+  // whose streams are threads.
+  virtual void* native_handle() { return nullptr; }
 };
 
 // A marker recorded on a stream; other streams (or the host) can wait for it.

@@ -5,11 +5,8 @@
 
 #include "comm/comm.h"
 #include "cpu_adam/cpu_adam.h"
+#include "device/make_device.h"
 #include "pinned_memory/host_buffer.h"
-#ifdef ZO_HAVE_CUDA
-#include "gpu/device.h"
-#include "gpu/nccl_comm.h"
-#endif
 
 namespace zo::report {
 
@@ -24,9 +21,9 @@ nlohmann::json system_info() {
   j["host"] = {{"hardware_threads", std::thread::hardware_concurrency()},
                {"mem_available_bytes", pinned::host_available_bytes()},
                {"numa_nodes", pinned::numa_node_count()}};
-#ifdef ZO_HAVE_CUDA
+  const dev::CudaInfo cuda = dev::cuda_info();
   nlohmann::json gpus = nlohmann::json::array();
-  for (const auto& d : gpu::query_devices()) {
+  for (const dev::GpuInfo& d : cuda.gpus) {
     gpus.push_back(
         {{"index", d.index},
          {"name", d.name},
@@ -34,25 +31,14 @@ nlohmann::json system_info() {
          {"total_bytes", d.total_bytes},
          {"free_bytes", d.free_bytes},
          {"sm_count", d.sm_count},
-         {"usable", d.usable()},
+         {"usable", d.unusable_reason.empty()},
          {"unusable_reason", d.unusable_reason}});
   }
-  j["cuda"] = {{"built", true}, {"devices", gpus}, {"no_device_reason", gpu::no_device_reason()}};
-#else
-  j["cuda"] = {{"built", false},
-               {"devices", nlohmann::json::array()},
-               {"no_device_reason",
-                "this build has no CUDA backend (configured with ZO_CUDA=OFF or without nvcc); "
-                "use --device host"}};
-#endif
+  j["cuda"] = {
+      {"built", cuda.built}, {"devices", gpus}, {"no_device_reason", cuda.no_device_reason}};
   // Multi-process: whether MPI is built in and where this process sits (rank discovery errors
   // are reported here rather than thrown: `info` is for diagnosing exactly those).
-  nlohmann::json ranks = {{"mpi_built", comm::mpi_available()}};
-#ifdef ZO_HAVE_CUDA
-  ranks["nccl_built"] = gpu::nccl_available();
-#else
-  ranks["nccl_built"] = false;
-#endif
+  nlohmann::json ranks = {{"mpi_built", comm::mpi_available()}, {"nccl_built", cuda.nccl_built}};
   try {
     const comm::RankInfo r = comm::rank_info_from_env();
     ranks.update(

@@ -1,7 +1,9 @@
 // Checked CUDA runtime calls. Every failure becomes a zo::gpu::CudaError whose message names the
-// call, file:line, the current device and the runtime's error name and description.
+// call, file:line, the current device and the runtime's error name and description; a failing
+// cuBLASLt call (gpu/src/matmul.cpp) becomes a zo::gpu::CublasError the same way.
 #pragma once
 
+#include <cublas_api.h>
 #include <cuda_runtime_api.h>
 
 #include <stdexcept>
@@ -18,6 +20,17 @@ class CudaError : public std::runtime_error {
 
  private:
   cudaError_t code_;
+};
+
+class CublasError : public std::runtime_error {
+ public:
+  CublasError(cublasStatus_t status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+
+  cublasStatus_t status() const noexcept { return status_; }
+
+ private:
+  cublasStatus_t status_;
 };
 
 // "cudaErrorInvalidValue (invalid argument)".

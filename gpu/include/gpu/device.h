@@ -1,5 +1,7 @@
-// Which CUDA devices exist and whether this build can run on them. Querying never throws for a
-// machine without a GPU or driver: the trainer then falls back to the host backend.
+// Which CUDA devices exist and whether this build can run on them: the one place that asks the
+// runtime (the trainer's device choice, `offload_train info`, error messages and page-locking all
+// come here). Querying never throws for a machine without a GPU or driver: the trainer then falls
+// back to the host backend.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,18 @@ struct DeviceInfo {
 
   bool usable() const noexcept { return unusable_reason.empty(); }
 };
+
+// How many devices the runtime sees (0 without a GPU or driver) and, when it could not count
+// them, why ("cudaErrorNoDevice: no CUDA-capable device is detected"). Never throws.
+struct DeviceCount {
+  int count = 0;
+  std::string error;  // empty when the runtime answered
+};
+DeviceCount count_devices() noexcept;
+
+// Device `index` from its properties alone (no context is opened, free_bytes stays 0); marked
+// unusable when the properties cannot be read or the device is too old. Never throws.
+DeviceInfo describe_device(int index);
 
 // Every visible device, usable or not; empty when there is no GPU, no driver or a driver too old
 // for this runtime. Opens a context on each device to read its free memory. Never throws.

@@ -1,7 +1,7 @@
-// NCCL collectives for data parallelism on the CUDA backend (issue 6, docs/scale_out.md): the
-// offload engine reduce-scatters gradient buckets and all-gathers parameter shards on its CUDA
-// streams. The caller bootstraps: rank 0 makes a unique id, broadcasts it (over MPI), and every
-// rank constructs an NcclComm from it.
+// NCCL collectives for data parallelism on the CUDA backend (docs/scale_out.md): the offload
+// engine reduce-scatters gradient buckets and all-gathers parameter shards on its CUDA streams.
+// The caller bootstraps: rank 0 makes a unique id, broadcasts it (over MPI), and every rank
+// constructs an NcclComm from it.
 #pragma once
 
 #include <array>
@@ -32,7 +32,8 @@ class NcclComm {
   int size() const { return size_; }
   // Collectives return once NCCL has enqueued them on `stream` (polled within the timeout; on
   // timeout or error the communicator is aborted and a runtime_error thrown).
-  // in (size * count) -> out (count), summed over ranks; on `stream` (a cudaStream_t).
+  // in (size * count) -> out (count), summed over ranks; on `stream` (a cudaStream_t, passed
+  // opaquely so that callers need no CUDA header).
   void reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, void* stream);
   // in (count) -> out (size * count), rank order; on `stream`.
   void all_gather(const void* in, void* out, std::size_t count, DType dtype, void* stream);

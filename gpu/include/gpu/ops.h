@@ -1,5 +1,6 @@
 // Host launchers of the GPT ops, includable from plain C++ (src/device/cuda_device.cpp adapts
-// them to the zo::dev::Device interface). Each launcher checks its arguments (throwing
+// them to the zo::dev::Device interface, one line per op). Each op's kernels and launcher live in
+// one gpu/src/<op>.cu; docs/gpu.md ("Adding an op") lists the places a new op touches. Each launcher checks its arguments (throwing
 // std::invalid_argument), enqueues its kernel(s) on `stream` and checks the launch
 // (ZO_CUDA_CHECK_LAUNCH); none synchronizes. Semantics, shapes and accumulation rules are exactly
 // those of the same-named op in src/device/device.h, which the host backend implements in fp32
@@ -36,8 +37,7 @@ void launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const voi
                                const void* inp, const void* weight, const float* mean,
                                const float* rstd, int N, int C, DType t, cudaStream_t s);
 
-// ---- elementwise (elementwise.cu)
-// ----------------------------------------------------------------
+// ---- elementwise (elementwise.cu) -------------------------------------------------------------
 void launch_gelu_forward(void* out, const void* inp, std::size_t n, DType t, cudaStream_t s);
 void launch_gelu_backward(void* dinp, const void* inp, const void* dout, std::size_t n, DType t,
                           cudaStream_t s);  // dinp +=
@@ -45,13 +45,17 @@ void launch_residual_forward(void* out, const void* a, const void* b, std::size_
                              cudaStream_t s);
 void launch_accumulate(void* dst, const void* src, std::size_t n, DType t, cudaStream_t s);
 
-// ---- matmul through cuBLASLt (matmul.cpp)
-// --------------------------------------------------------- out (N,OC) written = inp (N,C) @ weight
-// (OC,C)^T + bias (OC, may be null); fp32 accumulation. `workspace` is a per-stream cuBLASLt
-// workspace (see MatmulContext).
-struct MatmulContext;  // cuBLASLt handle + workspace, one per device; create_matmul_context()
+// ---- matmul through cuBLASLt (matmul.cpp, bias kernels in matmul_bias.cu) --------------------
+// out (N,OC) written = inp (N,C) @ weight (OC,C)^T + bias (OC, may be null); fp32 accumulation.
+// The context holds the cuBLASLt handle, a 32 MiB workspace shared by the streams that use it
+// (launches are serialised on it) and the cache of plans; one per device, made with that device
+// current.
+struct MatmulContext;
 MatmulContext* create_matmul_context();
 void destroy_matmul_context(MatmulContext* ctx) noexcept;
+// Number of cached plans (descriptors + heuristic choice), one per distinct (shapes, dtype, op,
+// operand alignments); for tests, to see that steady-state calls hit the cache.
+std::size_t matmul_plan_count(const MatmulContext* ctx);
 void launch_matmul_forward(MatmulContext* ctx, void* out, const void* inp, const void* weight,
                            const void* bias, int N, int C, int OC, DType t, cudaStream_t s);
 // dinp (N,C) +=; dweight (OC,C) +=; dbias (OC) += (skipped when null).
@@ -64,7 +68,9 @@ void launch_matmul_backward(MatmulContext* ctx, void* dinp, void* dweight, void*
 // the row sums of exp(score) with score = q.k / sqrt(hs)).
 void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
                               DType t, cudaStream_t s);
-// dqkv (B,T,3C) +=. `scratch` holds B*NH*T floats (D = rowsum(dout * out)).
+// dqkv (B,T,3C) +=. `scratch` holds attention_backward_scratch_floats(B, T, C, NH) = B*NH*T floats
+// (D = rowsum(dout * out)); the caller keeps it alive until the launch has run.
+std::size_t attention_backward_scratch_floats(int B, int T, int C, int NH);  // checks the shape
 void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                const float* lse, float* scratch, int B, int T, int C, int NH,
                                DType t, cudaStream_t s);
@@ -87,5 +93,15 @@ void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
                   cudaStream_t s);
+
+// ---- element-type conversion (cast.cu) ---------------------------------------------------------
+// dst[i] = src[i] converted from src_t to dst_t for i < n. Narrowing rounds to nearest, ties to
+// even, keeps subnormals and overflows to infinity, bit for bit as zo::float_to_half /
+// zo::float_to_bf16 (NaNs stay NaN; their payload may differ). fp16 <-> bf16 goes through fp32,
+// so it rounds once. Equal types are a device-to-device copy. Both arrays must be
+// device-accessible and must not overlap (unless src == dst, same type). Throws
+// std::invalid_argument for null pointers with n > 0, overlap or an invalid DType.
+void launch_cast(const void* src, DType src_t, void* dst, DType dst_t, std::size_t n,
+                 cudaStream_t s);
 
 }  // namespace zo::gpu

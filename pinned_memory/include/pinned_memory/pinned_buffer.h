@@ -1,8 +1,10 @@
 // Page-locked host buffers for host<->device copies. A PinnedBuffer is a HostBuffer (NUMA-placed,
-// optionally first-touched) that is then page-locked with cudaHostRegister. Where pinning is
-// impossible (no CUDA in the build, no GPU, RLIMIT_MEMLOCK, low MemAvailable, a driver refusal)
-// or disabled (--no-pin), it stays ordinary pageable memory: copies still work, only slower and
-// synchronous. Host-backend builds use the same classes with PinOptions::enable = false.
+// optionally first-touched) that is then page-locked by the PageLocker its options carry: the GPU
+// runtime's page-locking (cudaHostRegister from gpu/, plugged in by the trainer), so this library
+// has no CUDA code. Where pinning is impossible (no locker, no GPU, RLIMIT_MEMLOCK, low
+// MemAvailable, a driver refusal) or disabled (--no-pin), it stays ordinary pageable memory:
+// copies still work, only slower and synchronous. The host backend uses the same classes with
+// PinOptions::enable = false.
 #pragma once
 
 #include <cstddef>
@@ -48,23 +50,34 @@ std::optional<std::string> pin_precheck(std::size_t bytes, std::size_t memlock_l
 // without that capability (Docker's default) is limited like anyone else.
 std::size_t memlock_limit_bytes();
 
-// Why this process cannot pin at all (built without CUDA, no usable CUDA device), or nullopt
-// when it can. Decided once per process; the first call initialises the CUDA driver.
-std::optional<std::string> pin_unavailable_reason();
+// How memory is page-locked for DMA, supplied by the GPU runtime (the CUDA one is gpu/'s
+// page_lock_unavailable_reason, page_lock and page_unlock, gpu/runtime.h). Plain functions: a
+// locker has no state and outlives every buffer. Empty (lock == nullptr) means nothing in this
+// process page-locks memory.
+struct PageLocker {
+  // Why this process cannot page-lock at all (no usable GPU), or nullopt; may be null (never).
+  std::optional<std::string> (*unavailable_reason)() = nullptr;
+  // Page-locks [data, data + bytes) (`portable`: for every GPU context of the process); nullopt
+  // on success, else why, as a sentence naming the numbers and what to check.
+  std::optional<std::string> (*lock)(void* data, std::size_t bytes, bool portable) = nullptr;
+  // Undoes lock(data, ...); never throws.
+  void (*unlock)(void* data) noexcept = nullptr;
+};
+
+// Why a PinnedBuffer with this locker cannot pin at all (no locker, no usable GPU), ending in
+// how to silence it (--no-pin), or nullopt when it can.
+std::optional<std::string> pin_unavailable_reason(const PageLocker& locker);
 
 // Bytes currently page-locked by PinnedBuffers in this process.
 std::size_t pinned_bytes_in_use() noexcept;
 
 // ---- NUMA placement near the GPU ----------------------------------------------------------------
 
-// The NUMA node of the PCI device with this bus id, read from
-// <sysfs_root>/bus/pci/devices/<id>/numa_node. Accepts sysfs's form ("0000:3b:00.0"), CUDA's
+// The NUMA node of the PCI device with this bus id (gpu::DeviceInfo::pci_bus_id for a GPU), read
+// from <sysfs_root>/bus/pci/devices/<id>/numa_node. Accepts sysfs's form ("0000:3b:00.0"), CUDA's
 // (cudaDeviceGetPCIBusId: "0000:3B:00.0") and nvidia-smi's ("00000000:3B:00.0"). Returns -1 when
 // unknown: a malformed id, no such device, or firmware that reports no node.
 int numa_node_of_gpu(std::string_view pci_bus_id, std::string_view sysfs_root = "/sys");
-
-// The same for a CUDA device ordinal (via cudaDeviceGetPCIBusId); -1 without CUDA or device.
-int numa_node_of_gpu(int device);
 
 // Placement that binds pages to `node`, or first touch when node < 0 (unknown).
 inline Placement placement_on_node(int node) {
@@ -76,23 +89,25 @@ inline Placement placement_on_node(int node) {
 struct PinOptions {
   // false (--no-pin, or the host backend): plain pageable memory and no warning.
   bool enable = true;
+  // What page-locks the memory; empty: nothing can, so enable gives a fallback warning.
+  PageLocker locker{};
   // Where the pages go, e.g. placement_on_node(numa_node_of_gpu(pci_bus_id)). Pinning faults
   // every page in from the allocating thread, so under kFirstTouch they land on its node.
   Placement placement{};
   // > 0: HostBuffer::first_touch(first_touch_chunk_bytes) before pinning.
   std::size_t first_touch_chunk_bytes = 0;
-  // cudaHostRegisterPortable: pinned for every CUDA context in the process, not only the
-  // current device's (one process driving several GPUs).
+  // Pinned for every GPU context in the process, not only the current device's (one process
+  // driving several GPUs; cudaHostRegisterPortable).
   bool portable = false;
   // Refuse pinning beyond RLIMIT_MEMLOCK. Conservative: current NVIDIA drivers pin without
-  // charging the limit, so false tries cudaHostRegister regardless.
+  // charging the limit, so false tries the locker regardless.
   bool check_memlock = true;
   // Emit the fallback warning; PinnedPool turns this off and warns once for the whole pool.
   bool warn = true;
 };
 
 // RAII, move-only owner of `size()` bytes of host memory, page-locked for DMA when is_pinned().
-// Pinning registers with the calling thread's current CUDA device (cudaSetDevice first).
+// The CUDA locker registers with the calling thread's current device (cudaSetDevice first).
 class PinnedBuffer {
  public:
   PinnedBuffer() noexcept = default;
@@ -100,7 +115,7 @@ class PinnedBuffer {
   // memory itself cannot be had); failure to pin is never an error, only a fallback: then one
   // warning "<reason>; using pageable memory ..." goes through the sink (if options.warn).
   explicit PinnedBuffer(std::size_t bytes, const PinOptions& options = {});
-  ~PinnedBuffer();  // unregisters, then unmaps; never throws
+  ~PinnedBuffer();  // unlocks, then unmaps; never throws
 
   PinnedBuffer(PinnedBuffer&& other) noexcept;
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
@@ -111,7 +126,7 @@ class PinnedBuffer {
   const void* data() const noexcept { return host_.data(); }
   std::size_t size() const noexcept { return host_.size(); }
   bool empty() const noexcept { return host_.empty(); }
-  bool is_pinned() const noexcept { return pinned_; }
+  bool is_pinned() const noexcept { return unlock_ != nullptr; }
   // Why is_pinned() is false; empty when pinned, when empty(), or when disabled by the options.
   const std::string& fallback_reason() const noexcept { return fallback_reason_; }
   Placement placement() const noexcept { return host_.placement(); }
@@ -130,7 +145,7 @@ class PinnedBuffer {
   void unpin() noexcept;
 
   HostBuffer host_;
-  bool pinned_ = false;
+  void (*unlock_)(void*) noexcept = nullptr;  // non-null while pinned
   std::string fallback_reason_;
 };
 

@@ -1,7 +1,7 @@
 // The bias parts of the matmul op that cuBLASLt's epilogues do not cover: filling the output with
 // the broadcast bias (when the BIAS epilogue has no algorithm for the operands' alignment) and the
 // accumulating bias gradient (the BGRADB epilogue overwrites; the Device interface needs +=).
-// Host launchers only, includable from plain C++ (gpu/src/matmul.cpp calls them).
+// Private to gpu/src: host launchers only, includable from plain C++ (matmul.cpp calls them).
 #pragma once
 
 #include <cuda_runtime_api.h>

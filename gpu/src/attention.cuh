@@ -1,4 +1,5 @@
-// Causal multi-head self-attention kernels (launchers in gpu/src/attention.cu, declared in
+// Causal multi-head self-attention, private to gpu/src: what the forward (attention_forward.cu)
+// and backward (attention_backward.cu) kernels and launchers share (launchers declared in
 // gpu/ops.h). FlashAttention-2 style (Dao, arXiv 2307.08691): the (B,NH,T,T) score matrix is never
 // stored; keys are visited in tiles with an online softmax, and only the per-row log-sum-exp is
 // kept for the backward pass, which recomputes the probabilities from it.
@@ -55,9 +56,16 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <utility>
 
-#include "gpu/cast.cuh"
+#include "cast.cuh"
+#include "gpu/check.h"
+#include "launch_util.h"
 
 // The kernels' dynamic shared memory (the SIMT emulator in tests/simt defines it its own way).
 #ifndef ZO_DYNAMIC_SHARED
@@ -284,264 +292,94 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionShape& sh, bo
   return {bh / sh.NH, bh % sh.NH, bh, reverse ? sh.n_tiles - 1 - rank : rank};
 }
 
+// ---- host side: shape checks and launch helpers ----------------------------------------------
+
+constexpr int kMaxHeadSize = 128;
+constexpr int kDefaultSmem = 48 * 1024;
+
+// Tile rows per block for a head size: 64 up to hs = 64, 32 above (bounds shared memory).
+inline int tile_for(int hs) {
+  return hs <= 64 ? 64 : 32;
+}
+
+// Checks the shape, the pointers and the dtype; returns the shape with its tiling constants.
+// `ptrs` are the storage-type tensors, whose alignment decides the vector path.
+inline AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
+                          std::initializer_list<detail::Named> ptrs) {
+  const std::pair<int, const char*> dims[] = {{B, "B"}, {T, "T"}, {C, "C"}, {NH, "NH"}};
+  for (const auto& [v, name] : dims) {
+    if (v <= 0) detail::bad_arg(op, std::string(name) + " = " + std::to_string(v) + " must be > 0");
+  }
+  if (C % NH != 0) {
+    detail::bad_arg(op, "C = " + std::to_string(C) + " is not a multiple of NH = " + std::to_string(NH) +
+                    "; the head size must be a whole number");
+  }
+  const int hs = C / NH;
+  if (hs > kMaxHeadSize) {
+    detail::bad_arg(op, "head size C / NH = " + std::to_string(hs) +
+                    " is not supported; supported head sizes are 1.." +
+                    std::to_string(kMaxHeadSize) + " (GPT-2 uses 64)");
+  }
+  detail::check_not_null(op, ptrs);
+  detail::check_dtype(op, t);
+  const int tile = tile_for(hs);
+  const std::int64_t n_tiles = (std::int64_t{T} + tile - 1) / tile;
+  if (std::int64_t{B} * NH * n_tiles > std::numeric_limits<int>::max() ||
+      std::int64_t{B} * NH * T > std::int64_t{std::numeric_limits<int>::max()} * 8) {
+    detail::bad_arg(op, "B * NH * T = " + std::to_string(std::int64_t{B} * NH * T) +
+                    " is too large for one launch");
+  }
+
+  AttentionShape sh{};
+  sh.B = B;
+  sh.T = T;
+  sh.C = C;
+  sh.NH = NH;
+  sh.hs = hs;
+  sh.n4 = (hs + 3) / 4;
+  sh.ld = 4 * (sh.n4 | 1);
+  sh.n_tiles = static_cast<int>(n_tiles);
+  sh.scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  sh.scale_log2 = sh.scale * 1.4426950408889634f;
+  const std::size_t vec_bytes = 4 * dtype_size(t);
+  sh.vec = hs % 4 == 0;
+  for (const detail::Named& p : ptrs)
+    sh.vec = sh.vec && detail::aligned(p.p, vec_bytes);
+  return sh;
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory when that exceeds the 48 KiB default.
+template <typename Kernel>
+void set_smem(const char* op, Kernel* kernel, std::size_t bytes) {
+  if (bytes <= kDefaultSmem) return;
+  const int device = detail::current_device();
+  const int optin = detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (bytes > static_cast<std::size_t>(optin)) {
+    detail::bad_arg(op, "needs " + std::to_string(bytes) + " bytes of shared memory per block; device " +
+                    std::to_string(device) + " allows " + std::to_string(optin));
+  }
+  ZO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(bytes)));
+}
+
+// Shared-memory bytes: `tiles` (kTile, ld) head tiles, `ptiles` (kTile, kTile + 4) score tiles and
+// `rows` per-row vectors of kTile floats.
+inline std::size_t smem_bytes(const AttentionShape& sh, int tile, int tiles, int ptiles, int rows) {
+  return sizeof(float) * static_cast<std::size_t>(tile) *
+         (static_cast<std::size_t>(tiles) * sh.ld + static_cast<std::size_t>(ptiles) * (tile + 4) +
+          rows);
+}
+
+// Launches `kernel` on one block of kTile * 4 threads per (b, h, tile), with `smem` bytes of
+// dynamic shared memory (opted into when above the default).
+template <int kTile, typename Kernel, typename... Args>
+void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, const AttentionShape& sh,
+                  cudaStream_t s, Args... args) {
+  set_smem(op, kernel, smem);
+  const std::size_t blocks = static_cast<std::size_t>(sh.B) * sh.NH * sh.n_tiles;
+  ZO_LAUNCH(static_cast<unsigned>(blocks), kTile * 4, smem, s, kernel)(args..., sh);
+  ZO_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace attention_detail
-
-// ---- forward ----------------------------------------------------------------------------------
-// One block per (b, h, query tile); loops over key tiles 0..tile with an online softmax.
-template <typename T, int kTile, int kChunks>
-__global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forward(kTile))
-    attention_forward_kernel(T* __restrict__ out, float* __restrict__ lse,
-                             const T* __restrict__ qkv, const AttentionShape sh) {
-  using namespace attention_detail;
-  constexpr int kCols = kTile / 16;  // score columns (keys) per thread
-  constexpr int kLdp = kTile + 4;
-  ZO_DYNAMIC_SHARED(float4, attention_smem);
-  float* sQ = reinterpret_cast<float*>(attention_smem);  // (kTile, ld) queries
-  float* sK = sQ + kTile * sh.ld;                        // (kTile, ld) keys
-  float* sV = sK + kTile * sh.ld;                        // (kTile, ld) values
-  float* sPt = sV + kTile * sh.ld;                       // (kTile keys, kLdp) P^T
-
-  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  const BlockCoords bc = block_coords(sh, /*reverse=*/true);
-  const int qt = bc.tile, q0 = qt * kTile;
-  const std::int64_t c3 = 3LL * sh.C;
-  const T* head = qkv + static_cast<std::int64_t>(bc.b) * sh.T * c3 + bc.h * sh.hs;  // q, token 0
-
-  load_tile<T, kTile>(sQ, head + q0 * c3, c3, min(kTile, sh.T - q0), sh);
-
-  float m[4], l[4];  // running max (log2 units) and this thread's partial row sums
-  float4 o[4][kChunks];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-  }
-  zero_acc(o);
-
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile's readers of sK, sV, sPt are done
-    load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
-    __syncthreads();
-
-    float s[4][kCols] = {};
-    dot_tile<kCols>(s, sQ + 4 * ty * sh.ld, sK + tx * sh.ld, sh.ld, sh.n4);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < kCols; ++k) {
-        s[i][k] *= sh.scale_log2;
-        if (kt == qt && tx + 16 * k > 4 * ty + i) s[i][k] = -INFINITY;  // key after query
-        mx = fmaxf(mx, s[i][k]);
-      }
-      const float m_new = fmaxf(m[i], half_warp_max(mx));
-      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // no row is ever fully masked
-      const float alpha = exp2f(m[i] - m_ref);
-      m[i] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kCols; ++k) {
-        s[i][k] = exp2f(s[i][k] - m_ref);
-        sum += s[i][k];
-      }
-      l[i] = l[i] * alpha + sum;
-#pragma unroll
-      for (int cc = 0; cc < kChunks; ++cc)
-        o[i][cc] = mul4(o[i][cc], alpha);
-    }
-#pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      *reinterpret_cast<float4*>(sPt + (tx + 16 * k) * kLdp + 4 * ty) =
-          make_float4(s[0][k], s[1][k], s[2][k], s[3][k]);
-    }
-    __syncthreads();
-    acc_tile<kTile, kChunks>(o, sPt + 4 * ty, kLdp, sV, sh.ld, tx, sh.n4);
-  }
-
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float row_sum = half_warp_sum(l[i]);
-    const int q = q0 + 4 * ty + i;
-    if (q >= sh.T) continue;
-    if (tx == 0) lse[static_cast<std::int64_t>(bc.bh) * sh.T + q] = (m[i] + log2f(row_sum)) * kLn2;
-    const float inv = 1.0f / row_sum;
-    store_row<T, false>(out + (static_cast<std::int64_t>(bc.b) * sh.T + q) * sh.C + bc.h * sh.hs,
-                        o[i], inv, tx, sh);
-  }
-}
-
-// ---- backward ---------------------------------------------------------------------------------
-// D (B,NH,T) = rowsum(dout * out) per head: one warp per (b, h, t).
-template <typename T>
-__global__ void attention_backward_d_kernel(float* __restrict__ D, const T* __restrict__ dout,
-                                            const T* __restrict__ out, const AttentionShape sh) {
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t rows = static_cast<std::int64_t>(sh.B) * sh.NH * sh.T;
-  if (row >= rows) return;  // whole warps exit together
-  const std::int64_t bh = row / sh.T;
-  const int t = static_cast<int>(row - bh * sh.T);
-  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
-  const std::int64_t off = (static_cast<std::int64_t>(b) * sh.T + t) * sh.C + h * sh.hs;
-  float sum = 0.0f;
-  for (int d = lane; d < sh.hs; d += 32)
-    sum = fmaf(to_float(dout[off + d]), to_float(out[off + d]), sum);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) D[row] = sum;
-}
-
-// dk, dv: one block per (b, h, key tile); loops over query tiles tile..n_tiles-1. The thread
-// owns keys 4ty..4ty+3 of the tile and queries tx, tx+16, ... of each query tile.
-template <typename T, int kTile, int kChunks>
-__global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backward(kTile))
-    attention_backward_dkv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
-                                  const T* __restrict__ qkv, const float* __restrict__ lse,
-                                  const float* __restrict__ D, const AttentionShape sh) {
-  using namespace attention_detail;
-  constexpr int kCols = kTile / 16;
-  constexpr int kLdp = kTile + 4;
-  ZO_DYNAMIC_SHARED(float4, attention_smem);
-  float* sK = reinterpret_cast<float*>(attention_smem);  // (kTile, ld)
-  float* sV = sK + kTile * sh.ld;                        // (kTile, ld)
-  float* sQ = sV + kTile * sh.ld;                        // (kTile, ld)
-  float* sdO = sQ + kTile * sh.ld;                       // (kTile, ld)
-  float* sP = sdO + kTile * sh.ld;                       // (kTile queries, kLdp keys)
-  float* sdS = sP + kTile * kLdp;                        // (kTile queries, kLdp keys)
-  float* sL = sdS + kTile * kLdp;                        // (kTile) lse * log2(e)
-  float* sD = sL + kTile;                                // (kTile)
-
-  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  const BlockCoords bc = block_coords(sh, /*reverse=*/false);
-  const int kt = bc.tile, k0 = kt * kTile;
-  const std::int64_t c3 = 3LL * sh.C;
-  const std::int64_t tok0 = static_cast<std::int64_t>(bc.b) * sh.T;  // token index of t = 0
-  const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
-  const T* dout_head = dout + tok0 * sh.C + bc.h * sh.hs;
-  const float* lse_bh = lse + static_cast<std::int64_t>(bc.bh) * sh.T;
-  const float* D_bh = D + static_cast<std::int64_t>(bc.bh) * sh.T;
-
-  load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
-
-  float4 dk[4][kChunks], dv[4][kChunks];
-  zero_acc(dk);
-  zero_acc(dv);
-
-  for (int qt = kt; qt < sh.n_tiles; ++qt) {
-    const int q0 = qt * kTile, rows = min(kTile, sh.T - q0);
-    __syncthreads();  // the previous tile's readers of sQ, sdO, sP, sdS, sL, sD are done
-    load_query_tiles<T, kTile>(sQ, sdO, sL, sD, head + q0 * c3,
-                               dout_head + static_cast<std::int64_t>(q0) * sh.C, lse_bh + q0,
-                               D_bh + q0, c3, rows, sh);
-    __syncthreads();
-
-    float s[4][kCols] = {}, dp[4][kCols] = {};  // [key i][query k]
-    dot_tile<kCols>(s, sK + 4 * ty * sh.ld, sQ + tx * sh.ld, sh.ld, sh.n4);
-    dot_tile<kCols>(dp, sV + 4 * ty * sh.ld, sdO + tx * sh.ld, sh.ld, sh.n4);
-#pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      const int qr = tx + 16 * k;  // query row in the tile
-      const float row_lse = sL[qr], row_d = sD[qr];
-      float p[4], ds[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // Masked: key after query (diagonal tile) or query row past T (last tile).
-        const bool live = qr < rows && (qt != kt || 4 * ty + i <= qr);
-        p[i] = live ? exp2f(s[i][k] * sh.scale_log2 - row_lse) : 0.0f;
-        ds[i] = p[i] * (dp[i][k] - row_d);
-      }
-      *reinterpret_cast<float4*>(sP + qr * kLdp + 4 * ty) = make_float4(p[0], p[1], p[2], p[3]);
-      *reinterpret_cast<float4*>(sdS + qr * kLdp + 4 * ty) =
-          make_float4(ds[0], ds[1], ds[2], ds[3]);
-    }
-    __syncthreads();
-    acc_tile<kTile, kChunks>(dv, sP + 4 * ty, kLdp, sdO, sh.ld, tx, sh.n4);
-    acc_tile<kTile, kChunks>(dk, sdS + 4 * ty, kLdp, sQ, sh.ld, tx, sh.n4);
-  }
-
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int key = k0 + 4 * ty + i;
-    if (key >= sh.T) continue;
-    T* dst = dqkv + (tok0 + key) * c3 + bc.h * sh.hs;
-    store_row<T, true>(dst + sh.C, dk[i], sh.scale, tx, sh);
-    store_row<T, true>(dst + 2 * sh.C, dv[i], 1.0f, tx, sh);
-  }
-}
-
-// dq: one block per (b, h, query tile); loops over key tiles 0..tile. Same thread layout as the
-// forward kernel, with dS^T in place of P^T and K in place of V.
-template <typename T, int kTile, int kChunks>
-__global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backward(kTile))
-    attention_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
-                                 const T* __restrict__ qkv, const float* __restrict__ lse,
-                                 const float* __restrict__ D, const AttentionShape sh) {
-  using namespace attention_detail;
-  constexpr int kCols = kTile / 16;
-  constexpr int kLdp = kTile + 4;
-  ZO_DYNAMIC_SHARED(float4, attention_smem);
-  float* sQ = reinterpret_cast<float*>(attention_smem);  // (kTile, ld)
-  float* sdO = sQ + kTile * sh.ld;                       // (kTile, ld)
-  float* sK = sdO + kTile * sh.ld;                       // (kTile, ld)
-  float* sV = sK + kTile * sh.ld;                        // (kTile, ld)
-  float* sdSt = sV + kTile * sh.ld;                      // (kTile keys, kLdp queries) dS^T
-  float* sL = sdSt + kTile * kLdp;                       // (kTile) lse * log2(e)
-  float* sD = sL + kTile;                                // (kTile)
-
-  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  const BlockCoords bc = block_coords(sh, /*reverse=*/true);
-  const int qt = bc.tile, q0 = qt * kTile, rows = min(kTile, sh.T - q0);
-  const std::int64_t c3 = 3LL * sh.C;
-  const std::int64_t tok0 = static_cast<std::int64_t>(bc.b) * sh.T;
-  const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
-
-  load_query_tiles<T, kTile>(sQ, sdO, sL, sD, head + q0 * c3,
-                             dout + (tok0 + q0) * sh.C + bc.h * sh.hs,
-                             lse + static_cast<std::int64_t>(bc.bh) * sh.T + q0,
-                             D + static_cast<std::int64_t>(bc.bh) * sh.T + q0, c3, rows, sh);
-
-  float4 dq[4][kChunks];
-  zero_acc(dq);
-
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile's readers of sK, sV, sdSt are done
-    load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
-    __syncthreads();
-
-    float s[4][kCols] = {}, dp[4][kCols] = {};  // [query i][key k]
-    dot_tile<kCols>(s, sQ + 4 * ty * sh.ld, sK + tx * sh.ld, sh.ld, sh.n4);
-    dot_tile<kCols>(dp, sdO + 4 * ty * sh.ld, sV + tx * sh.ld, sh.ld, sh.n4);
-    const float4 row_lse = *reinterpret_cast<const float4*>(sL + 4 * ty);
-    const float4 row_d = *reinterpret_cast<const float4*>(sD + 4 * ty);
-    const float lse4[4] = {row_lse.x, row_lse.y, row_lse.z, row_lse.w};
-    const float d4[4] = {row_d.x, row_d.y, row_d.z, row_d.w};
-#pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      float ds[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // Rows past T are never stored, so only the causal mask matters here.
-        const bool live = kt != qt || tx + 16 * k <= 4 * ty + i;
-        const float p = live ? exp2f(s[i][k] * sh.scale_log2 - lse4[i]) : 0.0f;
-        ds[i] = p * (dp[i][k] - d4[i]);
-      }
-      *reinterpret_cast<float4*>(sdSt + (tx + 16 * k) * kLdp + 4 * ty) =
-          make_float4(ds[0], ds[1], ds[2], ds[3]);
-    }
-    __syncthreads();
-    acc_tile<kTile, kChunks>(dq, sdSt + 4 * ty, kLdp, sK, sh.ld, tx, sh.n4);
-  }
-
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int q = q0 + 4 * ty + i;
-    if (q >= sh.T) continue;
-    store_row<T, true>(dqkv + (tok0 + q) * c3 + bc.h * sh.hs, dq[i], sh.scale, tx, sh);
-  }
-}
-
 }  // namespace zo::gpu
