@@ -27,9 +27,8 @@ inline int usable_device() {
 // The caching allocator the CUDA backend uses, on usable_device(), without a capacity limit.
 // Never destroyed: blocks may still be cached when the CUDA runtime shuts down at exit.
 inline const std::shared_ptr<zo::gpu::MemoryPool>& test_pool() {
-  static const auto* pool =
-      new std::shared_ptr<zo::gpu::MemoryPool>(std::make_shared<zo::gpu::MemoryPool>(
-          usable_device(), ~std::size_t{0}));
+  static const auto* pool = new std::shared_ptr<zo::gpu::MemoryPool>(
+      std::make_shared<zo::gpu::MemoryPool>(usable_device(), ~std::size_t{0}));
   return *pool;
 }
 
@@ -52,14 +51,14 @@ class GpuBuffer {
   std::size_t size() const { return bytes_; }
 
   void copy_from_host(const void* src, std::size_t bytes, std::size_t offset = 0) {
-    ZO_CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes,
-                             cudaMemcpyHostToDevice));
+    ZO_CUDA_CHECK(
+        cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
     ZO_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void copy_to_host(void* dst, std::size_t bytes, std::size_t offset = 0) const {
     ZO_CUDA_CHECK(cudaDeviceSynchronize());
-    ZO_CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(data_) + offset, bytes,
-                             cudaMemcpyDeviceToHost));
+    ZO_CUDA_CHECK(
+        cudaMemcpy(dst, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
   }
 
  private:

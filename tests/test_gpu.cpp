@@ -593,8 +593,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 // What the trainer passes (src/device/make_device.cpp, staging_pin_options).
 PinOptions cuda_pin(bool warn = true) {
   PinOptions o;
-  o.locker = {&zo::gpu::page_lock_unavailable_reason, &zo::gpu::page_lock,
-              &zo::gpu::page_unlock};
+  o.locker = {&zo::gpu::page_lock_unavailable_reason, &zo::gpu::page_lock, &zo::gpu::page_unlock};
   o.warn = warn;
   return o;
 }
@@ -625,8 +624,9 @@ TEST(CudaPageLocking, FallsBackWithTheProbesReasonWithoutGpu) {
   if (!reason) GTEST_SKIP() << "pinning works here: covered by CudaPageLocking.PinsWithGpu";
   EXPECT_TRUE(contains(*reason, "CUDA device")) << *reason;
   EXPECT_TRUE(contains(*reason, "--no-pin")) << *reason;
-  EXPECT_EQ(reason, zo::gpu::page_lock_unavailable_reason().value() + ", or pass --no-pin "
-                    "(PinOptions::enable = false) to use pageable memory without this warning");
+  EXPECT_EQ(reason, zo::gpu::page_lock_unavailable_reason().value() +
+                        ", or pass --no-pin "
+                        "(PinOptions::enable = false) to use pageable memory without this warning");
   {
     WarningCapture warnings;
     PinnedBuffer buffer(3 * kMiB, cuda_pin());

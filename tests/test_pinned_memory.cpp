@@ -512,7 +512,8 @@ TEST(PinnedBuffer, PinsThroughItsLockerAndUnlocksOnce) {
   WarningCapture refusals;
   PinnedBuffer refused(kMiB, PinOptions{.locker = fake.locker()});
   EXPECT_FALSE(refused.is_pinned());
-  EXPECT_TRUE(contains(refused.fallback_reason(), "the driver refused")) << refused.fallback_reason();
+  EXPECT_TRUE(contains(refused.fallback_reason(), "the driver refused"))
+      << refused.fallback_reason();
   EXPECT_TRUE(contains(refused.fallback_reason(), "--no-pin")) << refused.fallback_reason();
   EXPECT_EQ(refusals.messages().size(), 1u);
 }

@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "block_reduce.cuh"
 #include "core/dtype.h"
 #include "cpu_adam/cpu_adam.h"
 #include "device/host_ops.h"
-#include "block_reduce.cuh"
 #include "gpu/check.h"
 #include "gpu/ops.h"
 #include "matmul_bias.h"

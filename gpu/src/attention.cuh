@@ -305,20 +305,20 @@ inline int tile_for(int hs) {
 // Checks the shape, the pointers and the dtype; returns the shape with its tiling constants.
 // `ptrs` are the storage-type tensors, whose alignment decides the vector path.
 inline AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
-                          std::initializer_list<detail::Named> ptrs) {
+                                 std::initializer_list<detail::Named> ptrs) {
   const std::pair<int, const char*> dims[] = {{B, "B"}, {T, "T"}, {C, "C"}, {NH, "NH"}};
   for (const auto& [v, name] : dims) {
     if (v <= 0) detail::bad_arg(op, std::string(name) + " = " + std::to_string(v) + " must be > 0");
   }
   if (C % NH != 0) {
-    detail::bad_arg(op, "C = " + std::to_string(C) + " is not a multiple of NH = " + std::to_string(NH) +
-                    "; the head size must be a whole number");
+    detail::bad_arg(op, "C = " + std::to_string(C) + " is not a multiple of NH = " +
+                            std::to_string(NH) + "; the head size must be a whole number");
   }
   const int hs = C / NH;
   if (hs > kMaxHeadSize) {
     detail::bad_arg(op, "head size C / NH = " + std::to_string(hs) +
-                    " is not supported; supported head sizes are 1.." +
-                    std::to_string(kMaxHeadSize) + " (GPT-2 uses 64)");
+                            " is not supported; supported head sizes are 1.." +
+                            std::to_string(kMaxHeadSize) + " (GPT-2 uses 64)");
   }
   detail::check_not_null(op, ptrs);
   detail::check_dtype(op, t);
@@ -327,7 +327,7 @@ inline AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DT
   if (std::int64_t{B} * NH * n_tiles > std::numeric_limits<int>::max() ||
       std::int64_t{B} * NH * T > std::int64_t{std::numeric_limits<int>::max()} * 8) {
     detail::bad_arg(op, "B * NH * T = " + std::to_string(std::int64_t{B} * NH * T) +
-                    " is too large for one launch");
+                            " is too large for one launch");
   }
 
   AttentionShape sh{};
@@ -355,8 +355,9 @@ void set_smem(const char* op, Kernel* kernel, std::size_t bytes) {
   const int device = detail::current_device();
   const int optin = detail::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (bytes > static_cast<std::size_t>(optin)) {
-    detail::bad_arg(op, "needs " + std::to_string(bytes) + " bytes of shared memory per block; device " +
-                    std::to_string(device) + " allows " + std::to_string(optin));
+    detail::bad_arg(op, "needs " + std::to_string(bytes) +
+                            " bytes of shared memory per block; device " + std::to_string(device) +
+                            " allows " + std::to_string(optin));
   }
   ZO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes)));

@@ -28,12 +28,12 @@
 
 // Every failing status becomes a CublasError naming the call, file:line, the current device and
 // the status (name and description).
-#define ZO_CUBLAS_CHECK(expr)                                                                    \
-  do {                                                                                           \
-    const cublasStatus_t zo_cublas_check_status_ = (expr);                                       \
-    if (zo_cublas_check_status_ != CUBLAS_STATUS_SUCCESS) {                                      \
-      ::zo::gpu::throw_cublas_error(zo_cublas_check_status_, #expr, __FILE__, __LINE__);         \
-    }                                                                                            \
+#define ZO_CUBLAS_CHECK(expr)                                                            \
+  do {                                                                                   \
+    const cublasStatus_t zo_cublas_check_status_ = (expr);                               \
+    if (zo_cublas_check_status_ != CUBLAS_STATUS_SUCCESS) {                              \
+      ::zo::gpu::throw_cublas_error(zo_cublas_check_status_, #expr, __FILE__, __LINE__); \
+    }                                                                                    \
   } while (0)
 
 namespace zo::gpu {
@@ -64,7 +64,8 @@ const char* cublas_hint(cublasStatus_t status) {
   }
 }
 
-[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file,
+                                     int line) {
   std::ostringstream msg;
   msg << "cuBLASLt error " << cublas_status_text(status) << " from `" << expr << "` at " << file
       << ':' << line;

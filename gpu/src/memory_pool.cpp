@@ -46,9 +46,8 @@ std::shared_ptr<MemoryPool> MemoryPool::open(int device, std::size_t capacity_by
   std::size_t free_bytes = 0, total_bytes = 0;
   ZO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const std::size_t margin = std::max<std::size_t>(kDefaultMarginBytes, total_bytes / 50);
-  const std::size_t capacity = capacity_bytes == 0
-                                   ? (free_bytes > margin ? free_bytes - margin : 0)
-                                   : std::min(capacity_bytes, free_bytes);
+  const std::size_t capacity = capacity_bytes == 0 ? (free_bytes > margin ? free_bytes - margin : 0)
+                                                   : std::min(capacity_bytes, free_bytes);
   return std::make_shared<MemoryPool>(device, capacity);
 }
 

@@ -40,7 +40,8 @@ const char* copy_name(cudaMemcpyKind kind) {
 
 }  // namespace
 
-// ---- the current device --------------------------------------------------------------------------
+// ---- the current device
+// --------------------------------------------------------------------------
 
 DeviceGuard::DeviceGuard(int device) {
   ZO_CUDA_CHECK(cudaGetDevice(&previous_));
@@ -64,7 +65,8 @@ QuietDeviceGuard::~QuietDeviceGuard() {
   if (switched_) (void)cudaSetDevice(previous_);
 }
 
-// ---- streams -------------------------------------------------------------------------------------
+// ---- streams
+// -------------------------------------------------------------------------------------
 
 Stream::Stream(int device, std::shared_ptr<MemoryPool> pool)
     : device_(device), pool_(std::move(pool)), scratch_(std::make_unique<Scratch>()) {
@@ -181,7 +183,8 @@ float* Stream::grow_scratch(std::size_t floats, const char* what) {
   return static_cast<float*>(p);
 }
 
-// ---- events --------------------------------------------------------------------------------------
+// ---- events
+// --------------------------------------------------------------------------------------
 
 Event::Event(int device) : device_(device) {
   const DeviceGuard guard(device_);
@@ -231,7 +234,8 @@ double Event::elapsed_ms_since(const Event& start) const {
   const cudaError_t status = cudaEventElapsedTime(&ms, start.event_, event_);
   if (status == cudaErrorNotReady) {
     clear_not_ready();
-    throw std::logic_error("elapsed_ms_since: an event has not completed yet; synchronize it first");
+    throw std::logic_error(
+        "elapsed_ms_since: an event has not completed yet; synchronize it first");
   }
   if (status == cudaErrorInvalidResourceHandle) {
     (void)cudaGetLastError();
@@ -242,7 +246,8 @@ double Event::elapsed_ms_since(const Event& start) const {
   return ms;
 }
 
-// ---- localising a GPU fault ----------------------------------------------------------------------
+// ---- localising a GPU fault
+// ----------------------------------------------------------------------
 
 bool sync_each_op_requested() {
   const char* v = std::getenv("ZO_SYNC_EACH_OP");
@@ -258,7 +263,8 @@ void check_op_finished(const char* op, cudaStream_t s) {
   }
 }
 
-// ---- page-locked host memory ---------------------------------------------------------------------
+// ---- page-locked host memory
+// ---------------------------------------------------------------------
 
 std::optional<std::string> page_lock_unavailable_reason() {
   static const std::optional<std::string> reason = []() -> std::optional<std::string> {

@@ -74,7 +74,8 @@ class NcclStreamComm final : public StreamComm {
  private:
   static void* native(dev::Stream& s) {
     void* handle = s.native_handle();
-    if (handle == nullptr) throw std::logic_error("NCCL collective on a stream without a CUDA stream");
+    if (handle == nullptr)
+      throw std::logic_error("NCCL collective on a stream without a CUDA stream");
     return handle;
   }
 

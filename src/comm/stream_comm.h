@@ -1,5 +1,6 @@
-// Collectives on device memory, enqueued on a device stream like any other op (docs/scale_out.md): the offload engine reduce-scatters gradient buckets on its gradient stream
-// and all-gathers parameter shards on its upload stream, so both overlap compute.
+// Collectives on device memory, enqueued on a device stream like any other op (docs/scale_out.md):
+// the offload engine reduce-scatters gradient buckets on its gradient stream and all-gathers
+// parameter shards on its upload stream, so both overlap compute.
 //
 // On the host backend a collective is a task on the stream's worker thread that calls an MPI
 // communicator owned by this object (one per stream: the ranks then agree on the order of the

@@ -101,17 +101,13 @@ class CudaDevice final : public Device {
   void wait(Stream& s, Event& e) override { cuda_stream(s, "wait").wait(cuda_event(e, "wait")); }
 
   void copy_to_device(void* dst, const void* host_src, std::size_t bytes, Stream& s) override {
-    run(s, "copy_to_device", [&](gpu::Stream& cs) {
-      cs.copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
-    });
+    copy("copy_to_device", dst, host_src, bytes, cudaMemcpyHostToDevice, s);
   }
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes, Stream& s) override {
-    run(s, "copy_to_host",
-        [&](gpu::Stream& cs) { cs.copy(host_dst, src, bytes, cudaMemcpyDeviceToHost); });
+    copy("copy_to_host", host_dst, src, bytes, cudaMemcpyDeviceToHost, s);
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream& s) override {
-    run(s, "copy_on_device",
-        [&](gpu::Stream& cs) { cs.copy(dst, src, bytes, cudaMemcpyDeviceToDevice); });
+    copy("copy_on_device", dst, src, bytes, cudaMemcpyDeviceToDevice, s);
   }
   void fill_zero(void* dst, std::size_t bytes, Stream& s) override {
     run(s, "fill_zero", [&](gpu::Stream& cs) { cs.fill_zero(dst, bytes); });
@@ -172,7 +168,8 @@ class CudaDevice final : public Device {
            [&](cudaStream_t cs) { gpu::launch_residual_forward(out, a, b, n, act_, cs); });
   }
   void accumulate(void* dst, const void* src, std::size_t n, Stream& s) override {
-    launch(s, "accumulate", [&](cudaStream_t cs) { gpu::launch_accumulate(dst, src, n, act_, cs); });
+    launch(s, "accumulate",
+           [&](cudaStream_t cs) { gpu::launch_accumulate(dst, src, n, act_, cs); });
   }
   void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                          Stream& s) override {
@@ -186,8 +183,8 @@ class CudaDevice final : public Device {
     run(s, "attention_backward", [&](gpu::Stream& cs) {
       cs.with_scratch(gpu::attention_backward_scratch_floats(a.B, a.T, a.C, a.NH),
                       "attention backward scratch", [&](float* scratch) {
-                        gpu::launch_attention_backward(dqkv, dout, qkv, out, lse, scratch, a.B,
-                                                       a.T, a.C, a.NH, act_, cs.get());
+                        gpu::launch_attention_backward(dqkv, dout, qkv, out, lse, scratch, a.B, a.T,
+                                                       a.C, a.NH, act_, cs.get());
                       });
     });
   }
@@ -233,6 +230,10 @@ class CudaDevice final : public Device {
   template <class Fn>
   void launch(Stream& s, const char* op, Fn&& fn) {
     run(s, op, [&](gpu::Stream& cs) { fn(cs.get()); });
+  }
+  void copy(const char* op, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+            Stream& s) {
+    run(s, op, [&](gpu::Stream& cs) { cs.copy(dst, src, bytes, kind); });
   }
 
   const int index_;

@@ -1,7 +1,8 @@
 // The op-level device interface the GPT model is written against (docs/training.md, "The device
 // interface"). Two backends implement it: the host backend (fp32, Eigen, worker-thread streams;
-// src/device/host_*) and the CUDA backend (gpu/, adapted by src/device/cuda_device.cpp). Every op is enqueued on a stream and runs asynchronously with respect to
-// the caller; ordering between streams is expressed with events, exactly as in CUDA.
+// src/device/host_*) and the CUDA backend (gpu/, adapted by src/device/cuda_device.cpp). Every op
+// is enqueued on a stream and runs asynchronously with respect to the caller; ordering between
+// streams is expressed with events, exactly as in CUDA.
 //
 // Conventions for every op:
 // - Pointers are device memory from Device::alloc; activations and parameters are in

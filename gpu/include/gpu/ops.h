@@ -1,10 +1,10 @@
 // Host launchers of the GPT ops, includable from plain C++ (src/device/cuda_device.cpp adapts
 // them to the zo::dev::Device interface, one line per op). Each op's kernels and launcher live in
-// one gpu/src/<op>.cu; docs/gpu.md ("Adding an op") lists the places a new op touches. Each launcher checks its arguments (throwing
-// std::invalid_argument), enqueues its kernel(s) on `stream` and checks the launch
-// (ZO_CUDA_CHECK_LAUNCH); none synchronizes. Semantics, shapes and accumulation rules are exactly
-// those of the same-named op in src/device/device.h, which the host backend implements in fp32
-// and which the tests use as the reference.
+// one gpu/src/<op>.cu; docs/gpu.md ("Adding an op") lists the places a new op touches. Each
+// launcher checks its arguments (throwing std::invalid_argument), enqueues its kernel(s) on
+// `stream` and checks the launch (ZO_CUDA_CHECK_LAUNCH); none synchronizes. Semantics, shapes and
+// accumulation rules are exactly those of the same-named op in src/device/device.h, which the host
+// backend implements in fp32 and which the tests use as the reference.
 //
 // `t` is the storage dtype of activations, parameters and their gradients (kF32, kF16 or kBF16);
 // arithmetic is fp32. Statistics (mean, rstd, lse, losses, norms) are fp32.
@@ -63,7 +63,8 @@ void launch_matmul_backward(MatmulContext* ctx, void* dinp, void* dweight, void*
                             const void* dout, const void* inp, const void* weight, int N, int C,
                             int OC, DType t, cudaStream_t s);
 
-// ---- attention (attention.cu): causal, flash-style, never materialises (B,NH,T,T) -------------
+// ---- attention (attention_forward.cu, attention_backward.cu) ----------------------------------
+// Causal, flash-style: never materialises (B,NH,T,T).
 // qkv (B,T,3C) as [q | k | v]; out (B,T,C) written; lse (B,NH,T) fp32 written (natural log of
 // the row sums of exp(score) with score = q.k / sqrt(hs)).
 void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,

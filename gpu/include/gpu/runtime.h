@@ -17,7 +17,8 @@
 
 namespace zo::gpu {
 
-// ---- the current device --------------------------------------------------------------------------
+// ---- the current device
+// --------------------------------------------------------------------------
 
 // Makes `device` current on this thread for the guard's lifetime; the previous device comes back
 // afterwards, so callers that juggle devices themselves are not surprised. Throws CudaError.
@@ -46,7 +47,8 @@ class QuietDeviceGuard {
   bool switched_ = false;
 };
 
-// ---- device memory -------------------------------------------------------------------------------
+// ---- device memory
+// -------------------------------------------------------------------------------
 
 // What MemoryPool::open leaves outside the pool by default (or 2% of the device, the larger).
 inline constexpr std::size_t kDefaultMarginBytes = std::size_t{512} << 20;
@@ -106,7 +108,8 @@ class MemoryPool {
   std::map<std::size_t, std::vector<void*>> free_;
 };
 
-// ---- streams and events --------------------------------------------------------------------------
+// ---- streams and events
+// --------------------------------------------------------------------------
 
 class Event;
 
@@ -187,7 +190,8 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// ---- localising a GPU fault (docs/gpu.md) ------------------------------------------------------------
+// ---- localising a GPU fault (docs/gpu.md)
+// ------------------------------------------------------------
 
 // The debug switch ZO_SYNC_EACH_OP: set and not "0".
 bool sync_each_op_requested();
@@ -198,9 +202,10 @@ bool sync_each_op_requested();
 // is pinned on that op instead of surfacing at a later, unrelated synchronisation.
 void check_op_finished(const char* op, cudaStream_t s);
 
-// ---- page-locked host memory -------------------------------------------------------------------------
-// The CUDA side of pinned_memory's PageLocker (pinned_memory/pinned_buffer.h); the trainer plugs
-// these in (src/device/make_device.cpp, staging_pin_options).
+// ---- page-locked host memory
+// ------------------------------------------------------------------------- The CUDA side of
+// pinned_memory's PageLocker (pinned_memory/pinned_buffer.h); the trainer plugs these in
+// (src/device/make_device.cpp, staging_pin_options).
 
 // Why this process cannot page-lock memory for a GPU (no usable device, no driver), or nullopt.
 // Decided once per process; the first call initialises the CUDA driver.
