@@ -120,7 +120,9 @@ class OpRun {
 };
 
 struct OpCase {
-  std::string name;  // op and shape, e.g. matmul_forward_N26_C48_OC37
+  // The op in CamelCase and its shape, e.g. MatmulForward_N26_C48_OC37: bench/gpu/run.sh picks
+  // op tests for the sanitizers by name (Dtypes/*Attention*).
+  std::string name;
   std::function<void(OpRun&)> run;
   bool deterministic = false;  // a second run on the backend under test gives the same bits
   bool any_act_dtype = false;  // the op ignores act_dtype(): run once, on an fp32 device

@@ -247,16 +247,16 @@ std::vector<OpCase> make_cases() {
   };
   for (const Emb e : {Emb{2, 13, 48, 101}, Emb{2, 13, 37, 101}, Emb{4, 64, 200, 50}}) {
     const std::string shape = dim("B", e.B) + dim("T", e.T) + dim("C", e.C) + dim("V", e.V);
-    add("embedding_forward" + shape, [e](OpRun& r) { embedding_forward(r, e.B, e.T, e.C, e.V); });
+    add("EmbeddingForward" + shape, [e](OpRun& r) { embedding_forward(r, e.B, e.T, e.C, e.V); });
     add(
-        "embedding_backward" + shape, [e](OpRun& r) { embedding_backward(r, e.B, e.T, e.C, e.V); },
+        "EmbeddingBackward" + shape, [e](OpRun& r) { embedding_backward(r, e.B, e.T, e.C, e.V); },
         true);
   }
   struct Rows {
     int N, C;
   };
   for (const Rows s : {Rows{26, 48}, Rows{26, 37}, Rows{300, 200}}) {
-    add("layernorm" + dim("N", s.N) + dim("C", s.C), [s](OpRun& r) { layernorm(r, s.N, s.C); });
+    add("LayerNorm" + dim("N", s.N) + dim("C", s.C), [s](OpRun& r) { layernorm(r, s.N, s.C); });
   }
   // Odd sizes, several bias-gradient row chunks, a large shape; 200 x 150 splits into several
   // host row and channel blocks.
@@ -264,49 +264,49 @@ std::vector<OpCase> make_cases() {
   for (const MatmulArgs a : {MatmulArgs{26, 48, 37}, MatmulArgs{1000, 64, 96},
                              MatmulArgs{208, 160, 288}, MatmulArgs{200, 80, 150}}) {
     const std::string shape = dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC);
-    add("matmul_forward" + shape, [a](OpRun& r) { matmul_forward(r, a); });
+    add("MatmulForward" + shape, [a](OpRun& r) { matmul_forward(r, a); });
     add(
-        "matmul_backward" + shape, [a](OpRun& r) { matmul_backward(r, a); }, true);
+        "MatmulBackward" + shape, [a](OpRun& r) { matmul_backward(r, a); }, true);
   }
   // The bias gradient sums 256-row chunks: N 1 and 37 in one pass, 1000 in 4 chunks, 5000 in
   // 20; OC 1, 96 and 301 against its 32-column blocks.
   for (const int N : {1, 37, 1000, 5000}) {
     for (const int OC : {1, 96, 301}) {
       const MatmulArgs a{N, 5, OC};
-      add("matmul_backward" + dim("N", N) + dim("C", 5) + dim("OC", OC),
+      add("MatmulBackward" + dim("N", N) + dim("C", 5) + dim("OC", OC),
           [a](OpRun& r) { matmul_backward(r, a); });
     }
   }
   const std::size_t n = 1251;  // not a multiple of any vector width
-  add("gelu_forward" + dim("n", n), [n](OpRun& r) { gelu_forward(r, n); });
-  add("gelu_backward" + dim("n", n), [n](OpRun& r) { gelu_backward(r, n); });
-  add("residual_forward" + dim("n", n), [n](OpRun& r) { residual_forward(r, n); });
-  add("accumulate" + dim("n", n), [n](OpRun& r) { accumulate(r, n); });
+  add("GeluForward" + dim("n", n), [n](OpRun& r) { gelu_forward(r, n); });
+  add("GeluBackward" + dim("n", n), [n](OpRun& r) { gelu_backward(r, n); });
+  add("ResidualForward" + dim("n", n), [n](OpRun& r) { residual_forward(r, n); });
+  add("Accumulate" + dim("n", n), [n](OpRun& r) { accumulate(r, n); });
   // Head sizes 16 with odd T, GPT-2's 64 past one 64-row tile, 100 (32-row tiles, two chunks),
   // 10 (not a multiple of 4: the scalar loads); a single token; T 150 (several host query blocks).
   using zo::dev::AttentionArgs;
   for (const AttentionArgs a :
        {AttentionArgs{2, 13, 48, 3}, AttentionArgs{1, 77, 128, 2}, AttentionArgs{1, 40, 200, 2},
         AttentionArgs{2, 9, 30, 3}, AttentionArgs{1, 1, 16, 1}, AttentionArgs{2, 150, 32, 2}}) {
-    add("attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
+    add("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
         [a](OpRun& r) { attention(r, a); });
   }
   // GPT-2's vocabulary (odd rows: unaligned); 40 x 1999 splits into several host blocks.
   for (const Rows s : {Rows{26, 101}, Rows{5, 256}, Rows{3, 50257}, Rows{40, 1999}}) {
-    add("cross_entropy" + dim("N", s.N) + dim("V", s.C),
+    add("CrossEntropy" + dim("N", s.N) + dim("V", s.C),
         [s](OpRun& r) { cross_entropy(r, s.N, s.C); });
   }
   for (const std::size_t k : {1, 7, 1251, 100003, 200003}) {
     add(
-        "sum_squares" + dim("n", k), [k](OpRun& r) { sum_squares(r, k); }, true);
+        "SumSquares" + dim("n", k), [k](OpRun& r) { sum_squares(r, k); }, true);
   }
-  add("nonfinite_flag" + dim("n", 1001), nonfinite_flag);
+  add("NonfiniteFlag" + dim("n", 1001), nonfinite_flag);
   for (const DType src_t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    add("cast_from_" + std::string(zo::dtype_name(src_t)),
+    add("CastFrom_" + std::string(zo::dtype_name(src_t)),
         [src_t](OpRun& r) { cast_from(r, src_t); });
     cases.back().any_act_dtype = true;
   }
-  add("adamw" + dim("n", 1001) + "_10_steps", adamw);
+  add("AdamW" + dim("n", 1001) + "_10steps", adamw);
   return cases;
 }
 

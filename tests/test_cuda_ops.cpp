@@ -80,7 +80,8 @@ TEST_P(CudaOps, MatchHost) {
   zo::test::run_op_case(*op, t, *gpu, *host, zo::test::Compare::kTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, CudaOps,
+// "Dtypes/": bench/gpu/run.sh runs the op tests under compute-sanitizer by that prefix.
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps,
                          ::testing::ValuesIn(zo::test::op_case_params({DType::kF32, DType::kBF16,
                                                                        DType::kF16})),
                          zo::test::op_case_name);
