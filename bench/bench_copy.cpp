@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "core/bytes.h"
 #include "device/device.h"
+#include "device/make_device.h"
 #include "pinned_memory/pinned_buffer.h"
-#include "train/trainer.h"
 
 namespace {
 
@@ -50,16 +51,15 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "one JSON object per size and memory kind");
   CLI11_PARSE(app, argc, argv);
   try {
-    zo::train::TrainConfig cfg;
-    cfg.device = device;
-    auto d = zo::train::make_device(cfg);
+    zo::dev::DeviceRequest request;
+    request.device = device;
+    auto d = zo::dev::make_device(request);
     auto s = d->create_stream();
     for (const auto& text : sizes) {
-      const std::size_t bytes = zo::train::parse_bytes(text);
+      const std::size_t bytes = zo::parse_bytes(text);
       auto dev = d->alloc(bytes, "copy target");
       for (const bool pin : {true, false}) {
-        zo::pinned::PinOptions o;
-        o.enable = pin && d->backend() == zo::dev::Backend::kCuda;
+        zo::pinned::PinOptions o = zo::dev::staging_pin_options(*d, pin);
         o.warn = false;
         zo::pinned::PinnedBuffer host(bytes, o);
         std::memset(host.data(), 0x5a, bytes);  // resident pages, non-zero data

@@ -108,7 +108,7 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
   zo::cpu_adam::CpuAdam::Options opt;
   opt.isa = c.isa;
   opt.threads = threads;
-  zo::cpu_adam::AdamConfig cfg;
+  zo::AdamConfig cfg;
   cfg.weight_decay = 0.1f;
   zo::cpu_adam::CpuAdam adam(cfg, opt);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "device/device.h"
+#include "device/make_device.h"
 #include "report/metrics.h"
 #include "train/trainer.h"
 
@@ -20,7 +21,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double matmul_gflops(const zo::train::TrainConfig& cfg, int N, int C, int OC, int reps) {
-  auto dev = zo::train::make_device(cfg);
+  zo::dev::DeviceRequest request;
+  request.device = cfg.device;
+  request.precision = cfg.precision;
+  request.threads = cfg.threads;
+  auto dev = zo::dev::make_device(request);
   const std::size_t es = zo::dtype_size(dev->act_dtype());
   auto s = dev->create_stream();
   auto inp = dev->alloc(std::size_t(N) * C * es, "inp");
@@ -30,7 +35,8 @@ double matmul_gflops(const zo::train::TrainConfig& cfg, int N, int C, int OC, in
   // Non-zero inputs (zeros can run faster than real data), converted on the device.
   auto upload = [&](zo::dev::Buffer& dst, std::size_t count, int mod, float step, float shift) {
     std::vector<float> host(count);
-    for (std::size_t i = 0; i < count; ++i) host[i] = float(i % mod) * step - shift;
+    for (std::size_t i = 0; i < count; ++i)
+      host[i] = float(i % mod) * step - shift;
     auto staging = dev->alloc(count * 4, "staging");
     dev->copy_to_device(staging.data(), host.data(), count * 4, *s);
     dev->cast(dst.data(), dev->act_dtype(), staging.data(), zo::DType::kF32, count, *s);
@@ -104,8 +110,8 @@ int main(int argc, char** argv) {
       const double achieved = fpt * tok_s * 1e-9;
       if (json) {
         std::printf("%s\n", nlohmann::json{{"name", "train"},
-                                            {"device", device},
-                                            {"precision", precision},
+                                           {"device", device},
+                                           {"precision", precision},
                                            {"model", name},
                                            {"params", spec.num_parameters()},
                                            {"micro_batch", batch},

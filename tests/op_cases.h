@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "device/device.h"
 
 namespace zo::test {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/adam.h"
 #include "op_cases.h"
 #include "op_compare.h"
 
@@ -206,7 +207,7 @@ void cast_from(OpRun& r, DType src_t) {
     r.dev().cast(dst.p, dst_t, src.p, src_t, x.size(), r.s());
     const std::string what = "to " + std::string(zo::dtype_name(dst_t));
     r.out(what, dst, Check::kBits);
-    EXPECT_EQ(r.raw(dst), encode(x, dst_t)) << what << ": not the rounding of cpu_adam/dtype.h";
+    EXPECT_EQ(r.raw(dst), encode(x, dst_t)) << what << ": not the rounding of core/dtype.h";
   }
 }
 
@@ -217,17 +218,16 @@ void adamw(OpRun& r) {
   const std::vector<float> zeros(n, 0.0f);
   const Tensor master = r.f32(r.normal_f32(n)), m = r.f32(zeros), v = r.f32(zeros);
   const Tensor params = r.act(zeros);
-  zo::dev::AdamWStep step;
-  step.lr = 1e-2f;
-  step.beta1 = 0.9f;
-  step.beta2 = 0.95f;
-  step.eps = 1e-8f;
-  step.weight_decay = 0.1f;
-  step.grad_mult = 0.5f;
+  zo::AdamConfig c;
+  c.lr = 1e-2f;
+  c.beta1 = 0.9f;
+  c.beta2 = 0.95f;
+  c.eps = 1e-8f;
+  c.weight_decay = 0.1f;
+  const float grad_mult = 0.5f;
   for (std::int64_t k = 1; k <= 10; ++k) {
-    step.t = k;
     const Tensor g = r.rand(n);
-    r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, step, r.s());
+    r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, c, k, grad_mult, r.s());
   }
   const std::vector<float> new_master = r.out("master", master, Check::kStats);
   r.out("m", m, Check::kStats);

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 namespace zo::test {
 
@@ -22,7 +22,7 @@ inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// Storage conversions (exact, from cpu_adam/dtype.h).
+// Storage conversions (exact, from core/dtype.h).
 inline std::vector<std::uint8_t> encode(const std::vector<float>& x, zo::DType t) {
   const std::size_t es = zo::dtype_size(t);
   std::vector<std::uint8_t> out(x.size() * es);

@@ -6,7 +6,7 @@
 #   TSAN_BUILD_DIR     build directory (default: build-tsan)
 #   TSAN_JOBS          parallel compile jobs (default: nproc)
 #   TSAN_GTEST_FILTER  gtest filter for every suite (default: * = all tests)
-#   TSAN_TESTS         suites to build and run, space-separated (default: the four below)
+#   TSAN_TESTS         suites to build and run, space-separated (default: the five below)
 #   TSAN_TIMEOUT       seconds each suite may run (default: 1800)
 #   TSAN_OPTIONS       extra runtime options, appended to the ones set here
 # Measured on 2 cores: build ~5 min from scratch, runs ~5 min (test_train ~4.8 min of it, mostly
@@ -18,7 +18,7 @@ bash .ci/install-deps
 
 build_dir=${TSAN_BUILD_DIR:-build-tsan}
 jobs=${TSAN_JOBS:-$(nproc)}
-read -r -a suites <<<"${TSAN_TESTS:-test_host_device test_pinned_memory test_offload test_train}"
+read -r -a suites <<<"${TSAN_TESTS:-test_core test_host_device test_pinned_memory test_offload test_train}"
 filter=${TSAN_GTEST_FILTER:-*}
 limit=${TSAN_TIMEOUT:-1800}
 

@@ -24,12 +24,13 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace fs = std::filesystem;
 using namespace zo::ckpt;
+using zo::CheckpointError;
 using zo::DType;
 
 namespace {

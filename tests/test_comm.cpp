@@ -18,7 +18,7 @@
 
 namespace {
 
-using zo::comm::CommError;
+using zo::CommError;
 using zo::comm::Communicator;
 using zo::comm::ReduceOp;
 

@@ -16,9 +16,9 @@
 
 namespace {
 
+using zo::AdamConfig;
 using zo::DType;
 using zo::cpu_adam::AdamBuffers;
-using zo::cpu_adam::AdamConfig;
 using zo::cpu_adam::AdamState;
 using zo::cpu_adam::CpuAdam;
 using zo::cpu_adam::Isa;

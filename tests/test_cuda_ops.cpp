@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "device/cuda_device.h"
 #include "device/device.h"
 #include "gpu/device.h"
@@ -251,7 +251,7 @@ TEST(CudaDevice, CapacityCachingAndOutOfMemory) {
   try {
     (void)dev->alloc(30u << 20, "too much");
     FAIL() << "allocating past the capacity must throw";
-  } catch (const zo::dev::OutOfMemoryError& e) {
+  } catch (const zo::OutOfMemoryError& e) {
     EXPECT_EQ(e.requested(), 30u << 20);
     EXPECT_EQ(e.capacity(), kCap);
     EXPECT_EQ(e.in_use(), dev->used_bytes());

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "gpu/cast.h"
 #include "gpu/check.h"
 #include "gpu/device.h"

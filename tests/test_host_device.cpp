@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "device/device.h"
 #include "device/host_stream.h"
 #include "op_cases.h"
@@ -30,6 +30,7 @@
 namespace {
 
 using zo::DType;
+using zo::OutOfMemoryError;
 using zo::dev::AttentionArgs;
 using zo::dev::Buffer;
 using zo::dev::Device;
@@ -37,7 +38,6 @@ using zo::dev::Event;
 using zo::dev::HostDeviceOptions;
 using zo::dev::HostStream;
 using zo::dev::MatmulArgs;
-using zo::dev::OutOfMemoryError;
 using zo::dev::Stream;
 using Vec = std::vector<double>;
 
@@ -1129,22 +1129,22 @@ TEST(HostOps, AdamWMatchesFloat64Reference) {
   dev->copy_to_device(bp.data(), p.data(), n * 4, *s);
   dev->copy_to_device(bm.data(), m.data(), n * 4, *s);
   dev->copy_to_device(bv.data(), v.data(), n * 4, *s);
-  zo::dev::AdamWStep a;
+  zo::AdamConfig a;
   a.lr = 1e-2f;
   a.beta1 = 0.9f;
   a.beta2 = 0.95f;
   a.weight_decay = 0.1f;
-  a.grad_mult = 0.5f;
+  const float grad_mult = 0.5f;
   for (std::int64_t t = 1; t <= 10; ++t) {
     for (auto& x : g)
       x = normal(rng);
     dev->copy_to_device(bg.data(), g.data(), n * 4, *s);
-    a.t = t;
-    dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), bout.data(), n, a, *s);
+    dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), bout.data(), n, a, t,
+               grad_mult, *s);
     s->synchronize();  // g is rewritten next iteration
     const double b1 = a.beta1, b2 = a.beta2;
     for (std::size_t i = 0; i < n; ++i) {
-      const double gi = double(g[i]) * a.grad_mult;
+      const double gi = double(g[i]) * grad_mult;
       md[i] = b1 * md[i] + (1 - b1) * gi;
       vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
       const double bc1 = 1 - std::pow(b1, double(t)), bc2 = 1 - std::pow(b2, double(t));
@@ -1160,10 +1160,13 @@ TEST(HostOps, AdamWMatchesFloat64Reference) {
     ASSERT_NEAR(master[i], pd[i], 1e-5 * std::fabs(pd[i]) + 1e-6) << i;
     ASSERT_EQ(out[i], master[i]) << "params_out is the fp32 master on the host backend";
   }
-  a.t = 0;
-  EXPECT_THROW(
-      dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n, a, *s),
-      std::invalid_argument);
+  EXPECT_THROW(dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n, a,
+                          0, grad_mult, *s),
+               std::invalid_argument);
+  a.decoupled_weight_decay = false;  // the device AdamW is AdamW only
+  EXPECT_THROW(dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n, a,
+                          1, grad_mult, *s),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "gpu/check.h"
 #include "gpu/matmul_bias.cuh"
 #include "gpu/ops.h"

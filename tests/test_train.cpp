@@ -5,15 +5,15 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "checkpoint/atomic_io.h"
-#include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 #include "data/shard.h"
 #include "data/synthetic.h"
 #include "data/token_source.h"

@@ -1,6 +1,6 @@
 // The Adam/AdamW element math, written once against an ISA layer `V` (simd_*.h). Every path runs
 // the same IEEE operations in the same order, with explicit FMAs, so all paths agree bit for bit
-// with the scalar one. Internal linkage: see convert.h.
+// with the scalar one. Internal linkage: see core/half_bits.h.
 //
 // Per element, with g = grad * grad_mult (arXiv 1711.05101, Algorithm 2):
 //   g  += l2 * p                                       (L2 Adam only)
@@ -45,7 +45,7 @@ template <class V>
 struct VecScalars {
   typename V::F beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bc2_rsqrt, eps,
       decay, l2, grad_mult;
-  explicit VecScalars(const detail::AdamScalars& s)
+  explicit VecScalars(const AdamScalars& s)
       : beta1(V::set1(s.beta1)),
         one_minus_beta1(V::set1(s.one_minus_beta1)),
         beta2(V::set1(s.beta2)),
@@ -81,7 +81,7 @@ inline void adam_lanes(const detail::AdamArrays& a, std::size_t i, const VecScal
 // Full vectors, then the tail: masked where the ISA has masks, else the scalar layer `Tail`,
 // which computes the identical result. Never touches memory outside [begin, end).
 template <class V, class Tail, DType G, DType S, int O, bool kL2>
-bool adam_range(const detail::AdamArrays& a, const detail::AdamScalars& s, std::size_t begin,
+bool adam_range(const detail::AdamArrays& a, const AdamScalars& s, std::size_t begin,
                 std::size_t end) {
   const VecScalars<V> k(s);
   typename V::F nonfinite = V::set1(0.0f);

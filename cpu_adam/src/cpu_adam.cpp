@@ -13,7 +13,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu_adam/adam_checks.h"
 #include "kernel_table.h"
 
 namespace zo::cpu_adam {
@@ -23,23 +22,6 @@ constexpr const char* kWho = "cpu_adam";
 
 [[noreturn]] void bad_argument(const char* who, const std::string& what) {
   throw std::invalid_argument(std::string(who) + ": " + what);
-}
-
-void check_finite_nonneg(const char* who, float x, const char* name) {
-  if (!std::isfinite(x) || x < 0.0f) {
-    std::ostringstream os;
-    os << name << " = " << x << " is invalid: it must be finite and >= 0";
-    bad_argument(who, os.str());
-  }
-}
-
-void check_beta(const char* who, float b, const char* name) {
-  if (!(b >= 0.0f && b < 1.0f)) {
-    std::ostringstream os;
-    os << name << " = " << b << " is outside [0, 1); typical values are 0.9 (beta1), 0.95-0.999 "
-       << "(beta2)";
-    bad_argument(who, os.str());
-  }
 }
 
 const detail::KernelTable& kernels_for(Isa isa) {
@@ -130,51 +112,6 @@ void validate_buffers(const AdamBuffers& b) {
 
 }  // namespace
 
-void check_adam_hyperparameters(const char* who, float lr, float beta1, float beta2, float eps,
-                                float weight_decay) {
-  check_finite_nonneg(who, lr, "lr");
-  check_beta(who, beta1, "beta1");
-  check_beta(who, beta2, "beta2");
-  if (!std::isfinite(eps) || eps <= 0.0f) {
-    std::ostringstream os;
-    os << "eps = " << eps << " is invalid: it must be finite and > 0 (typically 1e-8)";
-    bad_argument(who, os.str());
-  }
-  check_finite_nonneg(who, weight_decay, "weight_decay");
-}
-
-void check_adam_step(const char* who, std::int64_t t, float grad_multiplier) {
-  if (t < 1)
-    bad_argument(who, "step t = " + std::to_string(t) + " is invalid: updates count from 1");
-  check_finite_nonneg(who, grad_multiplier, "grad_multiplier");
-}
-
-void AdamConfig::validate() const {
-  check_adam_hyperparameters(kWho, lr, beta1, beta2, eps, weight_decay);
-}
-
-namespace detail {
-
-AdamScalars derive_scalars(const AdamConfig& c, std::int64_t t, float grad_multiplier) {
-  const double b1 = c.beta1, b2 = c.beta2, lr = c.lr, wd = c.weight_decay;
-  const double bc1 = c.bias_correction ? 1.0 - std::pow(b1, static_cast<double>(t)) : 1.0;
-  const double bc2 = c.bias_correction ? 1.0 - std::pow(b2, static_cast<double>(t)) : 1.0;
-  AdamScalars s{};
-  s.beta1 = c.beta1;
-  s.one_minus_beta1 = static_cast<float>(1.0 - b1);
-  s.beta2 = c.beta2;
-  s.one_minus_beta2 = static_cast<float>(1.0 - b2);
-  s.neg_step_size = static_cast<float>(-lr / bc1);
-  s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  s.eps = c.eps;
-  s.decay = c.decoupled_weight_decay ? static_cast<float>(1.0 - lr * wd) : 1.0f;
-  s.l2 = c.decoupled_weight_decay ? 0.0f : c.weight_decay;
-  s.grad_mult = grad_multiplier;
-  return s;
-}
-
-}  // namespace detail
-
 struct CpuAdam::Pool {
   explicit Pool(int threads) : arena(threads > 0 ? threads : tbb::task_arena::automatic) {}
   tbb::task_arena arena;
@@ -184,7 +121,7 @@ CpuAdam::Options::Options() : isa(default_isa()) {}
 
 CpuAdam::CpuAdam(const AdamConfig& config, const Options& options)
     : config_(config), isa_(options.isa) {
-  config_.validate();
+  config_.validate(kWho);
   if (!isa_supported(isa_)) {
     bad_argument(kWho, "ISA '" + std::string(isa_name(isa_)) +
                            "' is not supported by this CPU; best "
@@ -203,7 +140,7 @@ CpuAdam::CpuAdam(CpuAdam&&) noexcept = default;
 CpuAdam& CpuAdam::operator=(CpuAdam&&) noexcept = default;
 
 void CpuAdam::set_config(const AdamConfig& config) {
-  config.validate();
+  config.validate(kWho);
   config_ = config;
 }
 
@@ -245,7 +182,7 @@ StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptio
   const detail::AdamRangeFn fn =
       table.adam[dtype_index(b.grads.dtype)][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out]
                 [config_.decoupled_weight_decay || config_.weight_decay == 0.0f ? 0 : 1];
-  const detail::AdamScalars scalars = detail::derive_scalars(config_, t, options.grad_multiplier);
+  const AdamScalars scalars = adam_scalars(config_, t, options.grad_multiplier);
   const detail::AdamArrays arrays{b.params.data(), b.exp_avg.data, b.exp_avg_sq.data, b.grads.data,
                                   b.params_out.data};
   const bool found = parallel_chunks(pool_->arena, n, [&](std::size_t begin, std::size_t end) {
@@ -255,7 +192,11 @@ StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptio
 }
 
 bool CpuAdam::has_nonfinite(ConstArrayView grads, float multiplier) const {
-  check_finite_nonneg(kWho, multiplier, "grad multiplier");
+  if (!std::isfinite(multiplier) || multiplier < 0.0f) {
+    std::ostringstream os;
+    os << "grad multiplier = " << multiplier << " is invalid: it must be finite and >= 0";
+    bad_argument(kWho, os.str());
+  }
   if (grads.size > 0 && grads.data == nullptr) bad_argument(kWho, "grads is a null pointer");
   check_dtype(grads.dtype, "grads");
   const detail::NonFiniteRangeFn fn = kernels_for(isa_).nonfinite[dtype_index(grads.dtype)];

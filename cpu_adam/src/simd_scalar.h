@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "convert.h"
+#include "core/half_bits.h"
 
 namespace zo::cpu_adam {
 namespace {

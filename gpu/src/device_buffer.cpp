@@ -9,26 +9,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/bytes.h"
 #include "gpu/check.h"
 
 namespace zo::gpu {
-namespace {
-
-// "1.50 GiB".
-std::string format_bytes(std::size_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, kUnits[unit]);
-  return text;
-}
-
-}  // namespace
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) {
   if (bytes == 0) return;

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "gpu/check.h"
 
 // `kernel<<<grid, block, smem, stream>>>(args...)` is spelled

@@ -1,6 +1,6 @@
 #include "pinned_memory/host_buffer.h"
 
-#include "internal.h"
+#include "core/bytes.h"
 
 #include <numa.h>
 #include <numaif.h>
@@ -59,14 +59,12 @@ std::optional<std::size_t> meminfo_bytes(const std::string& key) {
   return std::nullopt;
 }
 
-using internal::human_bytes;
-
 [[noreturn]] void throw_out_of_memory(std::size_t requested, const std::string& reason) {
   const std::size_t available = host_available_bytes();
   std::ostringstream msg;
-  msg << "cannot allocate " << requested << " bytes (" << human_bytes(requested)
+  msg << "cannot allocate " << requested << " bytes (" << format_bytes(requested)
       << ") of host memory: " << reason << "; MemAvailable is " << available << " bytes ("
-      << human_bytes(available)
+      << format_bytes(available)
       << "). Use a smaller model, keep the optimizer state in bf16, or run on a host with more "
          "RAM.";
   throw HostMemoryError(msg.str(), requested, available);

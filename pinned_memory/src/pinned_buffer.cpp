@@ -21,12 +21,10 @@
 #define ZO_PINNED_CUDA 0
 #endif
 
-#include "internal.h"
+#include "core/bytes.h"
 
 namespace zo::pinned {
 namespace {
-
-using internal::human_bytes;
 
 constexpr const char* kNoPinHint =
     "or pass --no-pin (PinOptions::enable = false) to use pageable memory without this warning";
@@ -130,7 +128,7 @@ std::optional<std::string> register_pages(void* data, std::size_t bytes, bool po
   const cudaError_t err = cudaHostRegister(data, bytes, flags);
   if (err == cudaSuccess) return std::nullopt;
   (void)cudaGetLastError();
-  return "cudaHostRegister of " + human_bytes(bytes) + " (" + std::to_string(bytes) +
+  return "cudaHostRegister of " + format_bytes(bytes) + " (" + std::to_string(bytes) +
          " bytes) failed: " + cuda_error_text(err) +
          "; check the locked-memory limit (`ulimit -l`; raise it with `ulimit -l unlimited`) and "
          "free host memory, " +
@@ -218,17 +216,17 @@ std::optional<std::string> pin_precheck(std::size_t bytes, std::size_t memlock_l
                                         std::size_t mem_available, std::size_t already_locked) {
   if (memlock_limit != kUnlimited &&
       (bytes > memlock_limit || already_locked > memlock_limit - bytes)) {
-    return "page-locking " + human_bytes(bytes) + " (" + std::to_string(bytes) +
+    return "page-locking " + format_bytes(bytes) + " (" + std::to_string(bytes) +
            " bytes) would exceed the locked-memory limit RLIMIT_MEMLOCK (ulimit -l) of " +
-           human_bytes(memlock_limit) + " (" + std::to_string(memlock_limit) + " bytes; " +
+           format_bytes(memlock_limit) + " (" + std::to_string(memlock_limit) + " bytes; " +
            std::to_string(already_locked) +
            " bytes already locked by this process); raise it with `ulimit -l unlimited` (Docker: "
            "--ulimit memlock=-1, systemd: LimitMEMLOCK=infinity), " +
            kNoPinHint;
   }
   if (mem_available != 0 && bytes > mem_available) {
-    return "page-locking " + human_bytes(bytes) + " (" + std::to_string(bytes) +
-           " bytes) is more than the host's MemAvailable of " + human_bytes(mem_available) + " (" +
+    return "page-locking " + format_bytes(bytes) + " (" + std::to_string(bytes) +
+           " bytes) is more than the host's MemAvailable of " + format_bytes(mem_available) + " (" +
            std::to_string(mem_available) +
            " bytes) and pinned pages cannot be swapped out; free host memory or use smaller "
            "buckets, " +
@@ -312,7 +310,7 @@ PinnedBuffer::PinnedBuffer(std::size_t bytes, const PinOptions& options)
   fallback_reason_ = *reason;
   if (options.warn) {
     emit_warning("pinned memory: " + fallback_reason_ + ". Using pageable memory for this " +
-                 human_bytes(bytes) +
+                 format_bytes(bytes) +
                  " buffer: host<->device copies through it are slower and do not overlap with "
                  "compute.");
   }

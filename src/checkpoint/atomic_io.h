@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "checkpoint/error.h"
+#include "core/error.h"
 
 namespace zo::ckpt {
 

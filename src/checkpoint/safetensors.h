@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "checkpoint/atomic_io.h"
-#include "checkpoint/error.h"
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace zo::ckpt {
 

@@ -6,8 +6,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "checkpoint/error.h"
 #include "comm/comm.h"
+#include "core/bytes.h"
+#include "core/error.h"
 #include "data/token_source.h"
 #include "model/hf_weights.h"
 #include "model/layout.h"
@@ -36,7 +37,7 @@ std::string presets_help() {
 // Bytes given as text ("512MiB") on the command line.
 struct ByteSize {
   std::string text;
-  std::size_t bytes() const { return text.empty() ? 0 : zo::train::parse_bytes(text); }
+  std::size_t bytes() const { return text.empty() ? 0 : zo::parse_bytes(text); }
 };
 
 void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
@@ -134,7 +135,7 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
 // The job is broken (a rank died, hangs or diverged): say why, then end every rank now rather
 // than let the others wait in collectives or MPI_Finalize. Returns the exit status for a single
 // process (no MPI job to abort).
-int end_broken_job(const zo::comm::CommError& e) {
+int end_broken_job(const zo::CommError& e) {
   std::fprintf(stderr, "offload_train: error: %s\n", e.what());
   std::fflush(stderr);
   zo::comm::abort_job(1);
@@ -152,7 +153,7 @@ int run_train(zo::train::TrainConfig c, const std::string& decay, const std::str
   zo::train::Trainer trainer(c);
   try {
     trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
-  } catch (const zo::comm::CommError& e) {
+  } catch (const zo::CommError& e) {
     // Here, not in main: tearing the trainer down would wait for collectives that cannot
     // complete.
     return end_broken_job(e);
@@ -363,7 +364,7 @@ int main(int argc, char** argv) {
                  stdout);
       return 0;
     }
-  } catch (const zo::comm::CommError& e) {
+  } catch (const zo::CommError& e) {
     return end_broken_job(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "offload_train: error: %s\n", e.what());

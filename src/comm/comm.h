@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/error.h"
+
 namespace zo::comm {
 
 // Where this process sits in the job: from mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
@@ -24,11 +26,6 @@ struct RankInfo {
   std::string source = "single process";  // "mpirun", "environment" or "single process"
 };
 RankInfo rank_info_from_env();
-
-class CommError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 enum class ReduceOp { kSum, kMax };
 

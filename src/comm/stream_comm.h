@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "comm/comm.h"
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "device/device.h"
 
 namespace zo::comm {

@@ -12,17 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "data/synthetic.h"
 
 namespace zo::data {
-
-// Every data problem: missing or unreadable file, malformed shard, token out of range, too
-// little data, a resume state from other data. The message names the file, what was expected,
-// what was found and how to fix it.
-class DataError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 enum class DataFormat {
   kAuto,       // *.bin files and files that start with the shard magic are shards; others text

@@ -22,7 +22,6 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_adam/adam_checks.h"
 #include "gpu/cast.h"
 #include "gpu/check.h"
 #include "gpu/device.h"
@@ -603,24 +602,13 @@ class CudaDevice final : public Device {
   }
 
   void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
-             const AdamWStep& a, Stream& s) override {
+             const AdamConfig& c, std::int64_t t, float grad_mult, Stream& s) override {
     constexpr const char* op = "adamw";
     CudaStream& cs = cuda_stream(s, op);
-    // The shared hyperparameter checks run eagerly, before any n == 0 shortcut.
-    cpu_adam::check_adam_hyperparameters(op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
-    cpu_adam::check_adam_step(op, a.t, a.grad_mult);
+    check_adamw_args(op, c, t, grad_mult);  // eagerly, before any n == 0 shortcut
     if (n == 0) return;
-    gpu::AdamWArgs args;
-    args.lr = a.lr;
-    args.beta1 = a.beta1;
-    args.beta2 = a.beta2;
-    args.eps = a.eps;
-    args.weight_decay = a.weight_decay;
-    args.bias_correction = a.bias_correction;
-    args.t = a.t;
-    args.grad_mult = a.grad_mult;
     DeviceGuard guard(index_);
-    gpu::launch_adamw(master, m, v, grads, act_, params_out, act_, n, args, cs.get());
+    gpu::launch_adamw(master, m, v, grads, act_, params_out, act_, n, c, t, grad_mult, cs.get());
   }
 
  protected:

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "device/device.h"
 
 namespace zo::dev {

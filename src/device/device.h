@@ -20,25 +20,13 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu_adam/dtype.h"
+#include "core/adam.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace zo::dev {
 
 enum class Backend { kHost, kCuda };
-
-// Thrown when an allocation would exceed the device's capacity. Says what was asked for, what
-// is in use and the capacity, so callers (and the planner) can suggest smaller settings.
-class OutOfMemoryError : public std::runtime_error {
- public:
-  OutOfMemoryError(const std::string& what, std::size_t requested, std::size_t in_use,
-                   std::size_t capacity);
-  std::size_t requested() const noexcept { return requested_; }
-  std::size_t in_use() const noexcept { return in_use_; }
-  std::size_t capacity() const noexcept { return capacity_; }
-
- private:
-  std::size_t requested_, in_use_, capacity_;
-};
 
 class Device;
 
@@ -93,12 +81,9 @@ struct AttentionArgs {
   int B, T, C, NH;  // head size C / NH; causal
 };
 
-struct AdamWStep {
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  bool bias_correction = true;
-  std::int64_t t = 1;      // step number, >= 1
-  float grad_mult = 1.0f;  // 1/loss_scale x clip coefficient
-};
+// The checks every backend's adamw makes (hyperparameters, step, AdamW only); throws
+// std::invalid_argument naming `op` and the bad value.
+void check_adamw_args(const char* op, const AdamConfig& c, std::int64_t t, float grad_mult);
 
 class Device {
  public:
@@ -188,12 +173,14 @@ class Device {
   virtual void cast(void* dst, DType dst_t, const void* src, DType src_t, std::size_t n,
                     Stream& s) = 0;
 
-  // AdamW on the device for the GPU-resident mode, with the math of cpu_adam
-  // (docs/cpu_adam.md): master, m, v (n) fp32 device arrays updated in place from grads (n,
-  // act dtype) times a.grad_mult; params_out (n, act dtype) written with the new parameters
-  // (may be null; on the host backend, whose act dtype is fp32, it may equal master).
+  // AdamW update number t on the device for the GPU-resident mode, with the math of cpu_adam
+  // (core/adam.h): master, m, v (n) fp32 device arrays updated in place from grads (n, act
+  // dtype) times grad_mult; params_out (n, act dtype) written with the new parameters (may be
+  // null; on the host backend, whose act dtype is fp32, it may equal master). Decoupled weight
+  // decay only (c.decoupled_weight_decay).
   virtual void adamw(float* master, float* m, float* v, const void* grads, void* params_out,
-                     std::size_t n, const AdamWStep& a, Stream& s) = 0;
+                     std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
+                     Stream& s) = 0;
 
  protected:
   friend class Buffer;

@@ -14,7 +14,6 @@
 #include <string>
 #include <utility>
 
-#include "cpu_adam/adam_checks.h"
 #include "cpu_adam/cpu_adam.h"
 #include "device/device.h"
 #include "device/host_ops.h"
@@ -288,19 +287,11 @@ class HostDevice final : public Device {
   }
 
   void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
-             const AdamWStep& a, Stream& s) override {
+             const AdamConfig& c, std::int64_t t, float grad_mult, Stream& s) override {
     constexpr const char* op = "adamw";
-    cpu_adam::check_adam_hyperparameters(op, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
-    cpu_adam::check_adam_step(op, a.t, a.grad_mult);
+    check_adamw_args(op, c, t, grad_mult);
     if (!require_elementwise(s, op, n, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}}))
       return;
-    cpu_adam::AdamConfig c;
-    c.lr = a.lr;
-    c.beta1 = a.beta1;
-    c.beta2 = a.beta2;
-    c.eps = a.eps;
-    c.weight_decay = a.weight_decay;
-    c.bias_correction = a.bias_correction;
     launch(s, op, [=](host::Arena&) {
       // The same fused kernel as the host optimizer; fp32 on this backend, so params_out (if it
       // is not the master itself) is a plain copy.
@@ -310,7 +301,7 @@ class HostDevice final : public Device {
       b.exp_avg = {m, n, DType::kF32};
       b.exp_avg_sq = {v, n, DType::kF32};
       b.grads = {grads, n, DType::kF32};
-      adam.update(b, a.t, {a.grad_mult, cpu_adam::NonFinitePolicy::kReport});
+      adam.update(b, t, {grad_mult, cpu_adam::NonFinitePolicy::kReport});
       if (params_out != nullptr && params_out != master) std::memcpy(params_out, master, n * 4);
     });
   }

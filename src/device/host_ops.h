@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 namespace zo::dev::host {
 

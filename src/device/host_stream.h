@@ -1,18 +1,18 @@
-// Host-backend streams and events: each stream is a worker thread draining a FIFO of tasks, and
-// an event completes when a marker task runs, so stream ordering and overlap are real on the host
-// (DESIGN.md §4) and ThreadSanitizer sees the happens-before edges the CUDA backend relies on.
+// Host-backend streams and events: each stream is a worker thread draining a FIFO of tasks (a
+// zo::SerialQueue), and an event completes when a marker task runs, so stream ordering and
+// overlap are real on the host and ThreadSanitizer sees the happens-before edges the CUDA backend
+// relies on.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <utility>
 
+#include "core/serial_queue.h"
 #include "device/device.h"
 
 namespace zo::dev {
@@ -54,36 +54,22 @@ class HostEvent final : public Event {
 
 class HostStream final : public Stream {
  public:
-  HostStream();
-  // Drains the queue and joins the worker; an error nobody synchronized on is printed, not thrown.
-  ~HostStream() override;
-  HostStream(const HostStream&) = delete;
-  HostStream& operator=(const HostStream&) = delete;
+  HostStream() : queue_("host stream") {}
 
   // Appends a task; tasks run one at a time in FIFO order on this stream's worker thread.
   // After a task throws, later tasks are skipped until synchronize() reports the error (like a
   // sticky CUDA error), except `always_run` tasks: event markers still complete, so streams that
-  // wait on this one's events never hang.
-  void enqueue(std::function<void()> task, bool always_run = false);
+  // wait on this one's events never hang. Destroying the stream drains it; an error nobody
+  // synchronized on is printed, not thrown.
+  void enqueue(std::function<void()> task, bool always_run = false) {
+    queue_.post(std::move(task), always_run);
+  }
   // Blocks until the queue is drained; rethrows (once) the first exception a task raised since
   // the previous synchronize(). The stream is usable again afterwards.
-  void synchronize() override;
+  void synchronize() override { queue_.wait_idle(); }
 
  private:
-  struct Task {
-    std::function<void()> fn;
-    bool always_run = false;
-  };
-  void worker_loop();
-
-  std::mutex mu_;
-  std::condition_variable has_work_;
-  std::condition_variable drained_;
-  std::deque<Task> queue_;
-  bool running_ = false;   // the worker is executing a task popped from queue_
-  bool stopping_ = false;  // set by the destructor; the worker exits once the queue is empty
-  std::exception_ptr error_;
-  std::thread worker_;  // declared last: starts after every other member exists
+  SerialQueue queue_;
 };
 
 }  // namespace zo::dev

@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 
 namespace zo::model {
 
@@ -107,7 +107,7 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
     if (!unexpected.empty()) msg += " unexpected: " + list(unexpected) + ";";
     if (!misshaped.empty()) msg += " wrong shape: " + list(misshaped) + ";";
     msg += " pass the --model spec these weights were trained with";
-    throw ckpt::CheckpointError(msg);
+    throw CheckpointError(msg);
   }
   // Read everything first, so params is untouched if a read fails.
   std::vector<float> staged(layout.size()), buf;

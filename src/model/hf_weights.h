@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "model/layout.h"
 
 namespace zo::ckpt {
@@ -29,7 +29,7 @@ void from_hf(const TensorInfo& t, const T* hf, T* ours);
 
 // Reads every parameter of `layout` from a safetensors file into params (layout.size() fp32).
 // Names may carry a "transformer." prefix; HF's attention-mask buffers ("attn.bias",
-// "attn.masked_bias") and a tied "lm_head.weight" are ignored. Throws ckpt::CheckpointError
+// "attn.masked_bias") and a tied "lm_head.weight" are ignored. Throws CheckpointError
 // listing missing, unexpected or mis-shaped tensors; params is untouched on error.
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params);

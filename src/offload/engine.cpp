@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "device/make_device.h"
 #include "offload/host_accumulate.h"
 
 namespace zo::offload {
@@ -16,17 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 bool is_embedding(const Bucket& b) {
   return b.ready_after == -1;
-}
-
-// Page-locked on the NUMA node nearest the GPU (DMA crosses no socket link); ordinary memory on
-// the host backend, where "copies" are memcpy on stream threads.
-pinned::PinOptions pin_options(const dev::Device& d, const EngineConfig& c) {
-  pinned::PinOptions o;
-  o.enable = c.pin && d.backend() == dev::Backend::kCuda;
-  if (d.cuda_ordinal() >= 0) {
-    o.placement = pinned::placement_on_node(pinned::numa_node_of_gpu(d.cuda_ordinal()));
-  }
-  return o;
 }
 
 // Largest padded bucket (ranks x shard count) among those cycling through the device ring.
@@ -156,7 +146,7 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
     dev_.fill_zero(gather_in_.data(), gather_in_.bytes(), *h2d_);  // the padding is never garbage
   }
 
-  const pinned::PinOptions pin = pin_options(dev_, cfg_);
+  const pinned::PinOptions pin = dev::staging_pin_options(dev_, cfg_.pin);
   const int copies = cfg_.dpu ? 2 : 1;
   if (cfg_.grad_accum > 1) {
     ring_ = std::make_unique<pinned::BucketRing>(std::size_t(cfg_.host_slots),
@@ -189,8 +179,8 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
 
   clock_ = dev::EventClock(dev_, compute_, trace_ ? trace_->now_us() : 0.0);
 
-  accumulator_ = std::make_unique<SerialWorker>("accumulate");
-  adam_ = std::make_unique<SerialWorker>("adam");
+  accumulator_ = std::make_unique<SerialQueue>("offload accumulate thread");
+  adam_ = std::make_unique<SerialQueue>("offload Adam thread");
 }
 
 Engine::~Engine() {
@@ -205,7 +195,7 @@ Engine::~Engine() {
     }
   }
   // Nothing may still read or write the buffers below once they are freed.
-  for (SerialWorker* w : {adam_.get(), accumulator_.get()}) {
+  for (SerialQueue* w : {adam_.get(), accumulator_.get()}) {
     try {
       if (w) w->wait_idle();
     } catch (const std::exception&) {
@@ -245,11 +235,11 @@ void Engine::sync_bounded(dev::Stream& s, const char* what) {
       if (Clock::now() > deadline) {
         grad_comm_->abort();
         param_comm_->abort();
-        throw comm::CommError("rank " + std::to_string(cfg_.rank) + " of " +
-                              std::to_string(cfg_.ranks) + ": " + what +
-                              " did not complete within " + std::to_string(int(cfg_.comm_timeout)) +
-                              " s: another rank has died, stopped, or runs a different "
-                              "configuration (--comm-timeout)");
+        throw CommError("rank " + std::to_string(cfg_.rank) + " of " + std::to_string(cfg_.ranks) +
+                        ": " + what + " did not complete within " +
+                        std::to_string(int(cfg_.comm_timeout)) +
+                        " s: another rank has died, stopped, or runs a different "
+                        "configuration (--comm-timeout)");
       }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

@@ -29,13 +29,13 @@
 
 #include "comm/comm.h"
 #include "comm/stream_comm.h"
+#include "core/serial_queue.h"
 #include "device/device.h"
 #include "device/event_clock.h"
 #include "model/gpt.h"
 #include "model/layout.h"
 #include "offload/bucket_plan.h"
 #include "offload/host_optimizer.h"
-#include "offload/worker.h"
 #include "pinned_memory/bucket_ring.h"
 #include "pinned_memory/pinned_buffer.h"
 #include "report/trace.h"
@@ -207,7 +207,7 @@ class Engine final : public model::GradSink {
   bool uploads_to_time_ = false;
   PhaseTimes times_;
 
-  std::unique_ptr<SerialWorker> accumulator_, adam_;  // last: joined first
+  std::unique_ptr<SerialQueue> accumulator_, adam_;  // last: joined first
 };
 
 }  // namespace zo::offload

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 namespace zo::offload {
 

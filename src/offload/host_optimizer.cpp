@@ -90,7 +90,7 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
       const std::size_t le = std::min({run.end, end, o.end});
       if (lb >= le) continue;
       const std::size_t b = o.local + (lb - o.begin), e = b + (le - lb);  // local elements
-      cpu_adam::AdamConfig c = config_.adam;
+      AdamConfig c = config_.adam;
       c.lr = lr;
       if (!run.decay) c.weight_decay = 0.0f;
       adam_.set_config(c);

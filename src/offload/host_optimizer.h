@@ -19,7 +19,7 @@
 namespace zo::offload {
 
 struct OptimizerConfig {
-  cpu_adam::AdamConfig adam;  // lr is set per step from the schedule
+  AdamConfig adam;  // lr is set per step from the schedule
   model::WeightDecayPolicy decay_policy;
   DType state_dtype = DType::kF32;  // m and v: fp32 or bf16
   int threads = 0;                  // 0: all cores

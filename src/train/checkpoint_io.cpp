@@ -6,8 +6,8 @@
 #include <type_traits>
 
 #include "checkpoint/atomic_io.h"
-#include "checkpoint/error.h"
 #include "checkpoint/safetensors.h"
+#include "core/error.h"
 #include "model/hf_weights.h"
 
 namespace zo::train {
@@ -125,18 +125,17 @@ void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
         covered += p.n;
     }
   } catch (const nlohmann::json::exception& e) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
-                                "': malformed optimizer_shards in trainer_state.json (" + e.what() +
-                                ")");
+    throw CheckpointError("checkpoint '" + dir.string() +
+                          "': malformed optimizer_shards in trainer_state.json (" + e.what() + ")");
   } catch (const std::invalid_argument& e) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
-                                "': bad optimizer shard entry: " + e.what());
+    throw CheckpointError("checkpoint '" + dir.string() +
+                          "': bad optimizer shard entry: " + e.what());
   }
   if (covered != opt.size()) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "': its optimizer shards cover " +
-                                std::to_string(covered) + " of this rank's " +
-                                std::to_string(opt.size()) +
-                                " parameters; the checkpoint is incomplete, use an older one");
+    throw CheckpointError("checkpoint '" + dir.string() + "': its optimizer shards cover " +
+                          std::to_string(covered) + " of this rank's " +
+                          std::to_string(opt.size()) +
+                          " parameters; the checkpoint is incomplete, use an older one");
   }
 }
 
@@ -247,9 +246,9 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   temp = comm::broadcast_string(c, temp, 0);
   if (temp.empty()) {
-    throw ckpt::CheckpointError(r == 0 ? failure
-                                       : "rank 0 could not create the checkpoint directory "
-                                         "(its message says why); no checkpoint was written");
+    throw CheckpointError(r == 0 ? failure
+                                 : "rank 0 could not create the checkpoint directory "
+                                   "(its message says why); no checkpoint was written");
   }
   try {
     ckpt::SafetensorsWriter w;
@@ -288,11 +287,11 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   double failed = failure.empty() ? 0.0 : 1.0;
   c.all_reduce(&failed, 1, comm::ReduceOp::kSum);
   if (failed != 0.0) {
-    throw ckpt::CheckpointError(
-        !failure.empty() ? failure
-                         : std::to_string(int(failed)) +
-                               " other rank(s) could not write their checkpoint shard (their "
-                               "messages say why); the previous checkpoints are unchanged");
+    throw CheckpointError(!failure.empty()
+                              ? failure
+                              : std::to_string(int(failed)) +
+                                    " other rank(s) could not write their checkpoint shard (their "
+                                    "messages say why); the previous checkpoints are unchanged");
   }
   if (r == 0) {
     try {
@@ -304,9 +303,9 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   const std::string result = comm::broadcast_string(c, failure.empty() ? "ok" : "", 0);
   if (result.empty()) {
-    throw ckpt::CheckpointError(r == 0 ? failure
-                                       : "rank 0 could not publish the checkpoint (its message "
-                                         "says why)");
+    throw CheckpointError(r == 0 ? failure
+                                 : "rank 0 could not publish the checkpoint (its message "
+                                   "says why)");
   }
   return final_path;
 }
@@ -315,16 +314,16 @@ fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
   if (resume != "latest") return resume;
   const auto latest = ckpt::latest_checkpoint(parent, kCheckpointPrefix);
   if (!latest) {
-    throw ckpt::CheckpointError("--resume latest: no complete checkpoint in '" + parent.string() +
-                                "'; start without --resume or point --checkpoint-dir at the "
-                                "right directory");
+    throw CheckpointError("--resume latest: no complete checkpoint in '" + parent.string() +
+                          "'; start without --resume or point --checkpoint-dir at the "
+                          "right directory");
   }
   return *latest;
 }
 
 nlohmann::json read_trainer_state(const fs::path& dir) {
   if (!fs::is_directory(dir)) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "' is not a directory");
+    throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory");
   }
   ckpt::verify_directory(dir);
   const std::string text = ckpt::read_file(dir / "trainer_state.json");
@@ -332,15 +331,15 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
   try {
     state = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
-                                "': trainer_state.json is not "
-                                "valid JSON (" +
-                                e.what() + ")");
+    throw CheckpointError("checkpoint '" + dir.string() +
+                          "': trainer_state.json is not "
+                          "valid JSON (" +
+                          e.what() + ")");
   }
   if (!state.contains("format_version") || state["format_version"] != kCheckpointFormatVersion) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() +
-                                "' has an unsupported format "
-                                "version; it was written by another version of offload_train");
+    throw CheckpointError("checkpoint '" + dir.string() +
+                          "' has an unsupported format "
+                          "version; it was written by another version of offload_train");
   }
   return state;
 }
@@ -354,10 +353,10 @@ nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout
   nlohmann::json state = read_trainer_state(dir);
   const model::ModelSpec spec = checkpoint_spec(state);
   if (!spec.same_architecture(layout.spec())) {
-    throw ckpt::CheckpointError("checkpoint '" + dir.string() + "' is for model " +
-                                spec.to_json().dump() + ", but this run builds " +
-                                layout.spec().to_json().dump() +
-                                "; pass the matching --model or start a new --checkpoint-dir");
+    throw CheckpointError("checkpoint '" + dir.string() + "' is for model " +
+                          spec.to_json().dump() + ", but this run builds " +
+                          layout.spec().to_json().dump() +
+                          "; pass the matching --model or start a new --checkpoint-dir");
   }
   load_master(dir, layout, opt);
   if (state.contains("optimizer_shards")) {

@@ -54,7 +54,7 @@ model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
 
 // Loads the owned part of the master weights, m, v and the Adam step into opt (from a whole or a
 // sharded checkpoint); returns trainer_state. Throws
-// ckpt::CheckpointError when the checkpoint is corrupt or for a different model.
+// CheckpointError when the checkpoint is corrupt or for a different model.
 nlohmann::json load_checkpoint(const std::filesystem::path& dir,
                                const model::ParameterLayout& layout, offload::HostOptimizer& opt);
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "model/spec.h"
 #include "train/schedule.h"
 
@@ -86,9 +86,5 @@ struct TrainConfig {
   void validate(const model::ModelSpec& spec) const;
   nlohmann::json to_json() const;
 };
-
-// Parses sizes like "512MiB", "2GiB", "1.5GB", "4096" (bytes).
-std::size_t parse_bytes(const std::string& text);
-std::string format_bytes(std::size_t bytes);  // "1.50 GiB"
 
 }  // namespace zo::train

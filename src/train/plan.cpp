@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "core/bytes.h"
 #include "train/config.h"
 
 namespace zo::train {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "model/gpt.h"
 #include "model/spec.h"
 #include "offload/engine.h"

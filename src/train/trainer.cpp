@@ -11,15 +11,12 @@
 #include <sstream>
 #include <thread>
 
-#include "checkpoint/error.h"
 #include "comm/comm.h"
-#ifdef ZO_HAVE_CUDA
-#include "device/cuda_device.h"
-#include "gpu/device.h"
-#endif
+#include "core/error.h"
 #include "data/loader.h"
 #include "data/token_source.h"
 #include "device/event_clock.h"
+#include "device/make_device.h"
 #include "model/gpt.h"
 #include "model/hf_weights.h"
 #include "offload/engine.h"
@@ -40,38 +37,6 @@ double ms_since(Clock::time_point t0) {
 }
 
 }  // namespace
-
-std::unique_ptr<dev::Device> make_device(const TrainConfig& config, int gpu_ordinal) {
-  std::string which = config.device;
-#ifdef ZO_HAVE_CUDA
-  if (which == "auto") which = gpu::no_device_reason().empty() ? "cuda" : "host";
-  if (which == "cuda") {
-    const std::string why = gpu::no_device_reason();
-    if (!why.empty()) throw std::runtime_error("--device cuda: " + why);
-    dev::CudaDeviceOptions o;
-    o.device = gpu_ordinal;
-    o.capacity_bytes = config.device_memory;
-    o.act_dtype = config.precision == "auto" ? DType::kBF16 : parse_dtype(config.precision);
-    return dev::make_cuda_device(o);
-  }
-#else
-  if (which == "auto") which = "host";
-  if (which == "cuda") {
-    throw std::runtime_error(
-        "--device cuda: this build has no CUDA backend (configured without "
-        "nvcc or with -DZO_CUDA=OFF); use --device host");
-  }
-#endif
-  if (config.precision != "auto" && config.precision != "fp32") {
-    throw std::runtime_error("--precision " + config.precision +
-                             ": the host backend computes in "
-                             "fp32 only; use --precision fp32 (or auto) with --device host");
-  }
-  dev::HostDeviceOptions o;
-  o.capacity_bytes = config.device_memory;
-  o.threads = config.threads;
-  return dev::make_host_device(o);
-}
 
 namespace {
 
@@ -252,16 +217,18 @@ struct Trainer::Impl {
 
     // The memory plan, checked before allocating.
     {
+      dev::DeviceRequest r;
+      r.device = cfg.device;
+      r.precision = cfg.precision;
+      r.capacity_bytes = cfg.device_memory;
       // Ranks sharing a machine share its cores: "all cores" means this rank's share.
-      TrainConfig dc = cfg;
-      if (dc.threads == 0) dc.threads = core_share();
-      dev = make_device(dc, comm->local_rank());  // one GPU per rank on a machine
+      r.threads = cfg.threads == 0 ? core_share() : cfg.threads;
+      r.gpu_ordinal = comm->local_rank();  // one GPU per rank on a machine
+      dev = dev::make_device(r);
     }
     // Ranks sharing a machine: run this one (and the Adam threads it creates) next to its GPU,
     // unless the launcher bound it already (mpirun --bind-to ...).
-    if (ranks > 1 && dev->cuda_ordinal() >= 0) {
-      pinned::run_near_node(pinned::numa_node_of_gpu(dev->cuda_ordinal()));
-    }
+    if (ranks > 1) pinned::run_near_node(dev::numa_node_of(*dev));
     act = dev->act_dtype();
     scaler = LossScaler(scaler_config(cfg, act));
     PlanInput pi{spec,
@@ -403,18 +370,14 @@ struct Trainer::Impl {
   void resident_step(float lr, float coef) {
     const std::int64_t t = opt->state().step + 1;
     const std::size_t esize = dtype_size(act);
+    AdamConfig c = opt->config().adam;
+    c.lr = lr;
+    const float wd = c.weight_decay;
     for (const auto& r : opt->runs()) {
-      dev::AdamWStep a;
-      a.lr = lr;
-      a.beta1 = cfg.beta1;
-      a.beta2 = cfg.beta2;
-      a.eps = cfg.eps;
-      a.weight_decay = r.decay ? cfg.weight_decay : 0.0f;
-      a.t = t;
-      a.grad_mult = coef;
+      c.weight_decay = r.decay ? wd : 0.0f;
       dev->adamw(master_dev.as<float>() + r.begin, m_dev.as<float>() + r.begin,
                  v_dev.as<float>() + r.begin, grads.as<char>() + r.begin * esize,
-                 params.as<char>() + r.begin * esize, r.end - r.begin, a, *stream);
+                 params.as<char>() + r.begin * esize, r.end - r.begin, c, t, coef, *stream);
     }
     opt->state().step = t;
   }

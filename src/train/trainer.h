@@ -28,10 +28,6 @@ struct TrainSummary {
   std::string last_checkpoint;
 };
 
-// Makes the device a config asks for; throws with the reason and the fix when it cannot.
-// gpu_ordinal: the CUDA device to open (a data-parallel rank's local rank).
-std::unique_ptr<dev::Device> make_device(const TrainConfig& config, int gpu_ordinal = 0);
-
 class Trainer {
  public:
   // Resolves the model spec, opens the data and checks the memory plan: bad input is refused

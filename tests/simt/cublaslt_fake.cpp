@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 #include "streams.h"
 
 namespace zo::simt {

@@ -14,7 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cpu_adam/dtype.h"
+#include "core/adam.h"
+#include "core/dtype.h"
 
 namespace zo::cpu_adam {
 
@@ -36,19 +37,8 @@ Isa best_isa();                        // the fastest supported path
 // else best_isa().
 Isa default_isa();
 
-// ---- hyperparameters and state ----------------------------------------------------------------
-struct AdamConfig {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  bool decoupled_weight_decay = true;  // AdamW; false adds weight_decay * p to the gradient (L2)
-  bool bias_correction = true;
-
-  void validate() const;  // throws std::invalid_argument naming the bad field
-};
-
+// ---- state --------------------------------------------------------------------------------------
+// Hyperparameters: zo::AdamConfig (core/adam.h), shared with the GPU AdamW.
 // Caller-owned so that checkpoints save and restore it.
 struct AdamState {
   std::int64_t step = 0;  // updates applied so far

@@ -4,8 +4,8 @@
 //   m = fma(1 - b1, g, b1 * m)
 //   v = fma(1 - b2, g * g, b2 * v)
 //   p = fma(-lr / (1 - b1^t), m / fma(sqrt(v), 1 / sqrt(1 - b2^t), eps), p * (1 - lr * wd))
-// The per-step constants are derived on the host in double and rounded to float exactly as
-// cpu_adam's derive_scalars, and every operation is a round-to-nearest intrinsic (__fmul_rn,
+// The per-step constants are zo::adam_scalars (core/adam.h), as cpu_adam's, and every operation is
+// a round-to-nearest intrinsic (__fmul_rn,
 // __fmaf_rn, __fdiv_rn, __fsqrt_rn), which the compiler neither contracts into other FMAs nor
 // approximates (whatever -fmad or -prec-div say), so the results equal cpu_adam's scalar path bit
 // for bit. Subnormals are kept as on the host as long as the build does not flush them
@@ -20,26 +20,16 @@
 
 #include <cstddef>
 
+#include "core/adam.h"
 #include "gpu/cast.cuh"
 
 namespace zo::gpu {
 
 constexpr int kAdamWThreads = 256;
 
-// The per-call constants (cpu_adam's detail::AdamScalars without the L2 term).
-struct AdamWScalars {
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float neg_step_size;  // -lr / (1 - beta1^t), or -lr without bias correction
-  float bc2_rsqrt;      // 1 / sqrt(1 - beta2^t), or 1 without bias correction
-  float eps;
-  float decay;  // 1 - lr * weight_decay
-  float grad_mult;
-};
-
 // Updates p, m, v in place from the raw gradient g_raw.
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g_raw,
-                                              const AdamWScalars& k) {
+                                              const AdamScalars& k) {
   const float g = __fmul_rn(g_raw, k.grad_mult);
   m = __fmaf_rn(k.one_minus_beta1, g, __fmul_rn(k.beta1, m));
   v = __fmaf_rn(k.one_minus_beta2, __fmul_rn(g, g), __fmul_rn(k.beta2, v));
@@ -52,7 +42,7 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
 template <typename GT, typename PT, int kVec>
 __global__ void __launch_bounds__(kAdamWThreads)
     adamw_kernel(float* master, float* __restrict__ m, float* __restrict__ v,
-                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamWScalars k) {
+                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamScalars k) {
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t packs = n / kVec;

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 namespace zo::gpu {
 

@@ -7,7 +7,7 @@
 #include <array>
 #include <cstddef>
 
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 namespace zo::gpu {
 

@@ -14,7 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu_adam/dtype.h"
+#include "core/adam.h"
+#include "core/dtype.h"
 
 namespace zo::gpu {
 
@@ -23,9 +24,8 @@ namespace zo::gpu {
 void launch_embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
                               const void* wpe, int B, int T, int C, DType t, cudaStream_t s);
 // dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C). Deterministic (no float atomics).
-void launch_embedding_backward(void* dwte, void* dwpe, const void* dout,
-                               const std::int32_t* tokens, int B, int T, int C, DType t,
-                               cudaStream_t s);
+void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
+                               int B, int T, int C, DType t, cudaStream_t s);
 
 // ---- layernorm (layernorm.cu), eps 1e-5 --------------------------------------------------------
 void launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
@@ -36,7 +36,8 @@ void launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const voi
                                const void* inp, const void* weight, const float* mean,
                                const float* rstd, int N, int C, DType t, cudaStream_t s);
 
-// ---- elementwise (elementwise.cu) ----------------------------------------------------------------
+// ---- elementwise (elementwise.cu)
+// ----------------------------------------------------------------
 void launch_gelu_forward(void* out, const void* inp, std::size_t n, DType t, cudaStream_t s);
 void launch_gelu_backward(void* dinp, const void* inp, const void* dout, std::size_t n, DType t,
                           cudaStream_t s);  // dinp +=
@@ -44,9 +45,10 @@ void launch_residual_forward(void* out, const void* a, const void* b, std::size_
                              cudaStream_t s);
 void launch_accumulate(void* dst, const void* src, std::size_t n, DType t, cudaStream_t s);
 
-// ---- matmul through cuBLASLt (matmul.cpp) ---------------------------------------------------------
-// out (N,OC) written = inp (N,C) @ weight (OC,C)^T + bias (OC, may be null); fp32 accumulation.
-// `workspace` is a per-stream cuBLASLt workspace (see MatmulContext).
+// ---- matmul through cuBLASLt (matmul.cpp)
+// --------------------------------------------------------- out (N,OC) written = inp (N,C) @ weight
+// (OC,C)^T + bias (OC, may be null); fp32 accumulation. `workspace` is a per-stream cuBLASLt
+// workspace (see MatmulContext).
 struct MatmulContext;  // cuBLASLt handle + workspace, one per device; create_matmul_context()
 MatmulContext* create_matmul_context();
 void destroy_matmul_context(MatmulContext* ctx) noexcept;
@@ -79,15 +81,11 @@ void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, cu
 void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t, cudaStream_t s);
 
 // ---- AdamW for the GPU-resident mode (adamw.cu) -----------------------------------------------
-// The same math as cpu_adam (docs/cpu_adam.md): fp32 master/m/v on the device, grads (n, gt) times
-// grad_mult; params_out (n, pt) written with the new params when non-null.
-struct AdamWArgs {
-  float lr, beta1, beta2, eps, weight_decay;
-  bool bias_correction = true;
-  std::int64_t t = 1;        // step number, >= 1
-  float grad_mult = 1.0f;    // 1/loss_scale x clip coefficient
-};
+// The same math as cpu_adam (core/adam.h, docs/cpu_adam.md): fp32 master/m/v on the device, grads
+// (n, gt) times grad_mult; params_out (n, pt) written with the new params when non-null. Update
+// number t; decoupled weight decay only.
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
-                  DType pt, std::size_t n, const AdamWArgs& a, cudaStream_t s);
+                  DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
+                  cudaStream_t s);
 
 }  // namespace zo::gpu

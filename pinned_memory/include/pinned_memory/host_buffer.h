@@ -10,21 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/error.h"
+
 namespace zo::pinned {
-
-// Thrown when the host cannot provide the memory; the message names the request, MemAvailable
-// and what to change.
-class HostMemoryError : public std::runtime_error {
- public:
-  HostMemoryError(const std::string& what, std::size_t requested_bytes, std::size_t available_bytes)
-      : std::runtime_error(what), requested_(requested_bytes), available_(available_bytes) {}
-  std::size_t requested_bytes() const noexcept { return requested_; }
-  std::size_t available_bytes() const noexcept { return available_; }
-
- private:
-  std::size_t requested_;
-  std::size_t available_;
-};
 
 // Where the pages of a buffer go. Applied before any page is touched. Without NUMA support
 // (numa_available() < 0) every policy degrades to kFirstTouch.

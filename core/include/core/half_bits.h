@@ -1,12 +1,13 @@
-// Exact scalar conversions between fp32 and the 16-bit formats, bit manipulation only.
-// Internal linkage on purpose: this header is compiled into translation units built with
+// Exact scalar conversions between fp32 and the 16-bit formats, bit manipulation only: the
+// definition behind zo::float_to_half & co. (core/dtype.h) and cpu_adam's scalar ISA layer.
+// Internal linkage on purpose: cpu_adam compiles this header into translation units built with
 // different ISA flags, and an inline function with external linkage could be merged across them.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 
-namespace zo::cpu_adam {
+namespace zo {
 namespace {
 
 // Round to nearest, ties to even, of `value >> shift` (0 < shift < 32).
@@ -61,4 +62,4 @@ inline float bf16_bits_to_f32(std::uint16_t b) {
 }
 
 }  // namespace
-}  // namespace zo::cpu_adam
+}  // namespace zo

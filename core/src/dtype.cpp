@@ -1,10 +1,10 @@
-#include "cpu_adam/dtype.h"
+#include "core/dtype.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include "convert.h"
+#include "core/half_bits.h"
 
 namespace zo {
 
@@ -33,16 +33,16 @@ DType parse_dtype(std::string_view name) {
 }
 
 std::uint16_t float_to_half(float x) {
-  return cpu_adam::f32_to_f16_bits(x);
+  return f32_to_f16_bits(x);
 }
 float half_to_float(std::uint16_t h) {
-  return cpu_adam::f16_bits_to_f32(h);
+  return f16_bits_to_f32(h);
 }
 std::uint16_t float_to_bf16(float x) {
-  return cpu_adam::f32_to_bf16_bits(x);
+  return f32_to_bf16_bits(x);
 }
 float bf16_to_float(std::uint16_t b) {
-  return cpu_adam::bf16_bits_to_f32(b);
+  return bf16_bits_to_f32(b);
 }
 
 void convert_from_float(const float* in, void* out, DType dtype, std::size_t n) {
