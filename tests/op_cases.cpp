@@ -187,6 +187,7 @@ std::vector<OpCaseParam> op_case_params(std::initializer_list<DType> dtypes) {
 }
 
 std::string op_case_name(const ::testing::TestParamInfo<OpCaseParam>& info) {
+  if (info.param.op->any_act_dtype) return info.param.op->name;
   return info.param.op->name + "_" + std::string(zo::dtype_name(info.param.t));
 }
 

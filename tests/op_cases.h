@@ -141,7 +141,8 @@ enum class Compare {
 void run_op_case(const OpCase& c, zo::DType t, zo::dev::Device& under_test,
                  zo::dev::Device& reference, Compare mode);
 
-// gtest parameters: each case once per dtype (once in all for any_act_dtype cases).
+// gtest parameters: each case once per dtype, named <case>_<dtype> (any_act_dtype cases once,
+// with the first dtype, named <case>).
 struct OpCaseParam {
   const OpCase* op;
   zo::DType t;
