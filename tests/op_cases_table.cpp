@@ -218,12 +218,8 @@ void adamw(OpRun& r) {
   const std::vector<float> zeros(n, 0.0f);
   const Tensor master = r.f32(r.normal_f32(n)), m = r.f32(zeros), v = r.f32(zeros);
   const Tensor params = r.act(zeros);
-  zo::AdamConfig c;
-  c.lr = 1e-2f;
-  c.beta1 = 0.9f;
-  c.beta2 = 0.95f;
-  c.eps = 1e-8f;
-  c.weight_decay = 0.1f;
+  const zo::AdamConfig c{
+      .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   const float grad_mult = 0.5f;
   for (std::int64_t k = 1; k <= 10; ++k) {
     const Tensor g = r.rand(n);
