@@ -1,4 +1,4 @@
-// The op-level device interface the GPT model is written against (DESIGN.md §4). Two backends
+// The op-level device interface the GPT model is written against. Two backends
 // implement it: the host backend (fp32, Eigen, worker-thread streams; src/device/host_*) and the
 // CUDA backend (gpu/). Every op is enqueued on a stream and runs asynchronously with respect to
 // the caller; ordering between streams is expressed with events, exactly as in CUDA.
