@@ -38,4 +38,15 @@ void BoundedSync::operator()(dev::Stream& s, const char* what) {
   s.synchronize();  // rethrows a failed collective or copy
 }
 
+void finish_quietly(SerialQueue& worker, dev::Stream& stream) noexcept {
+  try {
+    worker.wait_idle();
+  } catch (const std::exception&) {
+  }
+  try {
+    stream.synchronize();
+  } catch (const std::exception&) {
+  }
+}
+
 }  // namespace zo::offload

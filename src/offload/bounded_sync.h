@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/stream_comm.h"
+#include "core/serial_queue.h"
 #include "device/device.h"
 
 namespace zo::offload {
@@ -28,5 +29,10 @@ class BoundedSync {
   std::vector<comm::StreamComm*> comms_;
   std::unique_ptr<dev::Event> marker_;
 };
+
+// For destructors: waits until a worker thread and then a stream have finished what was queued
+// (nothing may still touch the buffers about to be freed). Errors were reported by whoever
+// waited on the step, or are moot while tearing down: never throws.
+void finish_quietly(SerialQueue& worker, dev::Stream& stream) noexcept;
 
 }  // namespace zo::offload

@@ -73,16 +73,7 @@ GradientStream::GradientStream(dev::Device& device, dev::Stream& compute, const 
 }
 
 GradientStream::~GradientStream() {
-  // Nothing may still write the buffers below once they are freed.
-  try {
-    accumulator_->wait_idle();
-  } catch (const std::exception&) {
-    // Reported by whoever waited on the step; nothing to add while tearing down.
-  }
-  try {
-    d2h_->synchronize();
-  } catch (const std::exception&) {
-  }
+  finish_quietly(*accumulator_, *d2h_);
 }
 
 GradientStream::Slot GradientStream::make_slot(std::size_t elements, const char* what) {

@@ -51,16 +51,7 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
 }
 
 UploadPipeline::~UploadPipeline() {
-  // Nothing may still read or write the buffers below once they are freed.
-  try {
-    adam_->wait_idle();
-  } catch (const std::exception&) {
-    // Reported by whoever waited on the step; nothing to add while tearing down.
-  }
-  try {
-    h2d_->synchronize();
-  } catch (const std::exception&) {
-  }
+  finish_quietly(*adam_, *h2d_);
 }
 
 bool UploadPipeline::any_pending() const {
