@@ -1,5 +1,6 @@
-// Helpers shared by the tests that compare a CUDA op with the host backend (test_cuda_ops on a
-// GPU, test_simt on the SIMT emulator): exact storage conversions and the error bounds.
+// Helpers shared by the tests that compare a device's results with a reference (the op-case
+// table, op_cases.h; the GPT comparison in test_cuda_ops; test_simt's launcher tests): exact
+// storage conversions and the error bounds.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,8 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -118,33 +117,6 @@ class DtypeOpTest : public ::testing::TestWithParam<zo::DType> {
     std::vector<std::int32_t> x(n);
     for (auto& v : x)
       v = pick(rng_);
-    return x;
-  }
-
-  // The cast tests' fp32 input: 1001 Normal(0, 100) values with specials at [100, 115): signed
-  // zeros, fp32/fp16 subnormals, fp16 overflow (65520 is the tie to infinity), bf16 and fp16
-  // ties at 1 (1 + 2^-8, 1 + 2^-11), infinities.
-  std::vector<float> cast_inputs() {
-    std::normal_distribution<float> normal(0.0f, 100.0f);
-    std::vector<float> x(1001);
-    for (float& v : x)
-      v = normal(rng_);
-    const float specials[] = {0.0f,
-                              -0.0f,
-                              1e-40f,
-                              -3e-39f,
-                              6e-8f,
-                              1e-5f,
-                              65504.0f,
-                              65520.0f,
-                              70000.0f,
-                              -1e5f,
-                              3e38f,
-                              1.00390625f,
-                              1.00048828125f,
-                              std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity()};
-    std::copy(std::begin(specials), std::end(specials), x.begin() + 100);
     return x;
   }
 

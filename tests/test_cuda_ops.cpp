@@ -1,8 +1,8 @@
-// The CUDA backend against the host backend (DESIGN.md §8): every op on random data with odd
-// sizes, in fp32 (tight: cuBLASLt runs true fp32, no TF32) and in bf16 / fp16 (inputs rounded to
-// the dtype on the host first, so both backends see identical values), backward ops with +=
-// onto pre-filled random gradients, then the whole GPT forward and backward. Without a usable GPU
-// every test skips with the reason.
+// The CUDA backend against the host backend: the op-case table (op_cases.h: every op on random
+// data with odd sizes, fp32 / bf16 / fp16, aligned and unaligned operands), the whole GPT forward
+// and backward, and the device itself (memory, copies, streams, events, the matmul plan cache).
+// Without a usable GPU every test skips with the reason; test_cuda_ops_simt is this file linked
+// against the SIMT emulator's CUDA backend, so all of it also runs without one.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -14,14 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <iterator>
-#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -33,6 +30,7 @@
 #include "model/gpt.h"
 #include "model/layout.h"
 #include "model/spec.h"
+#include "op_cases.h"
 #include "op_compare.h"
 
 namespace {
@@ -40,7 +38,8 @@ namespace {
 using zo::DType;
 using zo::dev::Buffer;
 using zo::dev::Device;
-using zo::dev::Stream;
+using zo::test::OpRun;
+using zo::test::Tensor;
 
 // ---- GPU availability ---------------------------------------------------------------------------
 
@@ -64,437 +63,35 @@ std::unique_ptr<Device> cuda_device(DType t, std::size_t capacity = 0) {
   return zo::dev::make_cuda_device(o);
 }
 
-using zo::test::act_tol;
 using zo::test::contains;
-using zo::test::decode;
-using zo::test::dtype_param_name;
 using zo::test::encode;
-using zo::test::expect_close;
-using zo::test::kStatsTol;
-using zo::test::round_to;
-using zo::test::Tol;
 
-// ---- one backend: device, stream and typed transfers
-// ------------------------------------------------
+// ---- the op-case table ----------------------------------------------------------------------
 
-struct Tensor {
-  Buffer buf;
-  void* p = nullptr;  // buf.data() + offset elements
-  std::size_t n = 0;
-  DType t = DType::kF32;
+class CudaOps : public ::testing::TestWithParam<zo::test::OpCaseParam> {};
 
-  float* f() const { return static_cast<float*>(p); }
-  std::int32_t* i() const { return static_cast<std::int32_t*>(p); }
-};
+TEST_P(CudaOps, MatchHost) {
+  ZO_REQUIRE_GPU();
+  const auto [op, t] = GetParam();
+  const auto host = zo::dev::make_host_device({});
+  const auto gpu = cuda_device(t);
+  zo::test::run_op_case(*op, t, *gpu, *host, zo::test::Compare::kTolerance);
+}
 
-struct Side {
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Stream> stream;
-  DType t = DType::kF32;  // activation / parameter storage
+// "Dtypes/": bench/gpu/run.sh runs the op tests under compute-sanitizer by that prefix.
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps,
+                         ::testing::ValuesIn(zo::test::op_case_params({DType::kF32, DType::kBF16,
+                                                                       DType::kF16})),
+                         zo::test::op_case_name);
 
-  void init(std::unique_ptr<Device> d) {
-    dev = std::move(d);
-    stream = dev->create_stream();
-    t = dev->act_dtype();
-  }
+// ---- the whole model -------------------------------------------------------------------------
 
-  // x stored as dt, `offset` elements into a fresh buffer (offset > 0 gives unaligned operands).
-  Tensor put(const std::vector<float>& x, DType dt, std::size_t offset = 0) {
-    Tensor r;
-    r.t = dt;
-    r.n = x.size();
-    const std::size_t es = zo::dtype_size(dt);
-    r.buf = dev->alloc((x.size() + offset) * es, "test tensor");
-    r.p = static_cast<char*>(r.buf.data()) + offset * es;
-    const std::vector<std::uint8_t> bytes = encode(x, dt);
-    dev->copy_to_device(r.p, bytes.data(), bytes.size(), *stream);
-    stream->synchronize();
-    return r;
-  }
-  Tensor act(const std::vector<float>& x, std::size_t offset = 0) { return put(x, t, offset); }
-  Tensor f32(const std::vector<float>& x) { return put(x, DType::kF32); }
-  Tensor i32(const std::vector<std::int32_t>& x) {
-    Tensor r;
-    r.t = DType::kF32;  // unused for ints
-    r.n = x.size();
-    r.buf = dev->alloc(x.size() * 4, "test ints");
-    r.p = r.buf.data();
-    dev->copy_to_device(r.p, x.data(), x.size() * 4, *stream);
-    stream->synchronize();
-    return r;
-  }
-  std::vector<float> get(const Tensor& x) {
-    std::vector<std::uint8_t> bytes(x.n * zo::dtype_size(x.t));
-    dev->copy_to_host(bytes.data(), x.p, bytes.size(), *stream);
-    stream->synchronize();
-    return decode(bytes, x.t);
-  }
-  std::vector<std::uint8_t> raw(const Tensor& x) {
-    std::vector<std::uint8_t> bytes(x.n * zo::dtype_size(x.t));
-    dev->copy_to_host(bytes.data(), x.p, bytes.size(), *stream);
-    stream->synchronize();
-    return bytes;
-  }
-};
-
-// ---- per-op fixture, parameterised by the CUDA activation dtype
-// -----------------------------------
-
-class CudaOps : public zo::test::DtypeOpTest {
+class CudaModel : public zo::test::DtypeOpTest {
  protected:
-  void SetUp() override {
-    ZO_REQUIRE_GPU();
-    host_.init(zo::dev::make_host_device({}));
-    gpu_.init(cuda_device(GetParam()));
-  }
-
-  Side host_, gpu_;
+  void SetUp() override { ZO_REQUIRE_GPU(); }
 };
 
-// ---- matmul
-// ----------------------------------------------------------------------------------------
-
-struct MatmulShape {
-  int N, C, OC;
-};
-// The brief's odd sizes, a shape whose bias gradient is summed in several row chunks, and one
-// with offset (unaligned) operands.
-constexpr MatmulShape kMatmulShapes[] = {{26, 48, 37}, {1000, 64, 96}, {208, 160, 288}};
-
-TEST_P(CudaOps, MatmulForwardWithAndWithoutBias) {
-  for (const MatmulShape& sh : kMatmulShapes) {
-    for (bool with_bias : {true, false}) {
-      for (std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
-        SCOPED_TRACE("N=" + std::to_string(sh.N) + " C=" + std::to_string(sh.C) +
-                     " OC=" + std::to_string(sh.OC) + (with_bias ? " bias" : " no bias") +
-                     " offset " + std::to_string(offset));
-        const std::size_t N = sh.N, C = sh.C, OC = sh.OC;
-        const auto inp = rand(N * C);
-        const auto w = rand(OC * C, 1.0f / std::sqrt(float(C)));
-        const auto bias = rand(OC, 0.5f);
-        const auto junk = rand(N * OC);  // "written" means every element, whatever was there
-        auto run = [&](Side& d) {
-          Tensor out = d.act(junk, offset), x = d.act(inp, offset), wt = d.act(w, offset);
-          Tensor b = d.act(bias, offset);
-          d.dev->matmul_forward(out.p, x.p, wt.p, with_bias ? b.p : nullptr, {sh.N, sh.C, sh.OC},
-                                *d.stream);
-          return d.get(out);
-        };
-        expect_close(run(gpu_), run(host_), tol(), "matmul out");
-      }
-    }
-  }
-}
-
-TEST_P(CudaOps, MatmulBackwardAccumulatesAndIsDeterministic) {
-  for (const MatmulShape& sh : kMatmulShapes) {
-    for (std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
-      SCOPED_TRACE("N=" + std::to_string(sh.N) + " C=" + std::to_string(sh.C) +
-                   " OC=" + std::to_string(sh.OC) + " offset " + std::to_string(offset));
-      const std::size_t N = sh.N, C = sh.C, OC = sh.OC;
-      const auto dout = rand(N * OC);
-      const auto inp = rand(N * C);
-      const auto w = rand(OC * C, 1.0f / std::sqrt(float(C)));
-      const auto dinp0 = rand(N * C), dw0 = rand(OC * C), db0 = rand(OC);
-      struct Grads {
-        std::vector<float> dinp, dw, db, db_after_null;
-      };
-      auto run = [&](Side& d) {
-        Tensor dy = d.act(dout, offset), x = d.act(inp, offset), wt = d.act(w, offset);
-        Tensor dx = d.act(dinp0, offset), dwt = d.act(dw0, offset), db = d.act(db0, offset);
-        d.dev->matmul_backward(dx.p, dwt.p, db.p, dy.p, x.p, wt.p, {sh.N, sh.C, sh.OC}, *d.stream);
-        Grads g{d.get(dx), d.get(dwt), d.get(db), {}};
-        // A second call without dbias adds to dinp/dweight only.
-        d.dev->matmul_backward(dx.p, dwt.p, nullptr, dy.p, x.p, wt.p, {sh.N, sh.C, sh.OC},
-                               *d.stream);
-        g.db_after_null = d.get(db);
-        return g;
-      };
-      const Grads got = run(gpu_), want = run(host_);
-      expect_close(got.dinp, want.dinp, tol(), "dinp");
-      expect_close(got.dw, want.dw, tol(), "dweight");
-      expect_close(got.db, want.db, tol(), "dbias");
-      EXPECT_EQ(got.db_after_null, got.db) << "a null dbias must leave the bias gradient alone";
-      const Grads again = run(gpu_);
-      EXPECT_EQ(again.dinp, got.dinp);
-      EXPECT_EQ(again.dw, got.dw);
-      EXPECT_EQ(again.db, got.db);
-    }
-  }
-}
-
-// ---- embedding
-// --------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, EmbeddingForwardAndBackward) {
-  const int B = 2, T = 13, C = 48, V = 101;
-  const std::size_t BT = std::size_t(B) * T;
-  auto tok = tokens(BT, V);
-  tok[7] = tok[0];  // repeated tokens accumulate into one wte row
-  tok[20] = tok[0];
-  const auto wte = rand(std::size_t(V) * C), wpe = rand(std::size_t(T) * C);
-  const auto junk = rand(BT * C), dout = rand(BT * C);
-  const auto dwte0 = rand(std::size_t(V) * C), dwpe0 = rand(std::size_t(T) * C);
-  struct Out {
-    std::vector<float> out, dwte, dwpe;
-  };
-  auto run = [&](Side& d) {
-    Tensor tk = d.i32(tok), e = d.act(wte), p = d.act(wpe), out = d.act(junk);
-    Tensor dy = d.act(dout), de = d.act(dwte0), dp = d.act(dwpe0);
-    d.dev->embedding_forward(out.p, tk.i(), e.p, p.p, B, T, C, *d.stream);
-    d.dev->embedding_backward(de.p, dp.p, dy.p, tk.i(), B, T, C, *d.stream);
-    return Out{d.get(out), d.get(de), d.get(dp)};
-  };
-  const Out got = run(gpu_), want = run(host_);
-  expect_close(got.out, want.out, tol(), "embedding out");
-  expect_close(got.dwte, want.dwte, tol(), "dwte");
-  expect_close(got.dwpe, want.dwpe, tol(), "dwpe");
-  EXPECT_EQ(run(gpu_).dwte, got.dwte) << "embedding backward must be deterministic";
-}
-
-// ---- layernorm
-// ----------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, LayerNormForwardAndBackward) {
-  const int N = 26, C = 48;
-  const std::size_t NC = std::size_t(N) * C;
-  const auto inp = rand(NC, 2.0f, 0.5f), weight = rand(C, 0.5f, 1.0f), bias = rand(C, 0.5f);
-  const auto junk = rand(NC), dout = rand(NC);
-  const auto dinp0 = rand(NC), dw0 = rand(C), db0 = rand(C);
-  // The backward inputs (mean, rstd) come from the host forward, so both sides see the same.
-  std::vector<float> mean_h, rstd_h;
-  struct Out {
-    std::vector<float> out, mean, rstd, dinp, dw, db;
-  };
-  auto run = [&](Side& d, bool fill_stats) {
-    Tensor x = d.act(inp), w = d.act(weight), b = d.act(bias), out = d.act(junk);
-    Tensor mean = d.f32(std::vector<float>(N, -1.0f)), rstd = d.f32(std::vector<float>(N, -1.0f));
-    d.dev->layernorm_forward(out.p, mean.f(), rstd.f(), x.p, w.p, b.p, N, C, *d.stream);
-    Out o{d.get(out), d.get(mean), d.get(rstd), {}, {}, {}};
-    if (fill_stats) {
-      mean_h = o.mean;
-      rstd_h = o.rstd;
-    }
-    Tensor m = d.f32(mean_h), r = d.f32(rstd_h), dy = d.act(dout);
-    Tensor dx = d.act(dinp0), dw = d.act(dw0), db = d.act(db0);
-    d.dev->layernorm_backward(dx.p, dw.p, db.p, dy.p, x.p, w.p, m.f(), r.f(), N, C, *d.stream);
-    o.dinp = d.get(dx), o.dw = d.get(dw), o.db = d.get(db);
-    return o;
-  };
-  const Out want = run(host_, true), got = run(gpu_, false);
-  expect_close(got.out, want.out, tol(), "layernorm out");
-  expect_close(got.mean, want.mean, kStatsTol, "mean");
-  expect_close(got.rstd, want.rstd, kStatsTol, "rstd");
-  expect_close(got.dinp, want.dinp, tol(), "layernorm dinp");
-  expect_close(got.dw, want.dw, tol(), "layernorm dweight");
-  expect_close(got.db, want.db, tol(), "layernorm dbias");
-}
-
-// ---- elementwise
-// --------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, GeluResidualAccumulate) {
-  const std::size_t n = 2 * 13 * 48 + 3;  // not a multiple of any vector width
-  const auto x = rand(n, 2.0f), y = rand(n), dout = rand(n), dinp0 = rand(n), junk = rand(n);
-  struct Out {
-    std::vector<float> gelu, dgelu, residual, acc;
-  };
-  auto run = [&](Side& d) {
-    Tensor a = d.act(x), b = d.act(y), dy = d.act(dout), out = d.act(junk), dx = d.act(dinp0);
-    Out o;
-    d.dev->gelu_forward(out.p, a.p, n, *d.stream);
-    o.gelu = d.get(out);
-    d.dev->gelu_backward(dx.p, a.p, dy.p, n, *d.stream);
-    o.dgelu = d.get(dx);
-    d.dev->residual_forward(out.p, a.p, b.p, n, *d.stream);
-    o.residual = d.get(out);
-    d.dev->accumulate(b.p, dy.p, n, *d.stream);
-    o.acc = d.get(b);
-    return o;
-  };
-  const Out got = run(gpu_), want = run(host_);
-  expect_close(got.gelu, want.gelu, tol(), "gelu");
-  expect_close(got.dgelu, want.dgelu, tol(), "gelu dinp");
-  expect_close(got.residual, want.residual, tol(), "residual");
-  expect_close(got.acc, want.acc, tol(), "accumulate");
-}
-
-// ---- attention
-// ----------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, AttentionForwardAndBackward) {
-  struct Shape {
-    int B, T, C, NH;
-  };
-  // hs 16 with odd T; the GPT-2 head size 64 with T past one 64-row tile.
-  for (const Shape sh : {Shape{2, 13, 48, 3}, Shape{1, 77, 128, 2}}) {
-    SCOPED_TRACE("B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) +
-                 " C=" + std::to_string(sh.C) + " NH=" + std::to_string(sh.NH));
-    const std::size_t BT = std::size_t(sh.B) * sh.T, C = sh.C;
-    const std::size_t rows = std::size_t(sh.B) * sh.NH * sh.T;
-    const auto qkv = rand(BT * 3 * C), junk = rand(BT * C), dout = rand(BT * C);
-    const auto dqkv0 = rand(BT * 3 * C);
-    const zo::dev::AttentionArgs args{sh.B, sh.T, sh.C, sh.NH};
-    std::vector<float> out_h, lse_h;
-    struct Out {
-      std::vector<float> out, lse, dqkv;
-    };
-    auto run = [&](Side& d, bool keep) {
-      Tensor x = d.act(qkv), out = d.act(junk), lse = d.f32(std::vector<float>(rows, -7.0f));
-      d.dev->attention_forward(out.p, lse.f(), x.p, args, *d.stream);
-      Out o{d.get(out), d.get(lse), {}};
-      // The backward reads the host forward's out (in the dtype under test) and lse on both sides.
-      if (keep) {
-        out_h = round_to(o.out, t());
-        lse_h = o.lse;
-      }
-      Tensor o_in = d.act(out_h), l_in = d.f32(lse_h), dy = d.act(dout), dx = d.act(dqkv0);
-      d.dev->attention_backward(dx.p, dy.p, x.p, o_in.p, l_in.f(), args, *d.stream);
-      o.dqkv = d.get(dx);
-      return o;
-    };
-    const Out want = run(host_, true), got = run(gpu_, false);
-    expect_close(got.out, want.out, tol(), "attention out");
-    expect_close(got.lse, want.lse, kStatsTol, "lse");
-    expect_close(got.dqkv, want.dqkv, tol(), "dqkv");
-  }
-}
-
-// ---- cross-entropy
-// ------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, CrossEntropyWithSeparateAliasedAndNoGradient) {
-  struct Shape {
-    int N, V;
-  };
-  for (const Shape sh : {Shape{26, 101}, Shape{3, 50257}}) {
-    SCOPED_TRACE("N=" + std::to_string(sh.N) + " V=" + std::to_string(sh.V));
-    const std::size_t NV = std::size_t(sh.N) * sh.V;
-    const auto logits = rand(NV, 2.0f), junk = rand(NV);
-    const auto targets = tokens(std::size_t(sh.N), sh.V);
-    const float scale = 1.0f / float(sh.N);
-    struct Out {
-      std::vector<float> losses_only, losses, dlogits, losses_aliased, dlogits_aliased, untouched;
-    };
-    auto run = [&](Side& d) {
-      Tensor x = d.act(logits), tg = d.i32(targets), dx = d.act(junk);
-      Tensor losses = d.f32(std::vector<float>(std::size_t(sh.N), -1.0f));
-      Out o;
-      d.dev->cross_entropy(losses.f(), nullptr, x.p, tg.i(), sh.N, sh.V, scale, *d.stream);
-      o.losses_only = d.get(losses);
-      o.untouched = d.get(x);
-      d.dev->cross_entropy(losses.f(), dx.p, x.p, tg.i(), sh.N, sh.V, scale, *d.stream);
-      o.losses = d.get(losses);
-      o.dlogits = d.get(dx);
-      d.dev->cross_entropy(losses.f(), x.p, x.p, tg.i(), sh.N, sh.V, scale, *d.stream);
-      o.losses_aliased = d.get(losses);
-      o.dlogits_aliased = d.get(x);
-      return o;
-    };
-    const Out got = run(gpu_), want = run(host_);
-    expect_close(got.losses_only, want.losses_only, kStatsTol, "losses (no dlogits)");
-    EXPECT_EQ(got.untouched, logits) << "a null dlogits must leave the logits alone";
-    expect_close(got.losses, want.losses, kStatsTol, "losses");
-    expect_close(got.dlogits, want.dlogits, tol(), "dlogits");
-    expect_close(got.losses_aliased, want.losses_aliased, kStatsTol, "losses (aliased)");
-    expect_close(got.dlogits_aliased, want.dlogits_aliased, tol(), "dlogits (aliased)");
-  }
-}
-
-// ---- reductions
-// -----------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, SumSquaresAccumulatesDeterministically) {
-  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1251}, std::size_t{100003}}) {
-    SCOPED_TRACE("n=" + std::to_string(n));
-    const auto x = rand(n);
-    auto run = [&](Side& d) {
-      Tensor data = d.act(x), out = d.f32({1.5f});
-      d.dev->sum_squares(out.f(), data.p, n, *d.stream);
-      return d.get(out);
-    };
-    const std::vector<float> got = run(gpu_), want = run(host_);
-    EXPECT_NEAR(got[0], want[0], 1e-5 * std::fabs(want[0])) << "sum of squares + 1.5";
-    EXPECT_EQ(run(gpu_), got) << "sum_squares must be bit-reproducible";
-  }
-}
-
-TEST_P(CudaOps, NonfiniteFlag) {
-  const std::size_t n = 1001;
-  const float inf = std::numeric_limits<float>::infinity();
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  auto flag_after = [&](const std::vector<float>& x, float preset) {
-    Tensor data = gpu_.act(x), flag = gpu_.f32({preset});
-    gpu_.dev->nonfinite_flag(flag.f(), data.p, x.size(), *gpu_.stream);
-    return gpu_.get(flag)[0];
-  };
-  const auto finite = rand(n, 100.0f);
-  EXPECT_EQ(flag_after(finite, 0.0f), 0.0f);
-  EXPECT_EQ(flag_after(finite, 0.25f), 0.25f) << "a finite tensor leaves the flag as it was";
-  const std::pair<std::size_t, float> bad[] = {{0, -inf}, {777, inf}, {n - 1, nan}, {500, nan}};
-  for (const auto& [index, value] : bad) {
-    std::vector<float> x = finite;
-    x[index] = value;
-    EXPECT_EQ(flag_after(x, 0.0f), 1.0f) << value << " at " << index;
-  }
-}
-
-// ---- cast
-// ---------------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, CastMatchesHostConvertersBitForBit) {
-  const std::vector<float> x = cast_inputs();
-  const std::size_t n = x.size();
-  Tensor src = gpu_.f32(x);
-  Tensor narrow = gpu_.put(std::vector<float>(n, 0.0f), t());
-  gpu_.dev->cast(narrow.p, t(), src.p, DType::kF32, n, *gpu_.stream);
-  EXPECT_EQ(gpu_.raw(narrow), encode(x, t())) << "fp32 -> " << zo::dtype_name(t());
-  Tensor wide = gpu_.f32(std::vector<float>(n, 0.0f));
-  gpu_.dev->cast(wide.p, DType::kF32, narrow.p, t(), n, *gpu_.stream);
-  EXPECT_EQ(gpu_.raw(wide), encode(round_to(x, t()), DType::kF32))
-      << zo::dtype_name(t()) << " -> fp32";
-}
-
-// ---- AdamW
-// ------------------------------------------------------------------------------------------
-
-TEST_P(CudaOps, AdamWMatchesHostOverTenSteps) {
-  const std::size_t n = 1001;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> master0(n);
-  for (float& v : master0)
-    v = normal(rng_);
-  const std::vector<float> zeros(n, 0.0f);
-  Tensor gm = gpu_.f32(master0), gmo = gpu_.f32(zeros), gv = gpu_.f32(zeros);
-  Tensor gp = gpu_.act(zeros);
-  Tensor hm = host_.f32(master0), hmo = host_.f32(zeros), hv = host_.f32(zeros);
-  zo::AdamConfig c;
-  c.lr = 1e-2f;
-  c.beta1 = 0.9f;
-  c.beta2 = 0.95f;
-  c.eps = 1e-8f;
-  c.weight_decay = 0.1f;
-  const float grad_mult = 0.5f;
-  for (std::int64_t k = 1; k <= 10; ++k) {
-    const auto g = rand(n);  // representable in the dtype under test
-    Tensor gg = gpu_.act(g), hg = host_.f32(g);
-    gpu_.dev->adamw(gm.f(), gmo.f(), gv.f(), gg.p, gp.p, n, c, k, grad_mult, *gpu_.stream);
-    host_.dev->adamw(hm.f(), hmo.f(), hv.f(), hg.p, nullptr, n, c, k, grad_mult, *host_.stream);
-    // Both streams run asynchronously: the gradients must outlive the steps that read them.
-    gpu_.stream->synchronize();
-    host_.stream->synchronize();
-  }
-  const std::vector<float> master = gpu_.get(gm);
-  expect_close(master, host_.get(hm), kStatsTol, "master");
-  expect_close(gpu_.get(gmo), host_.get(hmo), kStatsTol, "m");
-  expect_close(gpu_.get(gv), host_.get(hv), kStatsTol, "v");
-  EXPECT_EQ(gpu_.raw(gp), encode(master, t())) << "params_out is the new master, rounded";
-}
-
-// ---- the whole model
-// -----------------------------------------------------------------------------------
-
-TEST_P(CudaOps, GptLossAndGradientsMatchHost) {
+TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
   const zo::model::ModelSpec spec = zo::model::model_spec_from_json(
       {{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
       "tiny-cuda");
@@ -516,32 +113,30 @@ TEST_P(CudaOps, GptLossAndGradientsMatchHost) {
       }
     }
   }
-  params = round_to(params, t());
+  params = zo::test::round_to(params, t());
   const auto tok = tokens(BT, spec.vocab_size), tgt = tokens(BT, spec.vocab_size);
   struct Out {
     std::vector<float> losses, grads;
   };
-  auto run = [&](Side& d) {
-    Tensor p = d.act(params), g = d.act(std::vector<float>(layout.size(), 0.0f));
-    zo::model::Gpt gpt(*d.dev, layout, {B, T, false});
-    gpt.set_batch(tok, tgt, *d.stream);
+  auto run = [&](Device& dev) {
+    OpRun d(dev, t(), 0);
+    const Tensor p = d.act(params), g = d.act(std::vector<float>(layout.size(), 0.0f));
+    zo::model::Gpt gpt(dev, layout, {B, T, false});
+    gpt.set_batch(tok, tgt, d.s());
     // dloss_scale 1 (the gradient of the summed loss) keeps fp16 gradients out of subnormals.
-    gpt.forward(p.p, T, true, 1.0f, *d.stream);
-    gpt.backward(p.p, g.p, *d.stream);
-    Tensor losses;
-    losses.p = const_cast<float*>(gpt.losses());
-    losses.n = BT;
-    losses.t = DType::kF32;
-    Out o{d.get(losses), d.get(g)};
-    return o;
+    gpt.forward(p.p, T, true, 1.0f, d.s());
+    gpt.backward(p.p, g.p, d.s());
+    const Tensor losses{const_cast<float*>(gpt.losses()), BT, DType::kF32, false};
+    return Out{d.get(losses), d.get(g)};
   };
-  const Out got = run(gpu_), want = run(host_);
+  const Out got = run(*cuda_device(t())), want = run(*zo::dev::make_host_device({}));
   const bool f32 = t() == DType::kF32;
   const double mean_got = std::accumulate(got.losses.begin(), got.losses.end(), 0.0) / double(BT);
   const double mean_want =
       std::accumulate(want.losses.begin(), want.losses.end(), 0.0) / double(BT);
   EXPECT_NEAR(mean_got, mean_want, (f32 ? 1e-5 : 2e-2) * mean_want) << "mean loss";
-  expect_close(got.losses, want.losses, f32 ? Tol{1e-5, 1e-4} : Tol{2e-2, 1e-1}, "losses");
+  zo::test::expect_close(got.losses, want.losses,
+                         f32 ? zo::test::Tol{1e-5, 1e-4} : zo::test::Tol{2e-2, 1e-1}, "losses");
   // Per tensor, by norm: 16-bit activations compound over the layers.
   for (const auto& ti : layout.tensors()) {
     SCOPED_TRACE(ti.name);
@@ -556,8 +151,9 @@ TEST_P(CudaOps, GptLossAndGradientsMatchHost) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                         dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModel,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         zo::test::dtype_param_name);
 
 // ---- the device itself
 // ----------------------------------------------------------------------------

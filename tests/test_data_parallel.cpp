@@ -1,4 +1,4 @@
-// Data-parallel training as a user launches it (issue 6): `mpiexec -np N offload_train train`
+// Data-parallel training as a user launches it: `mpiexec -np N offload_train train`
 // on the host backend against one process with the same global batch, resume bit for bit and
 // across rank counts, and clear refusals. Skips when the build has no MPI.
 #include <gtest/gtest.h>

@@ -2,7 +2,8 @@
 // every op forward against an independent float64 scalar reference, every backward against the
 // float64 analytic gradient and against central finite differences (float64) of a random scalar
 // objective L = sum(w * out), on random data of odd sizes; plus streams, events, task errors,
-// argument checks, capacity and bit-identical results across thread counts.
+// argument checks, capacity; and the op-case table (op_cases.h) on three threads against one,
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "core/dtype.h"
 #include "device/device.h"
 #include "device/host_stream.h"
+#include "op_cases.h"
 
 namespace {
 
@@ -1093,101 +1095,20 @@ TEST(HostOps, Cast) {
 }
 
 // ======================================================================================
-// Determinism: 1 thread and 3 threads give the same bits
+// Determinism: the op-case table (op_cases.h) on 3 threads against 1 thread, bit for bit
 // ======================================================================================
 
-template <class Run>
-void expect_same_bits_for_thread_counts(const Run& run, const char* what) {
-  const std::vector<std::vector<float>> one = run(1), three = run(3);
-  ASSERT_EQ(one.size(), three.size());
-  for (std::size_t i = 0; i < one.size(); ++i) {
-    EXPECT_TRUE(same_bits(one[i], three[i])) << what << ": output " << i << " differs";
-  }
+class HostOpCases : public ::testing::TestWithParam<zo::test::OpCaseParam> {};
+
+TEST_P(HostOpCases, SameBitsOnThreeThreadsAsOnOne) {
+  const auto one = zo::dev::make_host_device(HostDeviceOptions{0, 1});
+  const auto three = zo::dev::make_host_device(HostDeviceOptions{0, 3});
+  zo::test::run_op_case(*GetParam().op, DType::kF32, *three, *one, zo::test::Compare::kBits);
 }
 
-TEST(HostDeterminism, MatmulBackward) {
-  constexpr int N = 200, C = 80, OC = 150;
-  expect_same_bits_for_thread_counts(
-      [&](int threads) {
-        Env env(threads);
-        Buffer x = env.up(uniform(N * C, 150)), w = env.up(uniform(OC * C, 151)),
-               g = env.up(uniform(N * OC, 152)), dx = env.up(uniform(N * C, 153)),
-               dw = env.up(uniform(OC * C, 154)), db = env.up(uniform(OC, 155)),
-               out = env.empty(N * OC);
-        env.dev->matmul_forward(out.data(), x.data(), w.data(), db.data(), {N, C, OC}, env.s());
-        env.dev->matmul_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
-                                 {N, C, OC}, env.s());
-        return std::vector<std::vector<float>>{env.down(out), env.down(dx), env.down(dw),
-                                               env.down(db)};
-      },
-      "matmul");
-}
-
-TEST(HostDeterminism, EmbeddingBackward) {
-  constexpr int B = 4, T = 64, C = 200, V = 50;  // many repeats of every token
-  expect_same_bits_for_thread_counts(
-      [&](int threads) {
-        Env env(threads);
-        Buffer tok = env.up(random_ids(B * T, V, 160)), g = env.up(uniform(B * T * C, 161)),
-               dwte = env.up(uniform(V * C, 162)), dwpe = env.up(uniform(T * C, 163));
-        env.dev->embedding_backward(dwte.data(), dwpe.data(), g.data(), tok.as<std::int32_t>(), B,
-                                    T, C, env.s());
-        return std::vector<std::vector<float>>{env.down(dwte), env.down(dwpe)};
-      },
-      "embedding_backward");
-}
-
-TEST(HostDeterminism, LayerNormAndCrossEntropy) {
-  constexpr int N = 300, C = 200, V = 301;
-  expect_same_bits_for_thread_counts(
-      [&](int threads) {
-        Env env(threads);
-        Buffer x = env.up(uniform(N * C, 170)), w = env.up(uniform(C, 171)),
-               b = env.up(uniform(C, 172)), g = env.up(uniform(N * C, 173)),
-               dx = env.up(uniform(N * C, 174)), dw = env.up(uniform(C, 175)),
-               db = env.up(uniform(C, 176)), out = env.empty(N * C), mean = env.empty(N),
-               rstd = env.empty(N), logits = env.up(uniform(N * V, 177, -5.0f, 5.0f)),
-               tgt = env.up(random_ids(N, V, 178)), losses = env.empty(N);
-        env.dev->layernorm_forward(out.data(), mean.as<float>(), rstd.as<float>(), x.data(),
-                                   w.data(), b.data(), N, C, env.s());
-        env.dev->layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
-                                    mean.as<float>(), rstd.as<float>(), N, C, env.s());
-        env.dev->cross_entropy(losses.as<float>(), logits.data(), logits.data(),
-                               tgt.as<std::int32_t>(), N, V, 1.0f / N, env.s());
-        return std::vector<std::vector<float>>{env.down(out), env.down(dx),     env.down(dw),
-                                               env.down(db),  env.down(losses), env.down(logits)};
-      },
-      "layernorm / cross_entropy");
-}
-
-TEST(HostDeterminism, SumSquares) {
-  constexpr std::size_t n = 200003;
-  expect_same_bits_for_thread_counts(
-      [&](int threads) {
-        Env env(threads);
-        Buffer x = env.up(uniform(n, 180, -3.0f, 3.0f)), out = env.up(std::vector<float>{0.5f});
-        env.dev->sum_squares(out.as<float>(), x.data(), n, env.s());
-        return std::vector<std::vector<float>>{env.down(out)};
-      },
-      "sum_squares");
-}
-
-TEST(HostDeterminism, Attention) {
-  constexpr int B = 2, T = 150, C = 32, NH = 2;
-  expect_same_bits_for_thread_counts(
-      [&](int threads) {
-        Env env(threads);
-        const AttentionArgs a{B, T, C, NH};
-        Buffer qkv = env.up(uniform(B * T * 3 * C, 190, -2.0f, 2.0f)),
-               g = env.up(uniform(B * T * C, 191)), dqkv = env.up(uniform(B * T * 3 * C, 192)),
-               out = env.empty(B * T * C), lse = env.empty(B * NH * T);
-        env.dev->attention_forward(out.data(), lse.as<float>(), qkv.data(), a, env.s());
-        env.dev->attention_backward(dqkv.data(), g.data(), qkv.data(), out.data(), lse.as<float>(),
-                                    a, env.s());
-        return std::vector<std::vector<float>>{env.down(out), env.down(lse), env.down(dqkv)};
-      },
-      "attention");
-}
+INSTANTIATE_TEST_SUITE_P(Table, HostOpCases,
+                         ::testing::ValuesIn(zo::test::op_case_params({DType::kF32})),
+                         zo::test::op_case_name);
 
 // The device AdamW (resident mode) against the documented update in float64, 10 steps.
 TEST(HostOps, AdamWMatchesFloat64Reference) {

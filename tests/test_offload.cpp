@@ -1,4 +1,4 @@
-// The offload engine's bucket plan: coverage, tensor-aligned cuts, sizes, and readiness order.
+// The offload engine's bucket plan: coverage, tensor-aligned cuts, sizes, and shards.
 #include <gtest/gtest.h>
 
 #include "model/layout.h"
@@ -31,35 +31,19 @@ void check_plan(const zo::model::ParameterLayout& layout, std::size_t target_byt
     // At most one tensor beyond the target: the cut comes right after crossing it.
     const auto& lastt = tensors[x.end_tensor - 1];
     EXPECT_LT(lastt.offset - x.begin, std::max<std::size_t>(1, target_bytes / 2));
-    // Readiness: the lowest block of its tensors, or -1 when it holds an embedding, and never a
-    // mix of embeddings and block tensors.
-    int ready = layout.spec().n_layer - 1;
-    bool has_embedding = false, has_block = false;
+    // Embedding buckets (complete only at the end of backward) hold nothing else.
+    bool has_embedding = false, has_other = false;
     for (std::size_t t = x.first_tensor; t < x.end_tensor; ++t) {
-      if (tensors[t].kind == zo::model::TensorKind::kEmbedding) has_embedding = true;
-      if (tensors[t].layer >= 0) {
-        has_block = true;
-        ready = std::min(ready, tensors[t].layer);
-      }
+      (tensors[t].kind == zo::model::TensorKind::kEmbedding ? has_embedding : has_other) = true;
     }
-    EXPECT_FALSE(has_embedding && has_block);
-    EXPECT_EQ(x.ready_after, has_embedding ? -1 : ready);
+    EXPECT_FALSE(has_embedding && has_other);
+    EXPECT_EQ(x.embeddings, has_embedding);
     for (std::size_t off : {x.begin, x.end - 1})
       EXPECT_EQ(plan.bucket_of(off).index, x.index);
     expect_begin = x.end;
     expect_tensor = x.end_tensor;
   }
   EXPECT_EQ(expect_begin, layout.size());
-  // ready_at partitions the buckets.
-  std::vector<int> seen(b.size(), 0);
-  for (int after = -1; after < layout.spec().n_layer; ++after) {
-    for (std::size_t i : plan.ready_at(after)) {
-      ++seen[i];
-      EXPECT_EQ(std::min(b[i].ready_after, layout.spec().n_layer - 1), after);
-    }
-  }
-  for (int s : seen)
-    EXPECT_EQ(s, 1);
 }
 
 TEST(BucketPlan, CoversTheLayoutWithTensorAlignedBuckets) {
@@ -79,19 +63,7 @@ TEST(BucketPlan, OneBucketPerTensorWhenTheTargetIsTiny) {
     largest = std::max(largest, t.numel);
   EXPECT_EQ(plan.max_bucket_elements(), largest);
   EXPECT_THROW(BucketPlan(layout, {0, 2}), std::invalid_argument);
-  EXPECT_THROW(plan.ready_at(3), std::out_of_range);
   EXPECT_THROW(plan.bucket_of(layout.size()), std::out_of_range);
-}
-
-TEST(BucketPlan, LastBlocksAreReadyFirst) {
-  const auto layout = layout_of(4, 32, 64);
-  const BucketPlan plan(layout, {std::size_t(2) * 32 * 32 * 4, 2});  // ~ a third of a block
-  // The top hook (block 3) releases the buckets of block 3 and ln_f; -1 releases wte/wpe.
-  for (std::size_t i : plan.ready_at(3))
-    EXPECT_GE(plan.buckets()[i].begin, layout.block_begin(3));
-  for (std::size_t i : plan.ready_at(-1))
-    EXPECT_LT(plan.buckets()[i].begin, layout.block_begin(0));
-  EXPECT_FALSE(plan.ready_at(0).empty());
 }
 
 // Data parallel: every bucket's shards over the ranks cover it exactly once, in equal padded
@@ -158,14 +130,14 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 #include "device/device.h"
 #include "model/gpt.h"
 #include "offload/engine.h"
-#include "offload/host_optimizer.h"
+#include "optim/host_optimizer.h"
 #include "thread_comm.h"
 
 namespace {
 
 using zo::offload::Engine;
 using zo::offload::EngineConfig;
-using zo::offload::HostOptimizer;
+using zo::optim::HostOptimizer;
 
 // Odd sizes everywhere: 3 heads of 16, a 97-token vocabulary, 3 blocks.
 const zo::model::ModelSpec& odd_spec() {
@@ -191,8 +163,8 @@ struct Batches {
   }
 };
 
-zo::offload::OptimizerConfig opt_config() {
-  zo::offload::OptimizerConfig c;
+zo::optim::OptimizerConfig opt_config() {
+  zo::optim::OptimizerConfig c;
   c.adam.beta1 = 0.9f;
   c.adam.beta2 = 0.95f;
   c.adam.weight_decay = 0.1f;
@@ -254,9 +226,9 @@ zo::offload::GradStats engine_step(zo::dev::Device& d, zo::dev::Stream& s, Engin
   e.begin_step(dpu);
   for (std::size_t k = 0; k < b.tokens.size(); ++k) {
     gpt.set_batch(b.tokens[k], b.targets[k], s);
-    gpt.forward(e.params(), T, true, dloss, s, [&](int g) { e.before_read(g); });
+    gpt.forward(e, T, true, dloss, s);
     e.begin_micro_batch(static_cast<int>(k));
-    gpt.backward(e.params(), e, s);
+    gpt.backward(e, s);
   }
   const auto st = e.finish_gradients();
   e.start_update(lr, 1.0f);
@@ -348,14 +320,9 @@ TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
       for (auto& p : parts) {
         local.resize(p->size());
         p->take_owned(grads.data(), local.data());
-        for (int l = -1; l <= odd_spec().n_layer; ++l) {  // embeddings, blocks, ln_f
-          const std::size_t b = l < 0                    ? 0
-                                : l < odd_spec().n_layer ? layout.block_begin(l)
-                                                         : layout.block_end(l - 1);
-          const std::size_t e = l < 0                    ? layout.block_begin(0)
-                                : l < odd_spec().n_layer ? layout.block_end(l)
-                                                         : n;
-          p->update_range(b, e, {local.data(), local.size(), zo::DType::kF32}, t, 1e-3f, 0.5f);
+        for (const zo::model::Range& r : layout.groups()) {  // embeddings, blocks, ln_f
+          p->update_range(r.begin, r.end, {local.data(), local.size(), zo::DType::kF32}, t, 1e-3f,
+                          0.5f);
         }
       }
     }
@@ -551,9 +518,9 @@ TEST(Engine, NonFiniteGradientsAreReportedBeforeAnyUpdate) {
     e.begin_step(false);
     for (int k = 0; k < accum; ++k) {
       gpt.set_batch(b.tokens[std::size_t(k)], b.targets[std::size_t(k)], *stream);
-      gpt.forward(e.params(), 16, true, 1.0f, *stream, [&](int g) { e.before_read(g); });
+      gpt.forward(e, 16, true, 1.0f, *stream);
       e.begin_micro_batch(k);
-      gpt.backward(e.params(), e, *stream);
+      gpt.backward(e, *stream);
     }
     EXPECT_TRUE(e.finish_gradients().nonfinite) << "grad_accum " << accum;
     EXPECT_EQ(off.state().step, 0);
@@ -581,11 +548,11 @@ TEST(Engine, DelayedUpdateReadsParametersOneStepStale) {
     const Batches b(1, 16, 50 + step);
     e.begin_step(true);
     gpt.set_batch(b.tokens[0], b.targets[0], *stream);
-    gpt.forward(e.params(), 16, true, 1.0f / 16, *stream, [&](int g) { e.before_read(g); });
+    gpt.forward(e, 16, true, 1.0f / 16, *stream);
     stream->synchronize();
     seen.push_back(download(*d, e.params(), n));  // what this step's forward read
     e.begin_micro_batch(0);
-    gpt.backward(e.params(), e, *stream);
+    gpt.backward(e, *stream);
     e.finish_gradients();  // with DPU: waits for update step-1 and uploads it
     if (step > 0) after_update.emplace_back(off.master().begin(), off.master().end());
     e.start_update(1e-2f, 1.0f);

@@ -1,4 +1,4 @@
-// Collective communication between the ranks of a data-parallel job (issue 6,
+// Collective communication between the ranks of a data-parallel job (see
 // docs/scale_out.md). This first layer is host-side and blocking: small collectives for
 // norms, flags and config checks, and the reduce-scatter / all-gather the host backend's data
 // parallelism uses. Collectives on device streams (MPI on host-backend stream threads, NCCL on

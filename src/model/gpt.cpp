@@ -147,8 +147,17 @@ void Gpt::block_forward(const void* params, int l, int t, dev::Stream& s) {
   device_.residual_forward(out, a.res2, fcproj_, NC, s);
 }
 
-void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s,
-                  const std::function<void(int)>& before_read) {
+void* FlatParameters::grad(std::size_t offset) {
+  return grads_ + offset * esize_;
+}
+
+void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s) {
+  FlatParameters flat(params, nullptr, device_.act_dtype());
+  forward(flat, t, with_targets, dloss_scale, s);
+}
+
+void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
+                  dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   if (t < 1 || t > shape_.T || (t < shape_.T && shape_.B != 1)) {
     throw std::invalid_argument("forward over " + std::to_string(t) +
@@ -158,17 +167,15 @@ void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scal
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
   const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
-  auto reading = [&](int group) {
-    if (before_read) before_read(group);
-  };
-  reading(-1);
+  const void* params = store.params();
+  store.before_read(0);
   device_.embedding_forward(residuals_[0], tokens_, at(params, layout_.wte()),
                             at(params, layout_.wpe()), shape_.B, t, C, s);
   for (int l = 0; l < spec.n_layer; ++l) {
-    reading(l);
+    store.before_read(std::size_t(l) + 1);
     block_forward(params, l, t, s);
   }
-  reading(spec.n_layer);
+  store.before_read(std::size_t(spec.n_layer) + 1);
   device_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residuals_.back(),
                             at(params, layout_.lnf_w()), at(params, layout_.lnf_b()), N, C, s);
   device_.matmul_forward(logits_, lnf_, at(params, layout_.wte()), nullptr, {N, C, V}, s);
@@ -179,17 +186,11 @@ void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scal
 }
 
 void Gpt::backward(const void* params, void* grads, dev::Stream& s) {
-  struct Flat final : GradSink {
-    const Gpt* gpt;
-    void* base;
-    void* grad(std::size_t offset) override { return gpt->at(base, offset); }
-  } flat;
-  flat.gpt = this;
-  flat.base = grads;
-  backward(params, flat, s);
+  FlatParameters flat(params, grads, device_.act_dtype());
+  backward(flat, s);
 }
 
-void Gpt::backward(const void* params, GradSink& grads, dev::Stream& s) {
+void Gpt::backward(ParameterStore& store, dev::Stream& s) {
   if (!grads_ready_) {
     throw std::logic_error(
         "Gpt::backward needs a preceding training forward (targets and a "
@@ -199,9 +200,10 @@ void Gpt::backward(const void* params, GradSink& grads, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const int t = t_, N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
   const std::size_t NC = std::size_t(N) * C;
+  const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
-  auto g = [&](std::size_t off) { return grads.grad(off); };
-  auto done = [&](std::size_t off) { grads.complete_from(off); };
+  auto g = [&](std::size_t off) { return store.grad(off); };
+  auto done = [&](std::size_t off) { store.complete_from(off); };
   auto zero = [&](void* x, std::size_t elements) { device_.fill_zero(x, elements * esize_, s); };
 
   // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf).

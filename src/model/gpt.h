@@ -1,11 +1,10 @@
-// GPT-2 forward and backward, written once against the device interface (DESIGN.md §4). The
-// model owns its activations and token buffers on the device; parameters and gradients are flat
-// buffers in ParameterLayout order owned by the caller (trainer or offload engine).
+// GPT-2 forward and backward, written once against the device interface (device/device.h). The
+// model owns its activations and token buffers on the device; parameters and gradients belong to
+// a ParameterStore (flat buffers, or the offload engine's uploads and gradient buckets).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,18 +13,40 @@
 
 namespace zo::model {
 
-// Where Gpt::backward puts parameter gradients. grad(offset) returns the pointer for the tensor
-// starting at layout element `offset` (the whole tensor, act dtype); backward accumulates (+=) into
-// it. Parameter tensors are written in descending layout order, except wte, which the LM head
-// writes first and the embedding backward writes again last. After every op that writes parameter
-// gradients, backward calls complete_from(x): every tensor at offset >= x other than wte is final
-// for this backward. complete_from(0) comes last: everything is final. The offload engine streams
-// buckets to the host from these calls (docs/offload.md).
-class GradSink {
+// The one interface between the model and whoever provides its parameters and takes its
+// gradients (docs/architecture.md, "One gradient bucket").
+// - params(): the (layout.size()) parameters in act dtype on the device.
+// - before_read(g): forward calls it before enqueueing the first op that reads parameter group g
+//   (ParameterLayout::groups()), in order 0, 1, ..., n_layer + 1: the offload engine makes the
+//   stream wait there for that group's upload only.
+// - grad(offset): where backward accumulates (+=) the gradient of the tensor starting at layout
+//   element `offset` (the whole tensor, act dtype). Tensors are written in descending layout
+//   order, except wte, which the LM head writes first and the embedding backward writes again
+//   last.
+// - complete_from(x): after every op that writes parameter gradients, backward says that every
+//   tensor at offset >= x other than wte is final for this backward; complete_from(0) comes last.
+//   The offload engine streams buckets to the host from these calls (docs/offload.md).
+class ParameterStore {
  public:
-  virtual ~GradSink() = default;
+  virtual ~ParameterStore() = default;
+  virtual const void* params() = 0;
+  virtual void before_read(std::size_t group) { (void)group; }
   virtual void* grad(std::size_t offset) = 0;
   virtual void complete_from(std::size_t offset) { (void)offset; }
+};
+
+// Flat buffers in layout order: parameters and (for backward) gradients, act dtype, device.
+class FlatParameters final : public ParameterStore {
+ public:
+  FlatParameters(const void* params, void* grads, DType act) noexcept
+      : params_(params), grads_(static_cast<char*>(grads)), esize_(dtype_size(act)) {}
+  const void* params() override { return params_; }
+  void* grad(std::size_t offset) override;
+
+ private:
+  const void* params_;
+  char* grads_;
+  std::size_t esize_;
 };
 
 struct GptShape {
@@ -52,15 +73,13 @@ class Gpt {
 
   // Forward over the first t <= T positions of the batch. With targets, per-position losses are
   // computed; with dloss_scale != 0 the logits buffer is overwritten with dloss_scale * dL/dlogits
-  // for the backward pass that must follow. before_read(g) is called before the first op that
-  // reads parameter group g is enqueued: -1 the embeddings (wte, wpe), l block l, n_layer ln_f
-  // (the offload engine makes the stream wait there for that group's upload only).
-  void forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s,
-               const std::function<void(int)>& before_read = {});
+  // for the backward pass that must follow.
+  void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale, dev::Stream& s);
+  void forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s);
 
-  // Accumulates (+=) gradients into the sink (see GradSink).
-  void backward(const void* params, GradSink& grads, dev::Stream& s);
-  // Accumulates (+=) gradients into one flat buffer (layout.size(), act dtype).
+  // Accumulates (+=) the gradients of the last training forward into the store.
+  void backward(ParameterStore& store, dev::Stream& s);
+  // The same into one flat buffer (layout.size(), act dtype).
   void backward(const void* params, void* grads, dev::Stream& s);
 
   // Device pointers for the last forward: losses (B*T fp32), logits (B*T*V act dtype; holds

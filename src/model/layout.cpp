@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "model/philox.h"
 
@@ -37,6 +38,10 @@ ParameterLayout::ParameterLayout(const ModelSpec& spec) : spec_(spec) {
   block_begin_.push_back(size_);
   lnf_w_ = add("ln_f.weight", {C}, TensorKind::kLayerNormWeight, -1);
   lnf_b_ = add("ln_f.bias", {C}, TensorKind::kLayerNormBias, -1);
+  groups_.push_back({0, block_begin_.front()});
+  for (int l = 0; l < spec.n_layer; ++l)
+    groups_.push_back({block_begin(l), block_end(l)});
+  groups_.push_back({block_begin_.back(), size_});
   if (size_ != spec.num_parameters()) {
     throw std::logic_error("ParameterLayout: size disagrees with ModelSpec::num_parameters");
   }
@@ -59,6 +64,19 @@ std::size_t ParameterLayout::add(const std::string& name, std::vector<std::size_
   size_ += t.numel;
   tensors_.push_back(std::move(t));
   return tensors_.back().offset;
+}
+
+std::size_t ParameterLayout::group_of(std::size_t offset) const {
+  if (offset >= size_) throw std::out_of_range("ParameterLayout::group_of: offset beyond layout");
+  const auto it = std::upper_bound(groups_.begin(), groups_.end(), offset,
+                                   [](std::size_t o, const Range& g) { return o < g.end; });
+  return static_cast<std::size_t>(it - groups_.begin());
+}
+
+std::string ParameterLayout::group_name(std::size_t g) const {
+  if (g == 0) return "embeddings";
+  if (g + 1 == groups_.size()) return "ln_f";
+  return "block " + std::to_string(g - 1);
 }
 
 const TensorInfo& ParameterLayout::find(const std::string& name) const {

@@ -25,6 +25,12 @@ struct TensorInfo {
   bool hf_transposed = false;
 };
 
+// A contiguous range of the flat buffer, in elements.
+struct Range {
+  std::size_t begin = 0, end = 0;
+  std::size_t size() const { return end - begin; }
+};
+
 // Offsets of one block's tensors (elements into the flat buffer).
 struct BlockParams {
   std::size_t ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
@@ -45,9 +51,17 @@ class ParameterLayout {
   const BlockParams& block(int l) const { return blocks_[static_cast<std::size_t>(l)]; }
   std::size_t lnf_w() const { return lnf_w_; }
   std::size_t lnf_b() const { return lnf_b_; }
-  // [begin, end) of the elements that belong to block l (for per-layer events and buckets).
+  // [begin, end) of the elements that belong to block l.
   std::size_t block_begin(int l) const { return block_begin_[static_cast<std::size_t>(l)]; }
   std::size_t block_end(int l) const { return block_begin_[static_cast<std::size_t>(l) + 1]; }
+
+  // The parameter groups in the order forward reads them: [0] the embeddings (wte, wpe),
+  // [1 + l] block l, [n_layer + 1] the final LayerNorm. They tile the buffer. Forward announces
+  // each group before reading it (ParameterStore::before_read); the offload engine uploads new
+  // parameters group by group, and data parallelism cuts buckets at group boundaries.
+  const std::vector<Range>& groups() const { return groups_; }
+  std::size_t group_of(std::size_t offset) const;  // the group holding element `offset`
+  std::string group_name(std::size_t g) const;     // "embeddings", "block 3", "ln_f"
 
  private:
   std::size_t add(const std::string& name, std::vector<std::size_t> shape, TensorKind kind,
@@ -59,6 +73,7 @@ class ParameterLayout {
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<BlockParams> blocks_;
   std::vector<std::size_t> block_begin_;
+  std::vector<Range> groups_;
 };
 
 // By default weight decay applies to matrices only (not biases, LayerNorm or embeddings).

@@ -13,28 +13,16 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
   const std::size_t target =
       std::max<std::size_t>(1, options.target_bytes / options.grad_elem_bytes);
   const auto& tensors = layout.tensors();
-  const int L = layout.spec().n_layer;
-  // When is a tensor complete? Blocks: their index; ln_f: right after the head, i.e. before
-  // block L-1 (hook value L, never called, treated as "at the first hook"); wte/wpe: -1.
-  auto complete_after = [&](const model::TensorInfo& t) {
-    if (t.layer >= 0) return t.layer;
-    return t.kind == model::TensorKind::kEmbedding ? -1 : L - 1;
-  };
-  auto group = [&](const model::TensorInfo& t) {  // as Gpt::forward's before_read hook
-    if (t.layer >= 0) return t.layer;
-    return t.kind == model::TensorKind::kEmbedding ? -1 : L;
-  };
+  auto embedding = [&](std::size_t i) { return tensors[i].kind == model::TensorKind::kEmbedding; };
+  auto group = [&](std::size_t i) { return layout.group_of(tensors[i].offset); };
   std::size_t first = 0;  // first tensor of the bucket being built
-  int ready = L;          // min over its tensors of complete_after
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    ready = std::min(ready, complete_after(tensors[i]));
     const std::size_t end = tensors[i].offset + tensors[i].numel;
     const bool last = i + 1 == tensors.size();
     // Never mix the embeddings (complete last) with block tensors (complete earlier): such a
     // bucket would wait for the end of backward.
-    const bool boundary =
-        !last && ((complete_after(tensors[i]) == -1) != (complete_after(tensors[i + 1]) == -1) ||
-                  (options.cut_at_groups && group(tensors[i]) != group(tensors[i + 1])));
+    const bool boundary = !last && (embedding(i) != embedding(i + 1) ||
+                                    (options.cut_at_groups && group(i) != group(i + 1)));
     if (last || boundary || end - tensors[first].offset >= target) {
       Bucket bk;
       bk.index = buckets_.size();
@@ -42,27 +30,12 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
       bk.end = end;
       bk.first_tensor = first;
       bk.end_tensor = i + 1;
-      bk.ready_after = ready;
+      bk.embeddings = embedding(first);
       max_elements_ = std::max(max_elements_, bk.size());
       buckets_.push_back(bk);
       first = i + 1;
-      ready = L;
     }
   }
-  ready_.resize(static_cast<std::size_t>(L) + 1);
-  for (const Bucket& b : buckets_) {
-    const int after = std::min(b.ready_after, L - 1);
-    ready_[static_cast<std::size_t>(after + 1)].push_back(b.index);
-  }
-  for (auto& r : ready_)
-    std::sort(r.rbegin(), r.rend());
-}
-
-const std::vector<std::size_t>& BucketPlan::ready_at(int after) const {
-  if (after < -1 || after + 1 >= static_cast<int>(ready_.size())) {
-    throw std::out_of_range("BucketPlan::ready_at: no such backward hook");
-  }
-  return ready_[static_cast<std::size_t>(after + 1)];
 }
 
 const Bucket& BucketPlan::bucket_of(std::size_t offset) const {
@@ -91,8 +64,8 @@ std::vector<BucketShard> BucketPlan::shards(int rank, int ranks) const {
   return out;
 }
 
-std::vector<OwnedRange> owned_ranges(const std::vector<BucketShard>& shards) {
-  std::vector<OwnedRange> owned;
+std::vector<optim::OwnedRange> owned_ranges(const std::vector<BucketShard>& shards) {
+  std::vector<optim::OwnedRange> owned;
   for (const BucketShard& s : shards) {
     if (s.end == s.begin) continue;
     if (!owned.empty() && owned.back().end == s.begin) {  // adjacent: one range (one rank: all)

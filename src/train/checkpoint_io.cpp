@@ -25,16 +25,16 @@ template <class T>
 struct WholeArray {
   std::vector<T> storage;
   T* data;
-  WholeArray(const offload::HostOptimizer& opt, T* own)
+  WholeArray(const optim::HostOptimizer& opt, T* own)
       : storage(opt.owns_all() ? 0 : opt.layout_size()),
         data(opt.owns_all() ? own : storage.data()) {}
-  void finish(const offload::HostOptimizer& opt, T* own) const {
+  void finish(const optim::HostOptimizer& opt, T* own) const {
     if (!opt.owns_all()) opt.take_owned(data, own);
   }
 };
 
 void load_master(const fs::path& dir, const model::ParameterLayout& layout,
-                 offload::HostOptimizer& opt) {
+                 optim::HostOptimizer& opt) {
   WholeArray<float> master(opt, opt.master().data());
   model::import_hf_weights(dir / "model.safetensors", layout,
                            std::span<float>(master.data, layout.size()));
@@ -45,7 +45,7 @@ void load_master(const fs::path& dir, const model::ParameterLayout& layout,
 // uint16 words for bf16).
 template <class T>
 void load_whole_moments(const ckpt::SafetensorsFile& file, const model::ParameterLayout& layout,
-                        offload::HostOptimizer& opt) {
+                        optim::HostOptimizer& opt) {
   const DType sd = opt.config().state_dtype;
   const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
   std::vector<T> buf;
@@ -67,7 +67,7 @@ void load_whole_moments(const ckpt::SafetensorsFile& file, const model::Paramete
 }
 
 void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layout,
-                        offload::HostOptimizer& opt) {
+                        optim::HostOptimizer& opt) {
   const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");
   if (opt.config().state_dtype == DType::kF32) {
     load_whole_moments<float>(file, layout, opt);
@@ -79,7 +79,7 @@ void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layou
 // optimizer.rank<r>-of<N>.safetensors: each rank's local arrays; this rank takes the parts of
 // every shard that it owns now (the same shard with the same N, pieces of several otherwise).
 void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
-                          offload::HostOptimizer& opt) {
+                          optim::HostOptimizer& opt) {
   const DType sd = opt.config().state_dtype;
   const std::size_t es = dtype_size(sd);
   const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
@@ -98,7 +98,7 @@ void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
       std::size_t old_local = 0;
       for (const nlohmann::json& r : f.at("ranges")) {
         const auto b = r.at(0).get<std::size_t>(), e = r.at(1).get<std::size_t>();
-        for (const offload::OwnedRange& o : opt.owned()) {
+        for (const optim::OwnedRange& o : opt.owned()) {
           const std::size_t lo = std::max(b, o.begin), hi = std::min(e, o.end);
           if (lo < hi) pieces.push_back({old_local + (lo - b), o.local + (lo - o.begin), hi - lo});
         }
@@ -149,7 +149,7 @@ void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& la
 }
 
 nlohmann::json full_state(const nlohmann::json& trainer_state, const model::ParameterLayout& layout,
-                          offload::HostOptimizer& opt) {
+                          optim::HostOptimizer& opt) {
   nlohmann::json state = trainer_state;
   state["format_version"] = kCheckpointFormatVersion;
   state["adam_step"] = opt.state().step;
@@ -160,8 +160,8 @@ nlohmann::json full_state(const nlohmann::json& trainer_state, const model::Para
 
 // Every rank's master (padded to the largest partition) on every rank; rank 0 puts it in
 // layout order. Exact: only copies.
-std::vector<float> gather_master(offload::HostOptimizer& opt, comm::Communicator& c,
-                                 const std::vector<std::vector<offload::OwnedRange>>& parts) {
+std::vector<float> gather_master(optim::HostOptimizer& opt, comm::Communicator& c,
+                                 const std::vector<std::vector<optim::OwnedRange>>& parts) {
   double most = double(opt.size());
   c.all_reduce(&most, 1, comm::ReduceOp::kMax);
   const auto L = static_cast<std::size_t>(most);
@@ -172,7 +172,7 @@ std::vector<float> gather_master(offload::HostOptimizer& opt, comm::Communicator
   if (c.rank() != 0) return full;
   full.resize(opt.layout_size());
   for (std::size_t k = 0; k < parts.size(); ++k)
-    for (const offload::OwnedRange& o : parts[k])
+    for (const optim::OwnedRange& o : parts[k])
       std::copy_n(all.data() + k * L + o.local, o.end - o.begin, full.data() + o.begin);
   return full;
 }
@@ -180,7 +180,7 @@ std::vector<float> gather_master(offload::HostOptimizer& opt, comm::Communicator
 }  // namespace
 
 fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& layout,
-                         offload::HostOptimizer& opt, const nlohmann::json& trainer_state,
+                         optim::HostOptimizer& opt, const nlohmann::json& trainer_state,
                          int keep_last) {
   const auto step = trainer_state.at("step").get<std::uint64_t>();
   if (!opt.owns_all())
@@ -221,9 +221,9 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
 }
 
 fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& layout,
-                         offload::HostOptimizer& opt, const nlohmann::json& trainer_state,
+                         optim::HostOptimizer& opt, const nlohmann::json& trainer_state,
                          int keep_last, comm::Communicator& c,
-                         const std::vector<std::vector<offload::OwnedRange>>& partitions) {
+                         const std::vector<std::vector<optim::OwnedRange>>& partitions) {
   if (c.size() == 1) return save_checkpoint(parent, layout, opt, trainer_state, keep_last);
   const int R = c.size(), r = c.rank();
   if (partitions.size() != std::size_t(R) || partitions[std::size_t(r)] != opt.owned()) {
@@ -273,7 +273,7 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
       nlohmann::json files = nlohmann::json::array();
       for (int k = 0; k < R; ++k) {
         nlohmann::json ranges = nlohmann::json::array();
-        for (const offload::OwnedRange& o : partitions[std::size_t(k)])
+        for (const optim::OwnedRange& o : partitions[std::size_t(k)])
           ranges.push_back({o.begin, o.end});
         files.push_back({{"rank", k}, {"file", shard_file_name(k, R)}, {"ranges", ranges}});
       }
@@ -349,7 +349,7 @@ model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state) {
 }
 
 nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout& layout,
-                               offload::HostOptimizer& opt) {
+                               optim::HostOptimizer& opt) {
   nlohmann::json state = read_trainer_state(dir);
   const model::ModelSpec spec = checkpoint_spec(state);
   if (!spec.same_architecture(layout.spec())) {

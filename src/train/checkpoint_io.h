@@ -20,7 +20,7 @@
 
 #include "comm/comm.h"
 #include "model/layout.h"
-#include "offload/host_optimizer.h"
+#include "optim/host_optimizer.h"
 
 namespace zo::train {
 
@@ -31,7 +31,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // the same step. Then keeps the newest keep_last (0 = all).
 std::filesystem::path save_checkpoint(const std::filesystem::path& parent,
                                       const model::ParameterLayout& layout,
-                                      offload::HostOptimizer& opt,
+                                      optim::HostOptimizer& opt,
                                       const nlohmann::json& trainer_state, int keep_last);
 
 // The same, collectively over the ranks of `comm` (every rank calls it): partitions[r] is rank
@@ -40,8 +40,8 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& parent,
 // the directory on every rank.
 std::filesystem::path save_checkpoint(
     const std::filesystem::path& parent, const model::ParameterLayout& layout,
-    offload::HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last,
-    comm::Communicator& comm, const std::vector<std::vector<offload::OwnedRange>>& partitions);
+    optim::HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last,
+    comm::Communicator& comm, const std::vector<std::vector<optim::OwnedRange>>& partitions);
 
 // Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
 std::filesystem::path resolve_checkpoint(const std::string& resume,
@@ -56,6 +56,6 @@ model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
 // sharded checkpoint); returns trainer_state. Throws
 // CheckpointError when the checkpoint is corrupt or for a different model.
 nlohmann::json load_checkpoint(const std::filesystem::path& dir,
-                               const model::ParameterLayout& layout, offload::HostOptimizer& opt);
+                               const model::ParameterLayout& layout, optim::HostOptimizer& opt);
 
 }  // namespace zo::train

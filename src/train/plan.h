@@ -1,5 +1,5 @@
 // The memory plan: what a run will allocate on the device and on the host, checked against the
-// capacities before anything is allocated (DESIGN.md §5).
+// capacities before anything is allocated (docs/offload.md, "Choices and defaults").
 #pragma once
 
 #include <cstddef>

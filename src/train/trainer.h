@@ -1,6 +1,7 @@
 // The training loop: forward and backward on the device, then the optimizer either on the device
 // (resident mode) or on the host through the offload engine (offload/engine.h), which streams
-// gradient buckets during backward and overlaps CPU Adam and the parameter upload with compute.
+// gradient buckets during backward and overlaps CPU Adam and the parameter upload with compute
+// (train/updater.h is the seam between the loop and the two).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,8 @@
 #include "train/config.h"
 
 namespace zo::train {
+
+struct Session;  // train/session.h
 
 struct TrainSummary {
   std::int64_t first_step = 0;  // 0, or the resumed step
@@ -40,8 +43,7 @@ class Trainer {
   TrainSummary run(const std::function<void(const std::string&)>& log = {});
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Session> impl_;
 };
 
 }  // namespace zo::train

@@ -16,7 +16,7 @@
 #include "model/layout.h"
 #include "pinned_memory/host_buffer.h"
 
-namespace zo::offload {
+namespace zo::optim {
 
 struct OptimizerConfig {
   AdamConfig adam;  // lr is set per step from the schedule
@@ -84,4 +84,4 @@ class HostOptimizer {
   cpu_adam::AdamState state_;
 };
 
-}  // namespace zo::offload
+}  // namespace zo::optim

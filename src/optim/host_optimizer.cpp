@@ -1,9 +1,9 @@
-#include "offload/host_optimizer.h"
+#include "optim/host_optimizer.h"
 
 #include <algorithm>
 #include <stdexcept>
 
-namespace zo::offload {
+namespace zo::optim {
 namespace {
 
 cpu_adam::CpuAdam::Options adam_options(int threads) {
@@ -107,4 +107,4 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
   return result;
 }
 
-}  // namespace zo::offload
+}  // namespace zo::optim

@@ -1,0 +1,72 @@
+#include "offload/engine_config.h"
+
+#include <algorithm>
+
+namespace zo::offload {
+
+std::size_t local_elements(const std::vector<BucketShard>& shards) {
+  return shards.empty() ? 0 : shards.back().local + shards.back().end - shards.back().begin;
+}
+
+std::size_t max_shard(const std::vector<BucketShard>& shards) {
+  std::size_t m = 0;
+  for (const BucketShard& s : shards)
+    m = std::max(m, s.count);
+  return m;
+}
+
+std::size_t max_owned(const std::vector<BucketShard>& shards) {
+  std::size_t m = 0;
+  for (const BucketShard& s : shards)
+    m = std::max(m, s.end - s.begin);
+  return m;
+}
+
+std::size_t max_ring_bucket(const BucketPlan& plan, const std::vector<BucketShard>& shards,
+                            int ranks) {
+  std::size_t m = 0;
+  for (const Bucket& b : plan.buckets())
+    if (!b.embeddings) m = std::max(m, std::size_t(ranks) * shards[b.index].count);
+  return m;
+}
+
+BucketPlan engine_bucket_plan(const model::ParameterLayout& layout, DType act,
+                              const EngineConfig& c) {
+  return BucketPlan(layout, {c.bucket_bytes, dtype_size(act), c.ranks > 1});
+}
+
+std::vector<optim::OwnedRange> engine_partition(const model::ParameterLayout& layout, DType act,
+                                                const EngineConfig& c) {
+  return owned_ranges(engine_bucket_plan(layout, act, c).shards(c.rank, c.ranks));
+}
+
+EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
+                                 const EngineConfig& c) {
+  const std::size_t es = dtype_size(act), R = std::size_t(c.ranks);
+  const BucketPlan plan = engine_bucket_plan(layout, act, c);
+  const std::vector<BucketShard> shards = plan.shards(c.rank, c.ranks);
+  const std::size_t n = local_elements(shards);
+  EngineFootprint f;
+  const std::size_t slots = std::size_t(c.device_slots);
+  const std::size_t ring = max_ring_bucket(plan, shards, c.ranks);
+  for (const Bucket& b : plan.buckets()) {
+    if (!b.embeddings) continue;
+    f.device_grad_slots += R * shards[b.index].count * es;
+    if (R > 1) f.device_comm += shards[b.index].count * es;
+  }
+  f.device_grad_slots += slots * ring * es;
+  // Data parallel: each slot's shard, and the all-gather's input and output.
+  if (R > 1) f.device_comm += (slots * (ring / R) + (1 + R) * max_shard(shards)) * es;
+  f.device_stats = plan.buckets().size() * 2 * sizeof(float);
+  const std::size_t copies = c.dpu ? 2 : 1;
+  if (c.grad_accum > 1) {
+    f.host_ring = std::size_t(c.host_slots) * max_owned(shards) * es;
+    f.host_accum = copies * n * sizeof(float);
+  } else {
+    f.host_grads = copies * n * es;
+  }
+  if (act != DType::kF32) f.host_upload = n * es;
+  return f;
+}
+
+}  // namespace zo::offload

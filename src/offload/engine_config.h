@@ -1,0 +1,55 @@
+// The offload engine's settings, the bucket plan and optimizer partition it implies, and the
+// memory it allocates (the planner's numbers are these, not estimates).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/layout.h"
+#include "offload/bucket_plan.h"
+#include "optim/host_optimizer.h"
+
+namespace zo::offload {
+
+struct EngineConfig {
+  // Gradient bytes per bucket (act dtype). 32 MiB: large enough that a copy runs at full PCIe
+  // bandwidth, small enough that the last bucket's copy adds little after backward.
+  std::size_t bucket_bytes = std::size_t{32} << 20;
+  int grad_accum = 1;           // micro-batches per step; > 1 accumulates on the host in fp32
+  bool pin = true;              // page-lock host staging buffers (off: pageable, copies not async)
+  int device_slots = 3;         // device ring of bucket-sized gradient slots (>= 2)
+  int host_slots = 4;           // pinned ring for accumulation (grad_accum > 1)
+  bool dpu = false;             // allocate for delayed updates (begin_step(true) delays a step)
+  int ranks = 1, rank = 0;      // data parallel: the job's ranks and this one
+  double comm_timeout = 300.0;  // seconds a collective may wait for the other ranks
+};
+
+// The bucket plan the engine uses (buckets cut at groups when ranks > 1) and this rank's
+// optimizer partition under it; the HostOptimizer must be built with the latter.
+BucketPlan engine_bucket_plan(const model::ParameterLayout& layout, DType act,
+                              const EngineConfig& config);
+std::vector<optim::OwnedRange> engine_partition(const model::ParameterLayout& layout, DType act,
+                                                const EngineConfig& config);
+
+// Device and host bytes the engine allocates (equal to what it allocates).
+struct EngineFootprint {
+  std::size_t device_grad_slots = 0, device_stats = 0;  // parameters: n x act dtype
+  std::size_t device_comm = 0;  // data parallel: shard slots and the all-gather buffers
+  std::size_t host_grads = 0;   // pinned landing buffer(s), act dtype (grad_accum == 1)
+  std::size_t host_ring = 0;    // pinned accumulation ring (grad_accum > 1)
+  std::size_t host_accum = 0;   // fp32 accumulators (grad_accum > 1)
+  std::size_t host_upload = 0;  // pinned 16-bit upload buffer (16-bit act dtypes)
+};
+EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
+                                 const EngineConfig& config);
+
+// Sizes both the footprint and the engine's parts use, in elements.
+std::size_t local_elements(const std::vector<BucketShard>& shards);  // this rank's total
+std::size_t max_shard(const std::vector<BucketShard>& shards);       // largest padded shard
+std::size_t max_owned(const std::vector<BucketShard>& shards);       // largest owned part
+// Largest padded bucket (ranks x shard count) among those cycling through the device ring.
+std::size_t max_ring_bucket(const BucketPlan& plan, const std::vector<BucketShard>& shards,
+                            int ranks);
+
+}  // namespace zo::offload

@@ -1,0 +1,275 @@
+#include "train/session.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "comm/comm.h"
+#include "data/token_source.h"
+#include "device/make_device.h"
+#include "model/hf_weights.h"
+#include "offload/engine_config.h"
+#include "pinned_memory/host_buffer.h"
+#include "pinned_memory/pinned_buffer.h"
+#include "train/checkpoint_io.h"
+#include "train/plan.h"
+
+namespace zo::train {
+namespace {
+
+LossScalerConfig scaler_config(const TrainConfig& c, DType act) {
+  LossScalerConfig s;
+  s.growth_interval = c.loss_scale_window;
+  s.backoff = c.loss_scale_backoff;
+  s.min_scale = c.loss_scale_min;
+  s.max_scale = c.loss_scale_max;
+  if (c.loss_scale == "auto") {
+    s.dynamic = act == DType::kF16;
+    if (!s.dynamic) s.initial = 1.0f;
+  } else if (c.loss_scale == "dynamic") {
+    s.dynamic = true;
+  } else if (c.loss_scale == "off") {
+    s.dynamic = false;
+    s.initial = 1.0f;
+  } else {
+    s.dynamic = false;
+    try {
+      std::size_t pos = 0;
+      s.initial = std::stof(c.loss_scale, &pos);
+      if (pos != c.loss_scale.size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--loss-scale '" + c.loss_scale +
+                                  "': use auto, dynamic, off or a positive number");
+    }
+  }
+  return s;
+}
+
+// A trace per rank: rank 0 writes the given path, rank r <stem>.rank<r><ext>.
+std::string trace_path(const std::string& path, int rank) {
+  if (path.empty() || rank == 0) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() /
+          (p.stem().string() + ".rank" + std::to_string(rank) + p.extension().string()))
+      .string();
+}
+
+}  // namespace
+
+Session::Session(const TrainConfig& c) : cfg(c) {
+  cfg.validate_flags();
+  // Data parallel when started by mpirun (or ZO_WORLD_SIZE > 1): every rank must run the
+  // same configuration, checked before anything is opened.
+  comm = comm::make_comm_from_env(cfg.comm_timeout);
+  ranks = comm->size();
+  rank = comm->rank();
+  local_ranks = std::max(1, comm::rank_info_from_env().local_size);
+  if (ranks > 1) {
+    if (const char* s = std::getenv("ZO_TEST_STALL")) {
+      int r = -1;
+      long long st = 0;
+      if (std::sscanf(s, "%d:%lld", &r, &st) == 2 && r == rank) stall_step = st;
+    }
+    comm::check_same_on_all_ranks(*comm, "the training flags", cfg.to_json().dump());
+    if (cfg.mode == "resident") {
+      throw std::invalid_argument(
+          "--mode resident: a data-parallel job keeps the optimizer state partitioned on the "
+          "ranks' hosts (ZeRO-2 with offload); use --mode offload or auto");
+    }
+  }
+  // The model: from the checkpoint when resuming without --model.
+  if (!cfg.resume.empty()) {
+    resume_dir = resolve_checkpoint(cfg.resume, cfg.checkpoint_dir);
+    resume_state = read_trainer_state(resume_dir);
+  }
+  if (cfg.model.empty()) {
+    spec = resume_state ? checkpoint_spec(*resume_state) : model::load_model_spec("tiny");
+  } else {
+    spec = model::load_model_spec(cfg.model);
+  }
+  cfg.validate(spec);
+  T = cfg.seq_len > 0 ? cfg.seq_len : spec.block_size;
+  layout = std::make_unique<model::ParameterLayout>(spec);
+
+  // Data, opened and validated before anything large is allocated.
+  data::SourceConfig sc;
+  sc.path = cfg.data;
+  sc.format = data::parse_data_format(cfg.data_format);
+  sc.vocab_size = spec.vocab_size;
+  std::shared_ptr<const data::TokenSource> train_src = data::open_token_source(sc);
+  std::shared_ptr<const data::TokenSource> val_src;
+  if (!cfg.val_data.empty()) {
+    sc.path = cfg.val_data;
+    val_src = data::open_token_source(sc);
+  }
+  data::LoaderConfig lc;
+  lc.batch_size = cfg.micro_batch;
+  lc.seq_len = T;
+  lc.seed = cfg.seed;
+  lc.val_fraction = cfg.val_fraction;
+  lc.rank = rank;  // rank r reads rows r, r + ranks, ... of the global batch
+  lc.world_size = ranks;
+  loaders = data::make_loaders(train_src, val_src, lc);
+  if (ranks > 1) {  // same files (names, sizes) on every rank, e.g. on every node
+    comm::check_same_on_all_ranks(*comm, "the training data",
+                                  loaders.train->source().fingerprint().dump(),
+                                  "give every rank the same data files (a path every rank sees, "
+                                  "or identical copies)");
+    if (resume_state) {
+      comm::check_same_on_all_ranks(
+          *comm, "the checkpoint to resume",
+          resume_dir.string() + " step " + resume_state->at("step").dump(),
+          "resume every rank from the same checkpoint directory, on a file system every rank "
+          "sees");
+    }
+  }
+
+  // The memory plan, checked before allocating.
+  {
+    dev::DeviceRequest r;
+    r.device = cfg.device;
+    r.precision = cfg.precision;
+    r.capacity_bytes = cfg.device_memory;
+    // Ranks sharing a machine share its cores: "all cores" means this rank's share.
+    r.threads = cfg.threads == 0 ? core_share() : cfg.threads;
+    r.gpu_ordinal = comm->local_rank();  // one GPU per rank on a machine
+    dev = dev::make_device(r);
+  }
+  // Ranks sharing a machine: run this one (and the Adam threads it creates) next to its GPU,
+  // unless the launcher bound it already (mpirun --bind-to ...).
+  if (ranks > 1) pinned::run_near_node(dev::numa_node_of(*dev));
+  const DType act = dev->act_dtype();
+  scaler = LossScaler(scaler_config(cfg, act));
+  PlanInput pi{spec,
+               {cfg.micro_batch, T, cfg.recompute},
+               act,
+               cfg.optimizer_state,
+               dev->capacity_bytes(),
+               // Ranks on one machine share its memory.
+               pinned::host_available_bytes() / std::size_t(local_ranks),
+               false,
+               engine_config()};
+  // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
+  const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
+  resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
+  pi.resident = resident;
+  const MemoryPlan& plan = resident ? choice.resident : choice.offload;
+  if (!plan.device_fits || !plan.host_fits) {
+    throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
+  }
+
+  optim::OptimizerConfig oc;
+  oc.adam.beta1 = cfg.beta1;
+  oc.adam.beta2 = cfg.beta2;
+  oc.adam.eps = cfg.eps;
+  oc.adam.weight_decay = cfg.weight_decay;
+  oc.adam.lr = cfg.lr.max_lr;
+  oc.decay_policy.embeddings = cfg.decay_embeddings;
+  oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
+  oc.state_dtype = cfg.optimizer_state;
+  oc.threads = cfg.adam_threads == 0 ? core_share() : cfg.adam_threads;
+  if (ranks > 1) {  // every rank's partition (checkpoints gather by them); this rank's own
+    for (int r = 0; r < ranks; ++r) {
+      offload::EngineConfig e = engine_config();
+      e.rank = r;
+      partitions.push_back(offload::engine_partition(*layout, act, e));
+      if (partitions.back().empty()) {
+        throw std::invalid_argument(std::to_string(ranks) + " ranks leave rank " +
+                                    std::to_string(r) +
+                                    " no parameters to own: use fewer ranks or a larger "
+                                    "--bucket-size");
+      }
+    }
+  }
+  opt = std::make_unique<optim::HostOptimizer>(
+      *layout, oc, ranks > 1 ? partitions[std::size_t(rank)] : std::vector<optim::OwnedRange>{});
+
+  if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
+  stream = dev->create_stream();
+  updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt)
+                     : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,
+                                            comm.get());
+  gpt = std::make_unique<model::Gpt>(*dev, *layout,
+                                     model::GptShape{cfg.micro_batch, T, cfg.recompute});
+
+  if (resume_state) {
+    const nlohmann::json st = load_checkpoint(resume_dir, *layout, *opt);
+    start_step = st.at("step").get<std::int64_t>();
+    tokens = st.at("tokens").get<std::int64_t>();
+    loaders.train->restore(st.at("data"));
+    if (st.contains("loss_scaler")) scaler.restore(st.at("loss_scaler"));
+  } else {
+    // Every rank builds the whole initial model (deterministic) and keeps its partition.
+    std::vector<float> whole(opt->owns_all() ? 0 : layout->size());
+    const std::span<float> dst = opt->owns_all() ? opt->master() : std::span<float>(whole);
+    if (!cfg.init_from.empty()) {
+      model::import_hf_weights(cfg.init_from, *layout, dst);
+    } else {
+      model::init_gpt2(*layout, cfg.seed, dst.data());
+    }
+    if (!opt->owns_all()) opt->take_owned(whole.data(), opt->master().data());
+  }
+  updater->load_state();
+}
+
+Session::~Session() {
+  if (!stream) return;
+  try {
+    updater.reset();  // waits for its threads and streams
+    stream->synchronize();
+  } catch (const std::exception&) {
+    // The error was (or will be) reported by whoever failed; nothing to add while unwinding.
+  }
+}
+
+int Session::core_share() const {
+  if (local_ranks <= 1) return 0;
+  return std::max(1, int(std::thread::hardware_concurrency()) / local_ranks);
+}
+
+offload::EngineConfig Session::engine_config() const {
+  offload::EngineConfig e;
+  e.bucket_bytes = cfg.bucket_size;
+  e.grad_accum = cfg.grad_accum;
+  e.pin = cfg.pin;
+  e.dpu = cfg.dpu;
+  e.ranks = ranks;
+  e.rank = rank;
+  e.comm_timeout = cfg.comm_timeout;
+  return e;
+}
+double Session::evaluate() {
+  updater->settle();
+  data::DataLoader& val = *loaders.val;
+  val.reset();
+  const std::size_t BT = std::size_t(cfg.micro_batch) * T;
+  std::vector<float> l(BT * cfg.eval_batches);
+  std::vector<std::int32_t> inputs, targets;
+  for (int b = 0; b < cfg.eval_batches; ++b) {
+    val.next_batch(inputs, targets);
+    gpt->set_batch(inputs, targets, *stream);
+    gpt->forward(updater->parameters(), T, true, 0.0f, *stream);
+    dev->copy_to_host(l.data() + b * BT, gpt->losses(), BT * 4, *stream);
+  }
+  stream->synchronize();
+  double sum[2] = {std::accumulate(l.begin(), l.end(), 0.0), double(l.size())};
+  comm->all_reduce(sum, 2, comm::ReduceOp::kSum);  // the global batch's rows are on the ranks
+  return sum[0] / sum[1];
+}
+
+nlohmann::json Session::trainer_state(std::int64_t step) const {
+  // No random stream is consumed while training (the data order is a pure function of seed
+  // and position; there is no dropout), so the seed is the whole RNG state.
+  return {{"step", step},
+          {"tokens", tokens},
+          {"data", loaders.train->state()},
+          {"config", cfg.to_json()},
+          {"rng", {{"seed", cfg.seed}}},
+          {"loss_scaler", scaler.state()}};
+}
+
+}  // namespace zo::train

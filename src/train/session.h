@@ -1,0 +1,70 @@
+// Everything a training run sets up before its first step, in the order that refuses bad input
+// before any large allocation: ranks and the cross-rank flag check, the model spec (from the
+// checkpoint when resuming), the data, the device, the memory plan (which also picks resident or
+// offload mode), the host optimizer state, the updater, the model, and the initial or resumed
+// weights. The training loop (trainer.cpp) only runs steps on it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "comm/comm.h"
+#include "data/loader.h"
+#include "device/device.h"
+#include "model/gpt.h"
+#include "model/layout.h"
+#include "model/spec.h"
+#include "optim/host_optimizer.h"
+#include "report/trace.h"
+#include "train/config.h"
+#include "train/loss_scaler.h"
+#include "train/updater.h"
+
+namespace zo::train {
+
+struct Session {
+  // Throws with the problem and the fix for bad flags, specs, data, checkpoints, or a plan that
+  // does not fit; nothing large is allocated before those checks.
+  explicit Session(const TrainConfig& config);
+  ~Session();  // waits for queued device work; never throws
+
+  TrainConfig cfg;
+  std::unique_ptr<comm::Communicator> comm;  // the job's ranks (one: a single process)
+  int ranks = 1, rank = 0;
+  int local_ranks = 1;  // ranks on this machine (they share its cores, memory and GPUs)
+  // Test hook (docs/testing.md): ZO_TEST_STALL=<rank>:<step> makes that rank stop responding
+  // at the start of that step for 4 x --comm-timeout, as a hung rank would.
+  std::int64_t stall_step = 0;
+  std::vector<std::vector<optim::OwnedRange>> partitions;  // data parallel: every rank's
+  model::ModelSpec spec;
+  std::unique_ptr<model::ParameterLayout> layout;
+  int T = 0;  // sequence length
+  std::optional<nlohmann::json> resume_state;
+  std::filesystem::path resume_dir;
+  data::Loaders loaders;
+  std::unique_ptr<dev::Device> dev;
+  std::unique_ptr<dev::Stream> stream;  // forward and backward
+  std::unique_ptr<optim::HostOptimizer> opt;
+  bool resident = false;  // optimizer state on the device (TrainConfig::mode)
+  report::Trace trace;
+  std::unique_ptr<Updater> updater;
+  std::unique_ptr<model::Gpt> gpt;
+  std::int64_t start_step = 0, tokens = 0;
+  LossScaler scaler;
+
+  // The mean validation loss over cfg.eval_batches batches of every rank.
+  double evaluate();
+  // What trainer_state.json records at a checkpoint after `step` steps.
+  nlohmann::json trainer_state(std::int64_t step) const;
+
+ private:
+  // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
+  int core_share() const;
+  offload::EngineConfig engine_config() const;
+};
+
+}  // namespace zo::train

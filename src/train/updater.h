@@ -1,0 +1,69 @@
+// How one optimizer step turns the model's gradients into new parameters. The training loop is
+// written once against this interface (train/trainer.cpp); two implementations:
+// - resident (resident_updater.cpp): gradients in one flat device buffer, AdamW on the device
+//   over fp32 master, m and v kept there;
+// - offload (offload_updater.cpp): the offload engine (offload/engine.h): gradient buckets
+//   streamed to the host during backward, CPU Adam, per-group uploads, optionally DPU.
+// Both work on the same host optimizer state (optim::HostOptimizer), which is what checkpoints
+// save and load; the resident updater uses it only as staging.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/comm.h"
+#include "device/device.h"
+#include "model/gpt.h"
+#include "model/layout.h"
+#include "offload/engine_config.h"
+#include "optim/host_optimizer.h"
+#include "report/metrics.h"
+#include "report/trace.h"
+
+namespace zo::train {
+
+struct GradStats {
+  double sumsq = 0.0;      // squared L2 norm of the (loss-scaled) step gradient, all ranks
+  bool nonfinite = false;  // some gradient was Inf or NaN
+};
+
+class Updater {
+ public:
+  virtual ~Updater() = default;
+  // What forward reads and backward writes.
+  virtual model::ParameterStore& parameters() = 0;
+  // The host state changed (initialisation, resume): put it on the device. Waits.
+  virtual void load_state() = 0;
+
+  // ---- one step: begin_step, per micro-batch begin_micro_batch (before its backward),
+  // finish_gradients (the step's host synchronisation), then apply unless the step is skipped.
+  virtual void begin_step(bool dpu) = 0;  // dpu: this step's update may overlap the next step
+  virtual void begin_micro_batch(int a) = 0;
+  virtual GradStats finish_gradients() = 0;
+  // Update number state().step + 1 with learning rate lr; every gradient is multiplied by
+  // grad_multiplier (1/loss_scale x clip coefficient). May run on after it returns.
+  virtual void apply(float lr, float grad_multiplier) = 0;
+  // The device parameters hold every applied update (evaluation, the end of a run).
+  virtual void settle() = 0;
+  // Settled, and the host state holds master, m and v as the device has them (checkpoints).
+  virtual optim::HostOptimizer& host_state() = 0;
+
+  // The last step's busy and exposed times besides forward and backward (ms), for the
+  // progress line and metrics; and one line saying how updates run.
+  virtual void phase_times(report::StepMetrics& m) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// AdamW on the device; `state` is the host staging of master, m and v (fp32 state only).
+std::unique_ptr<Updater> make_resident_updater(dev::Device& device, dev::Stream& stream,
+                                               const model::ParameterLayout& layout,
+                                               optim::HostOptimizer& state);
+
+// The offload engine over `state` (this rank's partition with several ranks).
+std::unique_ptr<Updater> make_offload_updater(dev::Device& device, dev::Stream& stream,
+                                              const model::ParameterLayout& layout,
+                                              optim::HostOptimizer& state,
+                                              const offload::EngineConfig& config,
+                                              report::Trace* trace, comm::Communicator* comm);
+
+}  // namespace zo::train

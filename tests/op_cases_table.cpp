@@ -1,0 +1,320 @@
+// The op-case table (op_cases.h): one function per op that draws its inputs and records its
+// outputs, and op_cases(), which lists the shapes each op runs at. Outputs an op writes start
+// from random junk (every element must be written); gradients it accumulates start from random
+// values (+= onto them).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/adam.h"
+#include "op_cases.h"
+#include "op_compare.h"
+
+namespace zo::test {
+namespace {
+
+using zo::DType;
+
+// "_N26": one dimension of a case name.
+template <class Int>
+std::string dim(const char* name, Int size) {
+  std::string s = "_";  // appended piecewise: g++ 12 warns falsely (-Wrestrict) on "_" + ...
+  s += name;
+  s += std::to_string(size);
+  return s;
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+std::vector<std::int32_t> tokens_with_repeats(OpRun& r, std::size_t n, int V) {
+  std::vector<std::int32_t> tok = r.ids(n, V);
+  tok[7 % n] = tok[0];  // repeated tokens accumulate into one wte row
+  tok[20 % n] = tok[0];
+  return tok;
+}
+
+void embedding_forward(OpRun& r, int B, int T, int C, int V) {
+  const std::size_t BT = std::size_t(B) * T;
+  const Tensor tok = r.i32(tokens_with_repeats(r, BT, V));
+  const Tensor wte = r.rand(std::size_t(V) * C), wpe = r.rand(std::size_t(T) * C);
+  const Tensor out = r.rand(BT * C);
+  r.dev().embedding_forward(out.p, tok.i(), wte.p, wpe.p, B, T, C, r.s());
+  r.out("out", out, Check::kAct);
+}
+
+void embedding_backward(OpRun& r, int B, int T, int C, int V) {
+  const std::size_t BT = std::size_t(B) * T;
+  const Tensor tok = r.i32(tokens_with_repeats(r, BT, V)), dout = r.rand(BT * C);
+  const Tensor dwte = r.rand(std::size_t(V) * C), dwpe = r.rand(std::size_t(T) * C);
+  r.dev().embedding_backward(dwte.p, dwpe.p, dout.p, tok.i(), B, T, C, r.s());
+  r.out("dwte", dwte, Check::kAct);
+  r.out("dwpe", dwpe, Check::kAct);
+}
+
+// ---- layernorm: the backward reads the reference's statistics -----------------------------------
+
+void layernorm(OpRun& r, int N, int C) {
+  const std::size_t NC = std::size_t(N) * C;
+  const Tensor inp = r.rand(NC, 2.0f, 0.5f), w = r.rand(C, 0.5f, 1.0f), b = r.rand(C, 0.5f);
+  const Tensor out = r.rand(NC);
+  const Tensor mean = r.f32(std::vector<float>(N, -1.0f)),
+               rstd = r.f32(std::vector<float>(N, -1.0f));
+  r.dev().layernorm_forward(out.p, mean.f(), rstd.f(), inp.p, w.p, b.p, N, C, r.s());
+  r.out("out", out, Check::kAct);
+  r.out("mean", mean, Check::kStats);
+  r.out("rstd", rstd, Check::kStats);
+  const Tensor m = r.from_reference("mean"), rs = r.from_reference("rstd");
+  const Tensor dout = r.rand(NC), dinp = r.rand(NC), dw = r.rand(C), db = r.rand(C);
+  r.dev().layernorm_backward(dinp.p, dw.p, db.p, dout.p, inp.p, w.p, m.f(), rs.f(), N, C, r.s());
+  r.out("dinp", dinp, Check::kAct);
+  r.out("dweight", dw, Check::kAct);
+  r.out("dbias", db, Check::kAct);
+}
+
+// ---- matmul ------------------------------------------------------------------------------------
+
+void matmul_forward(OpRun& r, zo::dev::MatmulArgs a) {
+  const std::size_t N = a.N, C = a.C, OC = a.OC;
+  const Tensor inp = r.rand(N * C), w = r.rand(OC * C, 1.0f / std::sqrt(float(C)));
+  const Tensor bias = r.rand(OC, 0.5f), out = r.rand(N * OC), out_no_bias = r.rand(N * OC);
+  r.dev().matmul_forward(out.p, inp.p, w.p, bias.p, a, r.s());
+  r.out("out (bias)", out, Check::kAct);
+  r.dev().matmul_forward(out_no_bias.p, inp.p, w.p, nullptr, a, r.s());
+  r.out("out (no bias)", out_no_bias, Check::kAct);
+}
+
+void matmul_backward(OpRun& r, zo::dev::MatmulArgs a) {
+  const std::size_t N = a.N, C = a.C, OC = a.OC;
+  const Tensor dout = r.rand(N * OC), inp = r.rand(N * C);
+  const Tensor w = r.rand(OC * C, 1.0f / std::sqrt(float(C)));
+  const Tensor dinp = r.rand(N * C), dw = r.rand(OC * C), db = r.rand(OC);
+  r.dev().matmul_backward(dinp.p, dw.p, db.p, dout.p, inp.p, w.p, a, r.s());
+  r.out("dinp", dinp, Check::kAct);
+  r.out("dweight", dw, Check::kAct);
+  r.out("dbias", db, Check::kAct);
+  const std::vector<std::uint8_t> dbias = r.raw(db);
+  r.dev().matmul_backward(dinp.p, dw.p, nullptr, dout.p, inp.p, w.p, a, r.s());
+  r.out("dinp (second call)", dinp, Check::kAct);
+  r.out("dweight (second call)", dw, Check::kAct);
+  EXPECT_EQ(r.raw(db), dbias) << "a null dbias must leave the bias gradient alone";
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+void gelu_forward(OpRun& r, std::size_t n) {
+  const Tensor inp = r.rand(n, 2.0f), out = r.rand(n);
+  r.dev().gelu_forward(out.p, inp.p, n, r.s());
+  r.out("out", out, Check::kAct);
+}
+
+void gelu_backward(OpRun& r, std::size_t n) {
+  const Tensor inp = r.rand(n, 2.0f), dout = r.rand(n), dinp = r.rand(n);
+  r.dev().gelu_backward(dinp.p, inp.p, dout.p, n, r.s());
+  r.out("dinp", dinp, Check::kAct);
+}
+
+void residual_forward(OpRun& r, std::size_t n) {
+  const Tensor a = r.rand(n, 2.0f), b = r.rand(n), out = r.rand(n);
+  r.dev().residual_forward(out.p, a.p, b.p, n, r.s());
+  r.out("out", out, Check::kAct);
+}
+
+void accumulate(OpRun& r, std::size_t n) {
+  const Tensor dst = r.rand(n), src = r.rand(n);
+  r.dev().accumulate(dst.p, src.p, n, r.s());
+  r.out("dst", dst, Check::kAct);
+}
+
+// ---- attention: the backward reads the reference's out and lse
+// ------------------------------------
+
+void attention(OpRun& r, zo::dev::AttentionArgs a) {
+  const std::size_t BT = std::size_t(a.B) * a.T, C = a.C;
+  const std::size_t rows = std::size_t(a.B) * a.NH * a.T;
+  const Tensor qkv = r.rand(BT * 3 * C), out = r.rand(BT * C);
+  const Tensor lse = r.f32(std::vector<float>(rows, -7.0f));
+  r.dev().attention_forward(out.p, lse.f(), qkv.p, a, r.s());
+  r.out("out", out, Check::kAct);
+  r.out("lse", lse, Check::kStats);
+  const Tensor out_in = r.from_reference("out"), lse_in = r.from_reference("lse");
+  const Tensor dout = r.rand(BT * C), dqkv = r.rand(BT * 3 * C);
+  r.dev().attention_backward(dqkv.p, dout.p, qkv.p, out_in.p, lse_in.f(), a, r.s());
+  r.out("dqkv", dqkv, Check::kAct);
+}
+
+// ---- cross-entropy: no dlogits, separate dlogits, dlogits in place of the logits
+// -------------------
+
+void cross_entropy(OpRun& r, int N, int V) {
+  const std::size_t NV = std::size_t(N) * V;
+  const std::vector<float> logits = r.normal(NV, 2.0f);
+  const Tensor x = r.act(logits), targets = r.i32(r.ids(std::size_t(N), V)), dx = r.rand(NV);
+  const float scale = 1.0f / float(N);
+  auto losses = [&] { return r.f32(std::vector<float>(std::size_t(N), -1.0f)); };
+  const Tensor only = losses(), separate = losses(), aliased = losses();
+  r.dev().cross_entropy(only.f(), nullptr, x.p, targets.i(), N, V, scale, r.s());
+  r.out("losses (no dlogits)", only, Check::kStats);
+  EXPECT_EQ(r.get(x), logits) << "a null dlogits must leave the logits alone";
+  r.dev().cross_entropy(separate.f(), dx.p, x.p, targets.i(), N, V, scale, r.s());
+  r.out("losses", separate, Check::kStats);
+  r.out("dlogits", dx, Check::kAct);
+  r.dev().cross_entropy(aliased.f(), x.p, x.p, targets.i(), N, V, scale, r.s());
+  r.out("losses (aliased)", aliased, Check::kStats);
+  r.out("dlogits (aliased)", x, Check::kAct);
+}
+
+// ---- reductions --------------------------------------------------------------------------------
+
+void sum_squares(OpRun& r, std::size_t n) {
+  const Tensor x = r.rand(n), out = r.f32({1.5f});
+  r.dev().sum_squares(out.f(), x.p, n, r.s());
+  r.out("sum of squares + 1.5", out, Check::kStats);
+}
+
+void nonfinite_flag(OpRun& r) {
+  const std::size_t n = 1001;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> finite = r.normal(n, 100.0f);
+  auto flag_after = [&](const std::vector<float>& x, float preset, float want,
+                        const std::string& what) {
+    const Tensor data = r.act(x), flag = r.f32({preset});
+    r.dev().nonfinite_flag(flag.f(), data.p, n, r.s());
+    EXPECT_EQ(r.out(what, flag, Check::kBits)[0], want) << what;
+  };
+  flag_after(finite, 0.0f, 0.0f, "finite");
+  flag_after(finite, 0.25f, 0.25f, "finite, flag left as it was");
+  const std::pair<std::size_t, float> bad[] = {{0, -inf}, {777, inf}, {n - 1, nan}, {500, nan}};
+  for (const auto& [index, value] : bad) {
+    std::vector<float> x = finite;
+    x[index] = value;
+    flag_after(x, 0.0f, 1.0f, std::to_string(value) + " at " + std::to_string(index));
+  }
+}
+
+// ---- cast: every destination dtype from one source dtype, bit for bit ---------------------------
+
+void cast_from(OpRun& r, DType src_t) {
+  const std::vector<float> x = round_to(cast_inputs(r.rng()), src_t);
+  const Tensor src = r.put(x, src_t);
+  for (const DType dst_t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Tensor dst = r.put(std::vector<float>(x.size(), 0.0f), dst_t);
+    r.dev().cast(dst.p, dst_t, src.p, src_t, x.size(), r.s());
+    const std::string what = "to " + std::string(zo::dtype_name(dst_t));
+    r.out(what, dst, Check::kBits);
+    EXPECT_EQ(r.raw(dst), encode(x, dst_t)) << what << ": not the rounding of core/dtype.h";
+  }
+}
+
+// ---- AdamW: ten steps with fresh gradients ------------------------------------------------------
+
+void adamw(OpRun& r) {
+  const std::size_t n = 1001;
+  const std::vector<float> zeros(n, 0.0f);
+  const Tensor master = r.f32(r.normal_f32(n)), m = r.f32(zeros), v = r.f32(zeros);
+  const Tensor params = r.act(zeros);
+  const zo::AdamConfig c{
+      .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  const float grad_mult = 0.5f;
+  for (std::int64_t k = 1; k <= 10; ++k) {
+    const Tensor g = r.rand(n);
+    r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, c, k, grad_mult, r.s());
+  }
+  const std::vector<float> new_master = r.out("master", master, Check::kStats);
+  r.out("m", m, Check::kStats);
+  r.out("v", v, Check::kStats);
+  EXPECT_EQ(r.raw(params), encode(new_master, params.t)) << "params_out is the new master, rounded";
+}
+
+std::vector<OpCase> make_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](std::string name, std::function<void(OpRun&)> run) {
+    cases.push_back({std::move(name), std::move(run)});
+  };
+  // Also run twice on the backend under test, for the same bits.
+  auto add_repeatable = [&](std::string name, std::function<void(OpRun&)> run) {
+    cases.push_back({std::move(name), std::move(run), true});
+  };
+  // C 48 and 37 (vector and scalar paths); 4 x 64 rows over 50 tokens (many repeats, several
+  // host channel blocks).
+  struct Emb {
+    int B, T, C, V;
+  };
+  for (const Emb e : {Emb{2, 13, 48, 101}, Emb{2, 13, 37, 101}, Emb{4, 64, 200, 50}}) {
+    const std::string shape = dim("B", e.B) + dim("T", e.T) + dim("C", e.C) + dim("V", e.V);
+    add("EmbeddingForward" + shape, [e](OpRun& r) { embedding_forward(r, e.B, e.T, e.C, e.V); });
+    add_repeatable("EmbeddingBackward" + shape,
+                   [e](OpRun& r) { embedding_backward(r, e.B, e.T, e.C, e.V); });
+  }
+  struct Rows {
+    int N, C;
+  };
+  for (const Rows s : {Rows{26, 48}, Rows{26, 37}, Rows{300, 200}}) {
+    add("LayerNorm" + dim("N", s.N) + dim("C", s.C), [s](OpRun& r) { layernorm(r, s.N, s.C); });
+  }
+  // Odd sizes; 1000 rows: the bias gradient in 4 row chunks; 208 x 160 x 288: the largest;
+  // 200 x 150: several host row and channel blocks.
+  using zo::dev::MatmulArgs;
+  for (const MatmulArgs a : {MatmulArgs{26, 48, 37}, MatmulArgs{1000, 64, 96},
+                             MatmulArgs{208, 160, 288}, MatmulArgs{200, 80, 150}}) {
+    const std::string shape = dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC);
+    add("MatmulForward" + shape, [a](OpRun& r) { matmul_forward(r, a); });
+    add_repeatable("MatmulBackward" + shape, [a](OpRun& r) { matmul_backward(r, a); });
+  }
+  // The bias gradient sums 256-row chunks: N 1 and 37 in one pass, 1000 in 4 chunks, 5000 in
+  // 20; OC 1, 96 and 301 against its 32-column blocks.
+  for (const int N : {1, 37, 1000, 5000}) {
+    for (const int OC : {1, 96, 301}) {
+      const MatmulArgs a{N, 5, OC};
+      add("MatmulBackward" + dim("N", N) + dim("C", 5) + dim("OC", OC),
+          [a](OpRun& r) { matmul_backward(r, a); });
+    }
+  }
+  const std::size_t n = 1251;  // not a multiple of any vector width
+  add("GeluForward" + dim("n", n), [n](OpRun& r) { gelu_forward(r, n); });
+  add("GeluBackward" + dim("n", n), [n](OpRun& r) { gelu_backward(r, n); });
+  add("ResidualForward" + dim("n", n), [n](OpRun& r) { residual_forward(r, n); });
+  add("Accumulate" + dim("n", n), [n](OpRun& r) { accumulate(r, n); });
+  // Head sizes 16 with odd T, GPT-2's 64 past one 64-row tile, 100 (32-row tiles, two chunks),
+  // 10 (not a multiple of 4: the scalar loads); a single token; T 150 (several host query blocks).
+  using zo::dev::AttentionArgs;
+  for (const AttentionArgs a :
+       {AttentionArgs{2, 13, 48, 3}, AttentionArgs{1, 77, 128, 2}, AttentionArgs{1, 40, 200, 2},
+        AttentionArgs{2, 9, 30, 3}, AttentionArgs{1, 1, 16, 1}, AttentionArgs{2, 150, 32, 2}}) {
+    add("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
+        [a](OpRun& r) { attention(r, a); });
+  }
+  // GPT-2's vocabulary (odd rows: unaligned); 40 x 1999 splits into several host blocks.
+  struct Logits {
+    int N, V;
+  };
+  for (const Logits s : {Logits{26, 101}, Logits{5, 256}, Logits{3, 50257}, Logits{40, 1999}}) {
+    add("CrossEntropy" + dim("N", s.N) + dim("V", s.V),
+        [s](OpRun& r) { cross_entropy(r, s.N, s.V); });
+  }
+  for (const std::size_t k : {1, 7, 1251, 100003, 200003}) {
+    add_repeatable("SumSquares" + dim("n", k), [k](OpRun& r) { sum_squares(r, k); });
+  }
+  add("NonfiniteFlag" + dim("n", 1001), nonfinite_flag);
+  for (const DType src_t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    add("CastFrom_" + std::string(zo::dtype_name(src_t)),
+        [src_t](OpRun& r) { cast_from(r, src_t); });
+    cases.back().any_act_dtype = true;
+  }
+  add("AdamW" + dim("n", 1001) + "_10steps", adamw);
+  return cases;
+}
+
+}  // namespace
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> cases = make_cases();
+  return cases;
+}
+
+}  // namespace zo::test
