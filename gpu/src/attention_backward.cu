@@ -184,12 +184,9 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   }
 }
 
-namespace {
+using namespace attention_detail;  // NOLINT(google-build-using-namespace): this op's own helpers
 
-using attention_detail::launch_tiles;
-using attention_detail::make_shape;
-using attention_detail::smem_bytes;
-using attention_detail::tile_for;
+namespace {
 
 template <typename T, int kTile, int kChunks>
 void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* out,

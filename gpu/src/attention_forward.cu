@@ -95,12 +95,9 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forwar
   }
 }
 
-namespace {
+using namespace attention_detail;  // NOLINT(google-build-using-namespace): this op's own helpers
 
-using attention_detail::launch_tiles;
-using attention_detail::make_shape;
-using attention_detail::smem_bytes;
-using attention_detail::tile_for;
+namespace {
 
 template <typename T, int kTile, int kChunks>
 void forward_typed(void* out, float* lse, const void* qkv, const AttentionShape& sh,
