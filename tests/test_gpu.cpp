@@ -676,8 +676,8 @@ TEST(CudaPageLocking, PinsWithGpu) {
     zo::gpu::Stream s = make_stream();
     std::memset(moved.data(), 0x3c, bytes);
     s.copy(device.data(), moved.data(), bytes, cudaMemcpyHostToDevice);
+    s.synchronize();  // the copy is asynchronous: reuse the buffer only once it completed
     std::memset(moved.data(), 0, bytes);
-    s.synchronize();  // the buffer is only reused after the copy completed
     s.copy(moved.data(), device.data(), bytes, cudaMemcpyDeviceToHost);
     s.synchronize();
     EXPECT_EQ(moved.span<std::uint8_t>()[bytes - 1], 0x3c);
