@@ -37,7 +37,6 @@
 
 #include "pinned_memory/bucket_ring.h"
 #include "pinned_memory/pinned_buffer.h"
-#include "pinned_memory/pinned_pool.h"
 
 namespace zo::pinned {
 namespace {
@@ -311,7 +310,7 @@ TEST(HostMemory, PageNodesCoversPartialPages) {
   EXPECT_GE(after[1], 0);
 }
 
-// ---- pinned buffers, pools and rings ------------------------------------------------------------
+// ---- pinned buffers and rings ------------------------------------------------------------
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
@@ -377,7 +376,7 @@ bool exempt_from_memlock() {
 
 // A PageLocker that locks nothing and records its calls, so that the pinned path runs without a
 // GPU (gpu/'s CUDA locker is tested in test_gpu). Plain functions over this state, as a locker's
-// are; the counters are atomic for the pool's threads. One FakeLocker at a time.
+// are; the counters are atomic for threads. One FakeLocker at a time.
 namespace fake {
 std::atomic<int> locks{0}, unlocks{0};
 std::atomic<bool> last_portable{false};
@@ -728,132 +727,6 @@ TEST(NumaNodeOfGpu, ReadsSysfsForEveryBusIdSpelling) {
   fs::remove_all(root);
 }
 
-// ---- PinnedPool ---------------------------------------------------------------------------------
-
-TEST(PinnedPool, ReturnsTheSameBufferAfterTheLeaseEnds) {
-  WarningCapture warnings;
-  PinnedPool pool;
-  const void* first = nullptr;
-  {
-    PinnedPool::Lease lease = pool.acquire(1000);
-    ASSERT_TRUE(lease);
-    EXPECT_EQ(lease.size(), 1000u);
-    EXPECT_EQ(lease.capacity(), PinnedPool::kDefaultGranularity);
-    first = lease.data();
-    std::memset(lease.data(), 0x11, lease.size());
-  }
-  PinnedPool::Lease again = pool.acquire(5000);  // same 2 MiB class
-  EXPECT_EQ(again.data(), first);
-  PinnedPool::Lease second = pool.acquire(2 * kMiB);  // same class, but the first is leased
-  EXPECT_NE(second.data(), first);
-  PinnedPool::Lease bigger = pool.acquire(2 * kMiB + 1);
-  EXPECT_EQ(bigger.capacity(), 4 * kMiB);
-
-  PoolStats stats = pool.stats();
-  EXPECT_EQ(stats.hits, 1u);
-  EXPECT_EQ(stats.misses, 3u);
-  EXPECT_EQ(stats.buffers, 3u);
-  EXPECT_EQ(stats.bytes_leased, 8 * kMiB);
-  EXPECT_EQ(stats.bytes_pinned + stats.bytes_pageable, 8 * kMiB);
-  // No locker: three buffers fell back; the pool says so once.
-  EXPECT_EQ(stats.bytes_pinned, 0u);
-  EXPECT_FALSE(again.is_pinned());
-  const std::vector<std::string> messages = warnings.messages();
-  ASSERT_EQ(messages.size(), 1u);
-  EXPECT_TRUE(contains(messages[0], *pin_unavailable_reason(PageLocker{}))) << messages[0];
-
-  again.reset();
-  EXPECT_FALSE(again);
-  second = PinnedPool::Lease{};  // move-assigning returns the old buffer
-  stats = pool.stats();
-  EXPECT_EQ(stats.bytes_leased, 4 * kMiB);
-  EXPECT_EQ(pool.trim(), 4 * kMiB);  // the two idle 2 MiB buffers
-  stats = pool.stats();
-  EXPECT_EQ(stats.buffers, 1u);
-  EXPECT_EQ(stats.bytes_pinned + stats.bytes_pageable, 4 * kMiB);
-}
-
-TEST(PinnedPool, SizeClassesAndBadRequests) {
-  PinnedPool pool(PinOptions{.enable = false}, 4096);
-  EXPECT_EQ(pool.granularity(), 4096u);
-  EXPECT_EQ(pool.size_class(1), 4096u);
-  EXPECT_EQ(pool.size_class(4096), 4096u);
-  EXPECT_EQ(pool.size_class(4097), 8192u);
-  EXPECT_THROW(pool.size_class(std::numeric_limits<std::size_t>::max()), std::invalid_argument);
-  EXPECT_THROW(pool.acquire(0), std::invalid_argument);
-  EXPECT_THROW(PinnedPool(PinOptions{}, 0), std::invalid_argument);
-
-  PinnedPool::Lease lease = pool.acquire(4097);
-  EXPECT_EQ(lease.capacity(), 8192u);
-  EXPECT_FALSE(lease.is_pinned());
-  EXPECT_EQ(lease.span<std::uint8_t>().size(), 4097u);
-  EXPECT_THROW(lease.span<float>(), std::logic_error);
-  EXPECT_EQ(pool.stats().bytes_pageable, 8192u);
-  EXPECT_EQ(pool.stats().bytes_pinned, 0u);
-
-  PinnedPool moved(std::move(pool));
-  EXPECT_THROW(pool.acquire(1), std::logic_error);  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(moved.stats().buffers, 1u);
-}
-
-TEST(PinnedPool, LeaseMayOutliveThePool) {
-  PinnedPool::Lease lease;
-  {
-    PinnedPool pool(PinOptions{.enable = false}, 4096);
-    lease = pool.acquire(100);
-  }
-  auto bytes = lease.span<std::uint8_t>();
-  std::fill(bytes.begin(), bytes.end(), std::uint8_t{3});
-  PinnedPool::Lease moved(std::move(lease));
-  EXPECT_FALSE(lease);  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(moved.span<std::uint8_t>()[99], 3);
-}
-
-TEST(PinnedPool, FourThreadsShareThePoolSafely) {
-  WarningCapture warnings;  // thread-safe sink; the pool warns at most once
-  FakeLocker fake;          // buffers are locked and unlocked from every thread
-  PinnedPool pool(PinOptions{.locker = fake.locker()}, 4096);
-  constexpr int kThreads = 4;
-  constexpr int kIterations = 1000;
-  std::mutex live_mutex;
-  std::set<const void*> live;
-  std::atomic<int> errors{0};
-
-  const auto worker = [&](int id) {
-    std::mt19937 gen(static_cast<std::uint32_t>(id));
-    std::uniform_int_distribution<std::size_t> size(1, 3 * 4096);
-    for (int i = 0; i < kIterations; ++i) {
-      PinnedPool::Lease lease = pool.acquire(size(gen));
-      {
-        const std::lock_guard<std::mutex> lock(live_mutex);
-        if (!live.insert(lease.data()).second) ++errors;  // handed out twice
-      }
-      const auto tag = static_cast<std::uint8_t>(id * 31 + i);
-      auto bytes = lease.span<std::uint8_t>();
-      std::fill(bytes.begin(), bytes.end(), tag);
-      std::this_thread::yield();
-      if (!std::all_of(bytes.begin(), bytes.end(), [&](std::uint8_t v) { return v == tag; })) {
-        ++errors;
-      }
-      const std::lock_guard<std::mutex> lock(live_mutex);
-      live.erase(lease.data());
-    }  // the lease returns here, after leaving `live`
-  };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back(worker, t);
-  for (std::thread& t : threads)
-    t.join();
-
-  EXPECT_EQ(errors.load(), 0);
-  const PoolStats stats = pool.stats();
-  EXPECT_EQ(stats.hits + stats.misses, std::uint64_t{kThreads * kIterations});
-  EXPECT_LE(stats.buffers, std::size_t{kThreads * 3});  // at most one per thread per class
-  EXPECT_GT(stats.hits, stats.misses);
-  EXPECT_EQ(stats.bytes_leased, 0u);
-  EXPECT_LE(warnings.messages().size(), 1u);
-}
-
 // ---- BucketRing ---------------------------------------------------------------------------------
 
 TEST(BucketRing, RejectsZeroSlotsZeroBytesAndOverflow) {
@@ -913,124 +786,54 @@ TEST(BucketRing, SingleSlotRingBlocksUntilReleased) {
   EXPECT_FALSE(held);
 }
 
-TEST(BucketRing, AcquireWaitsForTheFenceOutsideTheLock) {
-  BucketRing ring(3, 256, PinOptions{.enable = false});
-  BucketRing::Slot s0 = ring.acquire();
-  BucketRing::Slot s1 = ring.acquire();
-  BucketRing::Slot s2 = ring.acquire();
-
-  std::promise<void> copy_done;
-  std::shared_future<void> copy_future = copy_done.get_future().share();
-  std::atomic<bool> copy_finished{false};
-  std::atomic<bool> in_fence{false};
-  std::atomic<int> fence_calls{0};
-  ring.release(s0, [&, copy_future] {
-    ++fence_calls;
-    in_fence = true;
-    copy_future.wait();
-  });
-  ring.release(s1);
-
-  std::atomic<bool> acquired{false};
-  std::thread consumer([&] {
-    BucketRing::Slot slot = ring.acquire();  // slot 0: waits for its fence
-    EXPECT_EQ(slot.index(), 0u);
-    EXPECT_TRUE(copy_finished.load()) << "slot 0 was handed out before its copy completed";
-    acquired = true;
-  });
-  while (!in_fence.load() && !acquired.load())
-    std::this_thread::yield();
-  EXPECT_TRUE(in_fence.load()) << "acquire() did not call the slot's fence";
-  EXPECT_FALSE(acquired.load());
-  // The ring's lock is free while a fence waits: releasing another slot does not block.
-  auto release_s2 = std::async(std::launch::async, [&] { ring.release(s2); });
-  ASSERT_EQ(release_s2.wait_for(std::chrono::seconds(30)), std::future_status::ready)
-      << "release() blocked behind a fence";
-  std::thread copier([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    copy_finished = true;
-    copy_done.set_value();
-  });
-  consumer.join();
-  copier.join();
-  EXPECT_TRUE(acquired.load());
-  EXPECT_EQ(fence_calls.load(), 1);
-  // Slots 1 and 2 come next, without fences.
-  EXPECT_EQ(ring.acquire().index(), 1u);
-  EXPECT_EQ(ring.acquire().index(), 2u);
-  EXPECT_EQ(fence_calls.load(), 1);
-}
-
-TEST(BucketRing, SlotIsNotRewrittenBeforeItsCopyCompletes) {
-  // The H2D pattern: the CPU fills a slot, "enqueues a copy" that reads it later on another
-  // thread, and releases the slot with a fence on that copy. A slot reused early would be
-  // overwritten while the copier still reads it.
+TEST(BucketRing, SlotIsNotRewrittenWhileItsConsumerReadsIt) {
+  // The engine's pattern: the producer fills a slot (a bucket copied down) and hands it to a
+  // consumer thread (the accumulate thread), which reads it later and only then releases it. A
+  // slot handed out again early would be overwritten while the consumer still reads it.
   constexpr std::size_t kSlots = 4;
   constexpr std::size_t kWords = 1024;
   constexpr std::uint32_t kBuckets = 3000;
   BucketRing ring(kSlots, kWords * sizeof(std::uint32_t), PinOptions{.warn = false});
 
-  struct Copy {
-    const std::uint32_t* data;
-    std::uint32_t bucket;
-    std::shared_ptr<std::promise<void>> done;
-  };
   std::mutex mutex;
   std::condition_variable ready;
-  std::deque<Copy> queue;
+  std::deque<std::pair<BucketRing::Slot, std::uint32_t>> queue;
   std::atomic<int> corrupted{0};
-  std::atomic<int> fences_run{0};
-
-  std::thread copier([&] {
+  std::thread consumer([&] {
     std::mt19937 gen(5);
     for (std::uint32_t n = 0; n < kBuckets; ++n) {
-      Copy copy;
+      std::pair<BucketRing::Slot, std::uint32_t> item;
       {
         std::unique_lock<std::mutex> lock(mutex);
         ready.wait(lock, [&] { return !queue.empty(); });
-        copy = std::move(queue.front());
+        item = std::move(queue.front());
         queue.pop_front();
       }
       if (gen() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const auto words = item.first.span<std::uint32_t>();
       for (std::size_t j = 0; j < kWords; ++j) {
-        if (copy.data[j] != copy.bucket * 7919u + j) {
+        if (words[j] != item.second * 7919u + j) {
           ++corrupted;
           break;
         }
       }
-      copy.done->set_value();
+      ring.release(item.first);
     }
   });
-
-  {
-    std::vector<std::atomic<bool>> in_use(kSlots);
-    for (std::uint32_t bucket = 0; bucket < kBuckets; ++bucket) {
-      BucketRing::Slot slot = ring.acquire();
-      ASSERT_EQ(slot.index(), bucket % kSlots);
-      ASSERT_FALSE(in_use[slot.index()].exchange(true));
-      const auto words = slot.span<std::uint32_t>();
-      for (std::size_t j = 0; j < kWords; ++j) {
-        words[j] = static_cast<std::uint32_t>(bucket * 7919u + j);
-      }
-      auto done = std::make_shared<std::promise<void>>();
-      std::shared_future<void> finished = done->get_future().share();
-      {
-        const std::lock_guard<std::mutex> lock(mutex);
-        queue.push_back({words.data(), bucket, done});
-      }
-      ready.notify_one();
-      in_use[slot.index()] = false;
-      ring.release(slot, [finished, &fences_run] {
-        finished.wait();
-        ++fences_run;
-      });
+  for (std::uint32_t bucket = 0; bucket < kBuckets; ++bucket) {
+    BucketRing::Slot slot = ring.acquire();  // blocks while the consumer holds every slot
+    ASSERT_EQ(slot.index(), bucket % kSlots);
+    const auto words = slot.span<std::uint32_t>();
+    for (std::size_t j = 0; j < kWords; ++j)
+      words[j] = static_cast<std::uint32_t>(bucket * 7919u + j);
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      queue.emplace_back(std::move(slot), bucket);
     }
+    ready.notify_one();
   }
-  copier.join();
+  consumer.join();
   EXPECT_EQ(corrupted.load(), 0);
-  EXPECT_EQ(fences_run.load(), static_cast<int>(kBuckets - kSlots));
-  ring = BucketRing(1, 1, PinOptions{.enable = false});  // destroying the old ring runs the rest
-  EXPECT_EQ(fences_run.load(), static_cast<int>(kBuckets));
 }
 
 TEST(BucketRing, ManyThreadsNeverShareASlot) {
@@ -1052,9 +855,7 @@ TEST(BucketRing, ManyThreadsNeverShareASlot) {
         ++errors;
       }
       holders[slot.index()].fetch_sub(1);
-      if (i % 2 == 0) {
-        ring.release(slot, [] { std::this_thread::yield(); });
-      }  // odd iterations: the Slot's destructor releases it
+      if (i % 2 == 0) ring.release(slot);  // odd iterations: the Slot's destructor releases it
     }
   };
   std::vector<std::thread> threads;
@@ -1092,38 +893,16 @@ TEST(BucketRing, ReleaseChecksTheSlot) {
   moved.release(mine);
 }
 
-TEST(BucketRing, ThrowingFenceKeepsTheSlotFencedForItsNextTurn) {
-  BucketRing ring(2, 64, PinOptions{.enable = false});
-  BucketRing::Slot s0 = ring.acquire();
-  BucketRing::Slot s1 = ring.acquire();
-  int calls = 0;
-  ring.release(s0, [&calls] {
-    if (++calls == 1) throw std::runtime_error("copy failed");
-  });
-  ring.release(s1);
-  EXPECT_THROW(ring.acquire(), std::runtime_error);  // slot 0's turn, fence throws
-  EXPECT_EQ(ring.acquire().index(), 1u);             // the ring moves on
-  BucketRing::Slot again = ring.acquire();           // slot 0 again: the fence runs again
-  EXPECT_EQ(again.index(), 0u);
-  EXPECT_EQ(calls, 2);
-}
-
-TEST(BucketRing, DestructionRunsPendingFencesAndSlotsKeepMemoryAlive) {
-  std::atomic<int> calls{0};
+TEST(BucketRing, SlotsKeepTheMemoryAliveAfterTheRing) {
   BucketRing::Slot survivor;
   {
     BucketRing ring(3, 512, PinOptions{.enable = false});
-    BucketRing::Slot a = ring.acquire();
-    BucketRing::Slot b = ring.acquire();
+    ring.acquire();
     survivor = ring.acquire();
-    ring.release(a, [&] { ++calls; });
-    ring.release(b, [&] { ++calls; });
-    EXPECT_EQ(calls.load(), 0);
   }
-  EXPECT_EQ(calls.load(), 0);  // a Slot still holds the memory
-  std::memset(survivor.data(), 0x7f, survivor.bytes());
+  EXPECT_EQ(survivor.index(), 1u);
+  std::memset(survivor.data(), 0x7f, survivor.bytes());  // ASan: still mapped
   survivor = BucketRing::Slot{};
-  EXPECT_EQ(calls.load(), 2);  // the last owner drained the fences
 }
 
 TEST(BucketRing, WarnsOnceWhenItCannotPin) {

@@ -21,7 +21,6 @@ struct BucketRing::State {
   struct SlotState {
     bool held = false;
     std::uint64_t turn = 0;  // the acquire() ticket allowed to take the slot next
-    Fence fence;             // the copy to wait for before the slot is written again
   };
 
   PinnedBuffer buffer;
@@ -33,23 +32,10 @@ struct BucketRing::State {
   std::vector<SlotState> slots;
   std::uint64_t next_ticket = 0;
 
-  // Only the last owner (ring or Slot) gets here, so nothing runs concurrently.
-  ~State() {
-    for (std::size_t i = 0; i < count; ++i) {
-      Fence& fence = slots[(next_ticket + i) % count].fence;
-      if (!fence) continue;
-      try {
-        fence();
-      } catch (...) {  // the copy failed; the device reports that elsewhere
-      }
-    }
-  }
-
-  void put(std::size_t index, Fence fence) {
+  void put(std::size_t index) {
     {
       const std::lock_guard<std::mutex> lock(mutex);
       SlotState& slot = slots[index];
-      slot.fence = std::move(fence);
       slot.held = false;
       slot.turn += count;
     }
@@ -83,7 +69,7 @@ BucketRing::Slot& BucketRing::Slot::operator=(Slot&& other) noexcept {
 void BucketRing::Slot::give_back() noexcept {
   if (!ring_) return;
   try {
-    ring_->put(index_, Fence{});
+    ring_->put(index_);
   } catch (...) {  // only a failing mutex; the slot stays held rather than terminate
   }
   ring_.reset();
@@ -130,25 +116,7 @@ BucketRing::Slot BucketRing::acquire() {
   State::SlotState& slot = ring.slots[index];
   ring.released.wait(lock, [&] { return !slot.held && slot.turn == ticket; });
   slot.held = true;
-  Fence fence = std::move(slot.fence);
-  slot.fence = nullptr;
   lock.unlock();
-
-  if (fence) {
-    try {
-      fence();
-    } catch (...) {
-      // Keep the fence for the slot's next turn so nobody writes under a copy of unknown state;
-      // skip this turn so the tickets behind this one are not stuck.
-      lock.lock();
-      slot.fence = std::move(fence);
-      slot.held = false;
-      slot.turn += ring.count;
-      lock.unlock();
-      ring.released.notify_all();
-      throw;
-    }
-  }
 
   Slot out;
   out.ring_ = state_;
@@ -158,7 +126,7 @@ BucketRing::Slot BucketRing::acquire() {
   return out;
 }
 
-void BucketRing::release(Slot& slot, Fence fence) {
+void BucketRing::release(Slot& slot) {
   if (!slot.ring_) {
     throw std::invalid_argument(
         "BucketRing::release: the slot is empty (already released, or moved from)");
@@ -167,7 +135,7 @@ void BucketRing::release(Slot& slot, Fence fence) {
     throw std::invalid_argument("BucketRing::release: slot " + std::to_string(slot.index_) +
                                 " belongs to another ring");
   }
-  state_->put(slot.index_, std::move(fence));
+  state_->put(slot.index_);
   slot.ring_.reset();
   slot.data_ = nullptr;
   slot.bytes_ = 0;

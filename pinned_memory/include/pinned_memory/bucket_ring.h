@@ -1,24 +1,17 @@
 // A ring of fixed-size slots carved from one PinnedBuffer: the staging area between the GPU's
-// copy streams and the CPU (gradient buckets coming down, parameters going up). A slot may be
-// written again only after the copy that last used it has completed; the ring enforces that
-// with a fence per slot, so it needs nothing from the device layer.
+// copy stream and a CPU thread (the offload engine's gradient buckets on their way to the
+// accumulate thread). A slot is handed out again only after its holder released it; the holder
+// releases it once the copy into it has landed and it has been read, so the ring needs nothing
+// from the device layer.
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <span>
 
 #include "pinned_memory/pinned_buffer.h"
 
 namespace zo::pinned {
-
-// Blocks until the copy that reads or writes a slot has completed, e.g. the engine's
-// `[ev] { ev->synchronize(); }` for an event recorded after the copy. It is called exactly
-// once, from whichever thread next acquires the slot (or the thread destroying the ring), and
-// never under the ring's lock. If it throws, the exception propagates from acquire() and the
-// slot keeps its fence for the next turn.
-using Fence = std::function<void()>;
 
 // Threading: every member may be called from any thread; any number of producers (acquire)
 // and consumers (release) may run at once. The t-th acquire() to take the ring's lock gets slot
@@ -28,9 +21,9 @@ class BucketRing {
   struct State;
 
  public:
-  // One slot, held from acquire() until release() (or until the Slot is destroyed, which
-  // releases it without a fence). Holds a reference to the ring's memory, so the memory stays
-  // valid while any Slot is alive even if the BucketRing object is gone.
+  // One slot, held from acquire() until release() or until the Slot is destroyed. Holds a reference
+  // to the ring's memory, so the memory stays valid while any Slot is alive even if the BucketRing
+  // object is gone.
   class Slot {
    public:
     Slot() noexcept = default;
@@ -66,25 +59,23 @@ class BucketRing {
   // PinnedBuffer made with `options`. Throws std::invalid_argument for zero slots, zero bytes
   // or a total that overflows, and what PinnedBuffer throws.
   BucketRing(std::size_t slot_count, std::size_t slot_bytes, const PinOptions& options = {});
-  // Waits (via their fences) for the copies still using released slots, once the last Slot is
-  // gone too, then frees the memory: a DMA never targets freed pages. Never throws.
+  // The memory lives until the last Slot is gone too. Whoever enqueued copies into slots waits
+  // for them before destroying the ring (the engine synchronizes its copy stream).
   ~BucketRing();
   BucketRing(BucketRing&&) noexcept;
   BucketRing& operator=(BucketRing&&) noexcept;
   BucketRing(const BucketRing&) = delete;
   BucketRing& operator=(const BucketRing&) = delete;
 
-  // The next slot in round-robin order. Blocks while that slot is still held, then runs the
-  // fence it was released with (outside the lock). A thread holding all slots and acquiring
-  // again waits forever for a release from another thread. Throws what the fence throws, and
-  // std::logic_error on a moved-from ring.
+  // The next slot in round-robin order. Blocks while that slot is still held (back-pressure on
+  // the producer). A thread holding all slots and acquiring again waits forever for a release
+  // from another thread. Throws std::logic_error on a moved-from ring.
   Slot acquire();
 
-  // Gives the slot back; the next acquire() of it first calls `fence` (an empty fence: reusable
-  // at once). The slot becomes empty. Slots may be released in any order, but are reused in
-  // ring order. Throws std::invalid_argument for an empty slot or one from another ring.
-  void release(Slot& slot, Fence fence = {});
-  void release(Slot&& slot, Fence fence = {}) { release(slot, std::move(fence)); }
+  // Gives the slot back; the slot becomes empty. Slots may be released in any order, but are
+  // reused in ring order. Throws std::invalid_argument for an empty slot or one from another ring.
+  void release(Slot& slot);
+  void release(Slot&& slot) { release(slot); }
 
   std::size_t slot_count() const noexcept;
   std::size_t slot_bytes() const noexcept;

@@ -102,7 +102,7 @@ struct PinOptions {
   // Refuse pinning beyond RLIMIT_MEMLOCK. Conservative: current NVIDIA drivers pin without
   // charging the limit, so false tries the locker regardless.
   bool check_memlock = true;
-  // Emit the fallback warning; PinnedPool turns this off and warns once for the whole pool.
+  // Emit the fallback warning (bench_copy turns it off: it measures pageable memory on purpose).
   bool warn = true;
 };
 
