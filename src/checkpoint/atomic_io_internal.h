@@ -1,6 +1,6 @@
-// Internals shared by the atomic_io files (atomic_file.cpp, atomic_directory.cpp, manifest.cpp,
-// rotation.cpp), not part of the atomic_io.h API: owned descriptors, fsynced checksumming writes,
-// error messages with a fix.
+// Internals of the checkpoint files' I/O, not part of the atomic_io.h API: owned descriptors,
+// fsynced checksumming writes, error messages with a fix. Shared by atomic_file.cpp,
+// atomic_directory.cpp, manifest.cpp and rotation.cpp (the safetensors files use errno_text).
 #pragma once
 
 #include <unistd.h>
