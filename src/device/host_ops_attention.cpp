@@ -1,0 +1,106 @@
+// Host ops: causal self-attention, forward and backward.
+#include "device/host_ops.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include "device/host_ops_internal.h"
+
+namespace zo::dev::host {
+
+// ---- causal attention ---------------------------------------------------------------------------
+// Per (batch, head): S = Q K^T / sqrt(hs) masked to j <= i, P = softmax(S), out = P V. Only the
+// per-row log-sum-exp is kept; backward recomputes P from it (FlashAttention-2, arXiv 2307.08691).
+
+void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, int B, int T, int C,
+                       int NH) {
+  const std::size_t t_len = T, c = C, c3 = 3 * c, nh = NH, hs = c / nh;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const std::size_t q_blocks = ceil_div(t_len, kQueryRows);
+  for_blocks(arena, std::size_t(B) * nh * q_blocks, [&](std::size_t task) {
+    const std::size_t bh = task / q_blocks, b = bh / nh, h = bh % nh;
+    const Range q = block_range(task % q_blocks, kQueryRows, t_len);
+    const std::size_t keys = q.end;  // causal: rows of this block see keys [0, q.end)
+    const float* base = qkv + b * t_len * c3 + h * hs;
+    const ConstMatMap qm = cmap(base + q.begin * c3, q.size(), hs, c3);  // (rows, hs)
+    const ConstMatMap km = cmap(base + c, keys, hs, c3);                 // (keys, hs)
+    const ConstMatMap vm = cmap(base + 2 * c, keys, hs, c3);             // (keys, hs)
+    RowMat p(ix(q.size()), ix(keys));                                    // (rows, keys)
+    p.noalias() = qm * km.transpose();
+    for (std::size_t r = 0; r < q.size(); ++r) {
+      const std::size_t i = q.begin + r;
+      float* row = p.data() + r * keys;
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::size_t j = 0; j <= i; ++j) {
+        row[j] *= scale;
+        m = std::max(m, row[j]);
+      }
+      double sum = 0.0;
+      for (std::size_t j = 0; j <= i; ++j)
+        sum += std::exp(row[j] - m);
+      const float row_lse = static_cast<float>(double{m} + std::log(sum));
+      lse[bh * t_len + i] = row_lse;  // (B, NH, T)
+      for (std::size_t j = 0; j <= i; ++j)
+        row[j] = std::exp(row[j] - row_lse);
+      for (std::size_t j = i + 1; j < keys; ++j)
+        row[j] = 0.0f;
+    }
+    map(out + (b * t_len + q.begin) * c + h * hs, q.size(), hs, c).noalias() = p * vm;
+  });
+}
+
+void attention_backward(Arena& arena, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int B, int T, int C, int NH) {
+  const std::size_t t_len = T, c = C, c3 = 3 * c, nh = NH, hs = c / nh;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // One block per (batch, head): dk and dv sum over query rows, so the query blocks of a head
+  // run in order inside it and add into per-head accumulators.
+  for_blocks(arena, std::size_t(B) * nh, [&](std::size_t bh) {
+    const std::size_t b = bh / nh, h = bh % nh;
+    const float* base = qkv + b * t_len * c3 + h * hs;
+    float* dbase = dqkv + b * t_len * c3 + h * hs;
+    RowMat dk = RowMat::Zero(ix(t_len), ix(hs));  // (T, hs)
+    RowMat dv = RowMat::Zero(ix(t_len), ix(hs));  // (T, hs)
+    RowMat p, ds;
+    for (std::size_t qb = 0; qb < ceil_div(t_len, kQueryRows); ++qb) {
+      const Range q = block_range(qb, kQueryRows, t_len);
+      const std::size_t keys = q.end;
+      const ConstMatMap qm = cmap(base + q.begin * c3, q.size(), hs, c3);  // (rows, hs)
+      const ConstMatMap km = cmap(base + c, keys, hs, c3);                 // (keys, hs)
+      const ConstMatMap vm = cmap(base + 2 * c, keys, hs, c3);             // (keys, hs)
+      const std::size_t row0 = (b * t_len + q.begin) * c + h * hs;
+      const ConstMatMap dom = cmap(dout + row0, q.size(), hs, c);  // (rows, hs)
+      const ConstMatMap om = cmap(out + row0, q.size(), hs, c);    // (rows, hs)
+      p.resize(ix(q.size()), ix(keys));
+      p.noalias() = qm * km.transpose();
+      ds.resize(ix(q.size()), ix(keys));
+      ds.noalias() = dom * vm.transpose();  // dP = dout V^T
+      for (std::size_t r = 0; r < q.size(); ++r) {
+        const std::size_t i = q.begin + r;
+        const float row_lse = lse[bh * t_len + i];
+        double d = 0.0;  // D_i = dout_i . out_i = sum_j P_ij dP_ij
+        for (std::size_t e = 0; e < hs; ++e)
+          d += double{dom(ix(r), ix(e))} * om(ix(r), ix(e));
+        const float df = static_cast<float>(d);
+        float* prow = p.data() + r * keys;
+        float* srow = ds.data() + r * keys;
+        for (std::size_t j = 0; j <= i; ++j) {
+          prow[j] = std::exp(prow[j] * scale - row_lse);
+          srow[j] = prow[j] * (srow[j] - df);  // dS = P * (dP - D)
+        }
+        for (std::size_t j = i + 1; j < keys; ++j)
+          prow[j] = srow[j] = 0.0f;
+      }
+      map(dbase + q.begin * c3, q.size(), hs, c3).noalias() += scale * (ds * km);
+      dk.topRows(ix(keys)).noalias() += scale * (ds.transpose() * qm);
+      dv.topRows(ix(keys)).noalias() += p.transpose() * dom;
+    }
+    map(dbase + c, t_len, hs, c3) += dk;
+    map(dbase + 2 * c, t_len, hs, c3) += dv;
+  });
+}
+
+}  // namespace zo::dev::host
