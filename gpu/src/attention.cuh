@@ -4,7 +4,7 @@
 // stored; keys are visited in tiles with an online softmax, and only the per-row log-sum-exp is
 // kept for the backward pass, which recomputes the probabilities from it.
 //
-// Definitions (those of the fp32 host reference, src/device/host_ops.cpp):
+// Definitions (those of the fp32 host reference, src/device/host_ops_attention.cpp):
 //   qkv (B,T,3C) = [q | k | v] per token; head h uses channels [h*hs, (h+1)*hs), hs = C/NH.
 //   s_ij = (q_i . k_j) / sqrt(hs) for j <= i (causal), P = softmax_j(s), out_i = sum_j P_ij v_j.
 //   lse_i = log(sum_{j<=i} exp(s_ij)) (natural log, of the scaled scores), (B,NH,T) fp32.

@@ -1,6 +1,6 @@
 // Softmax cross-entropy over V classes per row, fused with its gradient. Shapes: logits and
 // dlogits (N,V), targets (N) int32, losses (N) fp32. Formulas as the host reference
-// (src/device/host_ops.cpp): loss = logsumexp(x) - x[target];
+// (src/device/host_ops_loss_reduce_cast.cpp): loss = logsumexp(x) - x[target];
 // dlogits = dloss_scale * (softmax(x) - onehot(target)).
 //
 // Launch shape: one block of kCrossEntropyThreads threads per row (grid = N); V up to ~50k.

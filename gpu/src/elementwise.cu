@@ -24,7 +24,7 @@ namespace zo::gpu {
 constexpr int kElementwiseThreads = 256;
 
 // GELU, tanh approximation (arXiv 1606.08415), formulas exactly as the host reference
-// (src/device/host_ops.cpp).
+// (src/device/host_ops_matmul_elementwise.cpp).
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 

@@ -1,6 +1,7 @@
 // LayerNorm over the last dimension (arXiv 1607.06450), GPT-2 flavour: biased variance, eps 1e-5
-// inside the square root; formulas as the host reference (src/device/host_ops.cpp). Shapes:
-// inp/out/dout/dinp (N,C), weight/bias (C), mean/rstd (N) fp32.
+// inside the square root; formulas as the host reference
+// (src/device/host_ops_embedding_layernorm.cpp). Shapes: inp/out/dout/dinp (N,C), weight/bias
+// (C), mean/rstd (N) fp32.
 //
 // Forward, layernorm_forward_kernel: one warp per row, kLayerNormThreads/32 rows per block,
 // grid = ceil(N / rows per block). Lanes stride over the row in packs of kVec (16 B of T; 1 when
