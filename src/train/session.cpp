@@ -62,8 +62,19 @@ std::string trace_path(const std::string& path, int rank) {
 
 Session::Session(const TrainConfig& c) : cfg(c) {
   cfg.validate_flags();
-  // Data parallel when started by mpirun (or ZO_WORLD_SIZE > 1): every rank must run the
-  // same configuration, checked before anything is opened.
+  join_job();
+  resolve_model();
+  open_data();
+  open_device_and_plan();
+  make_optimizer_state();
+  make_updater_and_model();
+  init_weights();
+  updater->load_state();
+}
+
+// Data parallel when started by mpirun (or ZO_WORLD_SIZE > 1): every rank must run the same
+// configuration, checked before anything is opened.
+void Session::join_job() {
   comm = comm::make_comm_from_env(cfg.comm_timeout);
   ranks = comm->size();
   rank = comm->rank();
@@ -81,7 +92,10 @@ Session::Session(const TrainConfig& c) : cfg(c) {
           "ranks' hosts (ZeRO-2 with offload); use --mode offload or auto");
     }
   }
-  // The model: from the checkpoint when resuming without --model.
+}
+
+// The model: from the checkpoint when resuming without --model.
+void Session::resolve_model() {
   if (!cfg.resume.empty()) {
     resume_dir = resolve_checkpoint(cfg.resume, cfg.checkpoint_dir);
     resume_state = read_trainer_state(resume_dir);
@@ -94,8 +108,10 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   cfg.validate(spec);
   T = cfg.seq_len > 0 ? cfg.seq_len : spec.block_size;
   layout = std::make_unique<model::ParameterLayout>(spec);
+}
 
-  // Data, opened and validated before anything large is allocated.
+// The data, opened and validated before anything large is allocated.
+void Session::open_data() {
   data::SourceConfig sc;
   sc.path = cfg.data;
   sc.format = data::parse_data_format(cfg.data_format);
@@ -127,18 +143,18 @@ Session::Session(const TrainConfig& c) : cfg(c) {
           "sees");
     }
   }
+}
 
-  // The memory plan, checked before allocating.
-  {
-    dev::DeviceRequest r;
-    r.device = cfg.device;
-    r.precision = cfg.precision;
-    r.capacity_bytes = cfg.device_memory;
-    // Ranks sharing a machine share its cores: "all cores" means this rank's share.
-    r.threads = cfg.threads == 0 ? core_share() : cfg.threads;
-    r.gpu_ordinal = comm->local_rank();  // one GPU per rank on a machine
-    dev = dev::make_device(r);
-  }
+// The device, and the memory plan of the mode it implies, checked before allocating.
+void Session::open_device_and_plan() {
+  dev::DeviceRequest r;
+  r.device = cfg.device;
+  r.precision = cfg.precision;
+  r.capacity_bytes = cfg.device_memory;
+  // Ranks sharing a machine share its cores: "all cores" means this rank's share.
+  r.threads = cfg.threads == 0 ? core_share() : cfg.threads;
+  r.gpu_ordinal = comm->local_rank();  // one GPU per rank on a machine
+  dev = dev::make_device(r);
   // Ranks sharing a machine: run this one (and the Adam threads it creates) next to its GPU,
   // unless the launcher bound it already (mpirun --bind-to ...).
   if (ranks > 1) pinned::run_near_node(dev::numa_node_of(*dev));
@@ -161,7 +177,10 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   if (!plan.device_fits || !plan.host_fits) {
     throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
   }
+}
 
+void Session::make_optimizer_state() {
+  const DType act = dev->act_dtype();
   optim::OptimizerConfig oc;
   oc.adam.beta1 = cfg.beta1;
   oc.adam.beta2 = cfg.beta2;
@@ -187,7 +206,9 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   }
   opt = std::make_unique<optim::HostOptimizer>(
       *layout, oc, ranks > 1 ? partitions[std::size_t(rank)] : std::vector<optim::OwnedRange>{});
+}
 
+void Session::make_updater_and_model() {
   if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
   stream = dev->create_stream();
   updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt)
@@ -195,7 +216,10 @@ Session::Session(const TrainConfig& c) : cfg(c) {
                                             comm.get());
   gpt = std::make_unique<model::Gpt>(*dev, *layout,
                                      model::GptShape{cfg.micro_batch, T, cfg.recompute});
+}
 
+// The initial or resumed weights and optimizer state, on the host.
+void Session::init_weights() {
   if (resume_state) {
     const nlohmann::json st = load_checkpoint(resume_dir, *layout, *opt);
     start_step = st.at("step").get<std::int64_t>();
@@ -213,7 +237,6 @@ Session::Session(const TrainConfig& c) : cfg(c) {
     }
     if (!opt->owns_all()) opt->take_owned(whole.data(), opt->master().data());
   }
-  updater->load_state();
 }
 
 Session::~Session() {

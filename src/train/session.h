@@ -62,6 +62,14 @@ struct Session {
   nlohmann::json trainer_state(std::int64_t step) const;
 
  private:
+  // The constructor's steps, in order.
+  void join_job();
+  void resolve_model();
+  void open_data();
+  void open_device_and_plan();
+  void make_optimizer_state();
+  void make_updater_and_model();
+  void init_weights();
   // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
   int core_share() const;
   offload::EngineConfig engine_config() const;
