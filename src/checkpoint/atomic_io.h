@@ -41,7 +41,8 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view text)
 void write_file_atomic(const std::filesystem::path& path, const ByteProducer& produce);
 
 // Reads a whole (small) file, e.g. a JSON state file; throws CheckpointError if it is missing,
-// unreadable or larger than max_bytes.
+// unreadable, larger than max_bytes or not a regular file (a FIFO, device or directory is refused
+// without blocking).
 std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes = 256u << 20);
 
 // ---- checkpoint directories ---------------------------------------------------------------------
@@ -107,9 +108,10 @@ class AtomicDirectory {
   std::map<std::string, Written> written_;
 };
 
-// Checks `dir` against its MANIFEST.json: every listed file exists with the listed size and
-// CRC-32C. Returns the manifest; throws CheckpointError listing every missing, truncated or
-// corrupted file and advising to use an older checkpoint. Files not in the manifest are ignored.
+// Checks `dir` against its MANIFEST.json: every listed file exists as a regular file with the
+// listed size and CRC-32C, and the directory holds nothing else. Returns the manifest; throws
+// CheckpointError listing every missing, truncated, corrupted, non-regular (FIFO, device: refused
+// without blocking) or unlisted file and advising to use an older checkpoint.
 Manifest verify_directory(const std::filesystem::path& dir);
 
 // ---- rotation -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // offload_train: the one binary users run. Subcommands: train, plan, export, sample, info.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -168,11 +169,14 @@ std::vector<std::int32_t> parse_token_list(const std::string& s) {
   while (std::getline(ss, item, ',')) {
     try {
       std::size_t pos = 0;
-      const long v = std::stol(item, &pos);
-      if (pos != item.size()) throw std::invalid_argument("x");
+      const long long v = std::stoll(item, &pos);
+      // Out of 32 bits is refused, not truncated into some other id.
+      if (pos != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::out_of_range(item);
       out.push_back(static_cast<std::int32_t>(v));
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--prompt-tokens: '" + item + "' is not an integer token id");
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument("--prompt-tokens: '" + item +
+                                  "' is not a token id (an integer below 2^31); give ids such "
+                                  "as 1,2,3");
     }
   }
   return out;

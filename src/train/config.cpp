@@ -17,6 +17,29 @@ void TrainConfig::validate_flags() const {
   if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
     bad("--checkpoint-every needs --checkpoint-dir");
   }
+  // The numbers, before anything uses them (the data-parallel timeout is the first); each
+  // comparison is written so that NaN fails it.
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) bad("--val-fraction must be in [0, 1)");
+  for (auto [name, b] : {std::pair{"--beta1", beta1}, {"--beta2", beta2}}) {
+    if (!(b >= 0.0f && b < 1.0f)) bad(std::string(name) + " must be in [0, 1)");
+  }
+  if (!(eps > 0.0f) || !std::isfinite(eps)) bad("--adam-eps must be finite and > 0 (1e-8)");
+  if (!(weight_decay >= 0.0f) || !std::isfinite(weight_decay)) {
+    bad("--weight-decay must be finite and >= 0 (0.1)");
+  }
+  if (!(grad_clip >= 0.0f) || !std::isfinite(grad_clip)) bad("--grad-clip must be >= 0 (0 = off)");
+  if (!(loss_scale_backoff > 0.0f && loss_scale_backoff < 1.0f)) {
+    bad("--loss-scale-backoff must be in (0, 1) (default 0.5)");
+  }
+  if (!(loss_scale_min > 0.0f && loss_scale_min <= loss_scale_max &&
+        std::isfinite(loss_scale_max))) {
+    bad("need 0 < --loss-scale-min <= --loss-scale-max (finite); defaults 1 and 16777216");
+  }
+  // Beyond a million seconds (11.6 days) a timeout is a mistake, and infinity overflows the
+  // deadline arithmetic.
+  if (!(comm_timeout > 0.0 && comm_timeout <= 1e6)) {
+    bad("--comm-timeout must be in (0, 1e6] seconds (300)");
+  }
 }
 
 void TrainConfig::validate(const model::ModelSpec& spec) const {
@@ -29,14 +52,7 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--seq-len " + std::to_string(seq_len) + " exceeds the model's block_size " +
         std::to_string(spec.block_size) + "; use --seq-len <= block_size or a larger model spec");
   }
-  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) bad("--val-fraction must be in [0, 1)");
   lr.validate();
-  for (auto [name, b] : {std::pair{"--beta1", beta1}, {"--beta2", beta2}}) {
-    if (!(b >= 0.0f && b < 1.0f)) bad(std::string(name) + " must be in [0, 1)");
-  }
-  if (!(eps > 0.0f)) bad("--adam-eps must be > 0");
-  if (!(weight_decay >= 0.0f)) bad("--weight-decay must be >= 0");
-  if (!(grad_clip >= 0.0f) || !std::isfinite(grad_clip)) bad("--grad-clip must be >= 0 (0 = off)");
   if (device != "auto" && device != "host" && device != "cuda") {
     bad("--device must be auto, host or cuda");
   }
@@ -47,13 +63,6 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--precision must be auto, fp32, bf16 or fp16");
   }
   if (loss_scale_window < 1) bad("--loss-scale-window must be >= 1");
-  if (!(loss_scale_backoff > 0.0f && loss_scale_backoff < 1.0f)) {
-    bad("--loss-scale-backoff must be in (0, 1) (default 0.5)");
-  }
-  if (!(loss_scale_min > 0.0f && loss_scale_min <= loss_scale_max &&
-        std::isfinite(loss_scale_max))) {
-    bad("need 0 < --loss-scale-min <= --loss-scale-max (finite); defaults 1 and 16777216");
-  }
   if (mode == "resident" && optimizer_state != DType::kF32) {
     bad("--optimizer-state bf16 is for --mode offload (host memory); resident mode keeps fp32 "
         "state on the device");
@@ -63,7 +72,6 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (log_interval < 1) bad("--log-every must be >= 1");
   if (bucket_size < 4096) bad("--bucket-size must be at least 4KiB (default 32MiB)");
   if (dpu_warmup < 0) bad("--dpu-warmup must be >= 0");
-  if (!(comm_timeout > 0.0)) bad("--comm-timeout must be > 0 seconds");
   if (dpu && mode == "resident") {
     bad("--dpu delays the CPU update of offload mode; drop it or use --mode offload");
   }
