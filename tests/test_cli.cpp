@@ -142,4 +142,31 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   EXPECT_NE(r.out.find("'x'"), std::string::npos);
 }
 
+// Numbers a user can get wrong exit 1 naming the flag; sampling no tokens is not an error.
+TEST(Cli, SampleEdgesAndNonFiniteFlags) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --steps 1 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string sample = "sample --checkpoint latest --checkpoint-dir " + ckpt + " ";
+  r = run(sample + "-n 0 --ids --prompt-tokens 1,2");  // used to corrupt the heap
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "\n");
+  const std::pair<std::string, std::string> bad[] = {
+      {sample + "--temperature inf -n 2", "--temperature must be finite"},
+      {sample + "--temperature nan -n 2", "--temperature must be finite"},
+      {sample + "--top-k 1000 -n 2", "--top-k 1000 exceeds"},
+      {sample + "--prompt-tokens 4294967297 -n 2", "'4294967297' is not a token id"},
+      {"train --steps 1 --comm-timeout inf", "--comm-timeout"},
+      {"train --steps 1 --adam-eps inf", "--adam-eps"},
+      {"train --steps 1 --weight-decay inf", "--weight-decay"},
+  };
+  for (const auto& [args, message] : bad) {
+    r = run(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("offload_train: error: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
 }  // namespace
