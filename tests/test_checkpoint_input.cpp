@@ -13,7 +13,7 @@
 #include "checkpoint/json_input.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
-#include "fifo_guard.h"
+#include "input_test.h"
 
 namespace {
 
@@ -21,38 +21,12 @@ namespace fs = std::filesystem;
 using zo::CheckpointError;
 using zo::ckpt::JsonError;
 using zo::ckpt::parse_json;
-
-struct Scratch {
-  fs::path path;
-  Scratch() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("zo_ckpt_input_" + std::to_string(getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using zo::test::error_of;
+using zo::test::Scratch;
 
 void write_text(const fs::path& p, const std::string& s) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
 }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nshould contain: " << (sub)
 
 // `levels` nested arrays around 0: deep enough at 10^6 to overflow the stack of a recursive
 // dump() or operator==, which is what a bounded parse prevents.

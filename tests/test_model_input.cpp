@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
-#include "fifo_guard.h"
+#include "input_test.h"
 #include "model/hf_weights.h"
 #include "model/layout.h"
 #include "model/spec.h"
@@ -21,34 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 using zo::model::load_model_spec;
 using zo::model::model_spec_from_json;
-
-struct Scratch {
-  fs::path path;
-  Scratch() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("zo_model_input_" + std::to_string(getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nshould contain: " << (sub)
+using zo::test::error_of;
+using zo::test::Scratch;
 
 // The config.json of Hugging Face's "gpt2", as published.
 const char* const kGpt2Config = R"({

@@ -212,17 +212,10 @@ Fd open_regular_file(const fs::path& path, std::string& problem) {
     problem = open_problem(errno);
     return Fd();
   }
-  if (!S_ISREG(st.st_mode)) {
-    problem = type_problem(st.st_mode);
-    return Fd();
-  }
-  // Non-blocking in case it became a FIFO since the stat; the type is checked again below.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) {
-    problem = open_problem(errno);
-    return Fd();
-  }
-  if (::fstat(fd.get(), &st) != 0) {
+  // Opened only if regular, non-blocking in case it became a FIFO since; then checked again.
+  const bool regular = S_ISREG(st.st_mode);
+  Fd fd(regular ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1);
+  if (regular && (fd.get() < 0 || ::fstat(fd.get(), &st) != 0)) {
     problem = open_problem(errno);
     return Fd();
   }
