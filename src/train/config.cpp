@@ -60,6 +60,7 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   }
   if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
   if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
+  if (max_nonfinite_steps < 0) bad("--max-nonfinite-steps must be >= 0 (0 = never stop)");
   if (log_interval < 1) bad("--log-every must be >= 1");
   if (bucket_size < 4096) bad("--bucket-size must be at least 4KiB (default 32MiB)");
   if (dpu_warmup < 0) bad("--dpu-warmup must be >= 0");
@@ -86,6 +87,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"min_lr_fraction", lr.min_lr_fraction},
           {"warmup", lr.warmup_steps},
           {"lr_decay", decay_name(lr.decay)},
+          {"lr_schedule_steps", lr.total_steps},
           {"beta1", beta1},
           {"beta2", beta2},
           {"adam_eps", eps},
@@ -112,7 +114,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"eval_batches", eval_batches},
           {"checkpoint_dir", checkpoint_dir},
           {"checkpoint_interval", checkpoint_interval},
-          {"keep_last", keep_last}};
+          {"keep_last", keep_last},
+          {"max_nonfinite_steps", max_nonfinite_steps}};
 }
 
 }  // namespace zo::train
