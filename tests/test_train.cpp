@@ -338,6 +338,23 @@ TEST(Trainer, TraceHasEveryPipelineStage) {
   for (const char* t : {"main", "compute", "d2h", "adam", "h2d"})
     EXPECT_GT(spans[t], 0) << t;
   EXPECT_EQ(spans["main"], 3);
+  // The first spans in causal order on one clock: step 1 begins, its forward, its backward,
+  // then its gradient copies (device spans never start before the host enqueued their work).
+  auto first = [&](const std::string& track, const std::string& name) {
+    double t = INFINITY;
+    for (const auto& ev : j.at("traceEvents")) {
+      if (ev.at("ph") == "X" && tracks.at(ev.at("tid").get<int>()) == track &&
+          ev.at("name").get<std::string>().rfind(name, 0) == 0) {
+        t = std::min(t, ev.at("ts").get<double>());
+      }
+    }
+    return t;
+  };
+  const double step = first("main", "step"), fwd = first("compute", "forward"),
+               bwd = first("compute", "backward"), copy = first("d2h", "bucket");
+  EXPECT_LE(step, fwd);
+  EXPECT_LT(fwd, bwd);
+  EXPECT_LE(bwd, copy);
 }
 
 // A power-of-two loss scale changes no bit in fp32: every backward op is linear in the scale,

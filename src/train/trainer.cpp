@@ -67,7 +67,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   std::vector<std::unique_ptr<dev::Event>> events;
   for (int k = 0; k < 3 * A; ++k)
     events.push_back(dev.create_event());
-  const dev::EventClock clock(dev, stream, S.trace.now_us());
+  const dev::EventClock clock(dev, stream, [&] { return S.trace.now_us(); });
   std::vector<std::int32_t> inputs, targets;
   std::vector<float> losses(std::size_t(A) * BT);
 
