@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -657,6 +658,27 @@ TEST(TrainerErrors, FlagsAndDataProblems) {
   c = tiny_config();
   c.init_from = (d.path / "big.bin").string();  // not a safetensors file
   EXPECT_NE(error_of([&] { Trainer t(c); }).find("big.bin"), std::string::npos);
+  // Count flags far out of range are refused by their bounds before anything is sized by them.
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> counts = {
+      {[](TrainConfig& x) { x.grad_accum = 1 << 30; }, "--grad-accum must be in 1..4096"},
+      {[](TrainConfig& x) { x.eval_batches = 1 << 30; }, "--eval-batches in 1..1048576"},
+      {[](TrainConfig& x) { x.micro_batch = 1 << 30; }, "--micro-batch must be in 1..65536"},
+      {[](TrainConfig& x) { x.steps = std::int64_t{1} << 60; }, "--steps must be in 1.."},
+  };
+  for (const auto& [set, want] : counts) {
+    c = tiny_config();
+    set(c);
+    EXPECT_NE(error_of([&] { Trainer t(c); }).find(want), std::string::npos) << want;
+  }
+  // A vocabulary too large for the memory is refused by the plan, before the data is opened.
+  c = tiny_config();
+  c.model = (d.path / "wide.json").string();
+  std::ofstream(c.model) << R"({"n_layer": 1, "n_head": 1, "n_embd": 64, "vocab_size": 16000000,
+                               "block_size": 64})";
+  c.device_memory = std::size_t{1} << 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("does not fit"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
 TEST(TrainerErrors, DeviceMemoryTooSmallIsRefusedWithThePlan) {

@@ -1,11 +1,13 @@
 #include "model/spec.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 namespace zo::model {
 namespace {
@@ -59,6 +61,23 @@ void ModelSpec::validate() const {
     bad(origin, "n_embd = " + std::to_string(n_embd) + " is not divisible by n_head = " +
                     std::to_string(n_head) + "; choose n_head dividing n_embd (head size " +
                     "n_embd / n_head, commonly 64)");
+  }
+  // Bounds far above any model a machine can train, so that every size below is exact in
+  // size_t and a hostile spec is refused here rather than after minutes of layout building.
+  for (auto [key, v, max] : {std::tuple{"n_layer", n_layer, kMaxLayers},
+                             {"n_embd", n_embd, kMaxEmbd},
+                             {"vocab_size", vocab_size, kMaxVocab},
+                             {"block_size", block_size, kMaxBlock}}) {
+    if (v > max) {
+      bad(origin, std::string(key) + " = " + std::to_string(v) + " is above the supported " +
+                      std::to_string(max));
+    }
+  }
+  if (const std::size_t n = num_parameters(); n > kMaxParameters) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3g parameters, above the supported %.3g", double(n),
+                  double(kMaxParameters));
+    bad(origin, std::string("the model has ") + text);
   }
 }
 

@@ -13,6 +13,10 @@
 
 namespace zo::train {
 
+// Bounds of the count flags (TrainConfig::validate).
+inline constexpr int kMaxMicroBatch = 1 << 16, kMaxGradAccum = 4096, kMaxEvalBatches = 1 << 20;
+inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 40;
+
 struct TrainConfig {
   // model
   std::string model = "tiny";  // preset name or JSON spec path

@@ -67,8 +67,8 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   join_job();
   resolve_model();
   check_outputs();
+  open_device_and_plan();  // before the data: a spec too large for memory costs nothing more
   open_data();
-  open_device_and_plan();
   make_optimizer_state();
   make_updater_and_model();
   init_weights();
@@ -337,16 +337,23 @@ double Session::evaluate() {
   data::DataLoader& val = *loaders.val;
   val.reset();
   const std::size_t BT = std::size_t(cfg.micro_batch) * T;
-  std::vector<float> l(BT * cfg.eval_batches);
+  // Up to kWindow batches in flight, then summed in order: memory does not grow with
+  // --eval-batches, and the sum is the same sequence of additions as over one array.
+  constexpr int kWindow = 16;
+  std::vector<float> l(BT * std::size_t(std::min(cfg.eval_batches, kWindow)));
   std::vector<std::int32_t> inputs, targets;
+  double sum[2] = {0.0, double(BT) * cfg.eval_batches};
   for (int b = 0; b < cfg.eval_batches; ++b) {
     val.next_batch(inputs, targets);
     gpt->set_batch(inputs, targets, *stream);
     gpt->forward(updater->parameters(), T, true, 0.0f, *stream);
-    dev->copy_to_host(l.data() + b * BT, gpt->losses(), BT * 4, *stream);
+    dev->copy_to_host(l.data() + (b % kWindow) * BT, gpt->losses(), BT * 4, *stream);
+    if (b % kWindow == kWindow - 1 || b + 1 == cfg.eval_batches) {
+      stream->synchronize();
+      sum[0] =
+          std::accumulate(l.begin(), l.begin() + std::ptrdiff_t((b % kWindow + 1) * BT), sum[0]);
+    }
   }
-  stream->synchronize();
-  double sum[2] = {std::accumulate(l.begin(), l.end(), 0.0), double(l.size())};
   comm->all_reduce(sum, 2, comm::ReduceOp::kSum);  // the global batch's rows are on the ranks
   return sum[0] / sum[1];
 }
