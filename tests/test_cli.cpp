@@ -111,6 +111,41 @@ TEST(Cli, TrainResumeExportSample) {
   ASSERT_EQ(r.code, 0) << r.out;
 }
 
+// The README's worked example, command for command, in a scratch directory: every line
+// succeeds, and the resumed run is the same run (its lr and warmup come from the checkpoint).
+TEST(Cli, ReadmeWorkedExampleRuns) {
+  std::ifstream in(std::string(ZO_SOURCE_DIR) + "/README.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const auto h = text.find("## A worked example");
+  ASSERT_NE(h, std::string::npos);
+  std::string script;
+  std::istringstream lines(text.substr(h));
+  std::string line;
+  std::getline(lines, line);  // the heading
+  std::getline(lines, line);  // the blank line before the block
+  while (std::getline(lines, line) && line.rfind("    ", 0) == 0)
+    script += line.substr(4) + "\n";
+  ASSERT_NE(script.find("--resume latest"), std::string::npos) << script;
+  TempDir d;
+  const std::string binary = ZO_OFFLOAD_TRAIN_BIN;
+  const auto at = script.find("B=build/src/offload_train");
+  ASSERT_NE(at, std::string::npos) << script;
+  script.replace(at, std::string("B=build/src/offload_train").size(), "B=" + binary);
+  std::ofstream(d.path / "example.sh") << "set -e\n" << script;
+  const Result r = zo::test::run_command("cd " + d.path.string() + " && bash example.sh");
+  ASSERT_EQ(r.code, 0) << script << "\n" << r.out;
+  const fs::path last = d.path / "runs" / "demo" / "step_00000350";
+  ASSERT_TRUE(fs::exists(last / "MANIFEST.json")) << r.out;
+  std::ifstream state(last / "trainer_state.json");
+  const auto config = nlohmann::json::parse(state).at("config");
+  EXPECT_FLOAT_EQ(config.at("lr").get<float>(), 3e-3f);
+  EXPECT_EQ(config.at("warmup"), 20);
+  EXPECT_EQ(config.at("lr_schedule_steps"), 300);
+  EXPECT_TRUE(fs::exists(d.path / "tiny.safetensors"));
+}
+
 TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   Result r = run("train --no-such-flag");
   EXPECT_EQ(r.code, 2);

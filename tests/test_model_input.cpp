@@ -105,18 +105,6 @@ TEST(ModelConfig, KeysThatChangeTheModelAreRefusedByName) {
   EXPECT_HAS(error_of([&] { model_spec_from_json(j, "c"); }), "name must be a string");
 }
 
-TEST(ModelConfig, SizesBeyondWhatCanBeLaidOutAreRefused) {
-  const std::string e = error_of([] {
-    model_spec_from_json({{"n_layer", 1 << 30},
-                          {"n_head", 1},
-                          {"n_embd", 1 << 30},
-                          {"vocab_size", 1 << 30},
-                          {"block_size", 1 << 30}},
-                         "huge");
-  });
-  EXPECT_HAS(e, "more than the 2^48 this trainer can lay out");
-}
-
 TEST(ModelSpecFile, DeepRepeatedOrNonRegularFilesAreRefused) {
   Scratch d;
   const auto spec_file = [&](const std::string& name, const std::string& text) {

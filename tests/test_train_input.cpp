@@ -97,11 +97,11 @@ class TrainerState : public ::testing::Test {
 TEST_F(TrainerState, CountsMustBeIntegersInRangeAndConsistent) {
   const Json bad_counts[] = {
       -1, std::numeric_limits<std::uint64_t>::max(), 1.5, "2", nullptr, Json::array()};
-  for (const char* key : {"step", "tokens"}) {
+  for (const auto& [key, max] : {std::pair{"step", "2^40"}, {"tokens", "2^53"}}) {
     for (const Json& v : bad_counts) {
       const std::string e = error_after([&](Json& s) { s[key] = v; });
       EXPECT_HAS(e, "trainer_state.json: \"" + std::string(key) + "\" is " + v.dump());
-      EXPECT_HAS(e, "expected an integer in [0, 2^53]");
+      EXPECT_HAS(e, "expected an integer in [0, " + std::string(max) + "]");
     }
   }
   EXPECT_HAS(error_after([](Json& s) { s.erase("step"); }), "\"step\" is missing");
@@ -129,6 +129,9 @@ TEST_F(TrainerState, SectionsAreCheckedByKey) {
   EXPECT_HAS(error_after([](Json& s) { s["data"] = 5; }), "\"data\" is not an object");
   EXPECT_HAS(error_after([](Json& s) { s["config"] = Json::array(); }),
              "\"config\" is not an object");
+  EXPECT_HAS(error_after([](Json& s) { s.erase("config"); }), "\"config\" is missing");
+  EXPECT_HAS(error_after([](Json& s) { s["run_id"] = 7; }), "\"run_id\" is 7; expected a string");
+  EXPECT_HAS(error_after([](Json& s) { s["saved_at_ns"] = -1; }), "\"saved_at_ns\" is -1");
   EXPECT_HAS(error_after([](Json& s) { s["rng"]["seed"] = -1; }), "\"rng.seed\" is -1");
   EXPECT_HAS(error_after([](Json& s) { s["optimizer_state_dtype"] = "fp64"; }),
              "\"optimizer_state_dtype\" is \"fp64\"");
@@ -203,7 +206,8 @@ class ShardedCheckpoint : public ::testing::Test {
           static_cast<float*>(opt.exp_avg().data)[i] = float(parts[std::size_t(r)][0].begin + i);
           static_cast<float*>(opt.exp_avg_sq().data)[i] = 1.0f;
         }
-        const Json state = {{"step", 1}, {"tokens", 64}, {"data", Json::object()}};
+        const Json state = {
+            {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
         zo::train::save_checkpoint(tmp_.path, layout_, opt, state, 0, comm, parts);
       });
     }

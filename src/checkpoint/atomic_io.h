@@ -130,13 +130,22 @@ struct CheckpointDir {
 std::vector<CheckpointDir> list_checkpoints(const std::filesystem::path& parent,
                                             std::string_view prefix);
 
-// Deletes all but the newest keep_last_n complete checkpoints (keep_last_n == 0: keep all) and
-// returns what it deleted. Never touches temporary or incomplete directories. Each deletion
-// removes MANIFEST.json first, so a crash mid-delete leaves an incomplete (ignored) directory,
-// never a damaged one that looks complete.
-std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& parent,
-                                                      std::string_view prefix,
-                                                      std::size_t keep_last_n);
+// Deletes all but the newest keep_last_n complete checkpoints for which `belongs` is true (all of
+// them without a predicate; keep_last_n == 0: keep all) and returns what it deleted. `protect`
+// (the checkpoint just written) is never deleted and counts as kept. Never touches temporary or
+// incomplete directories. Each deletion removes MANIFEST.json first, so a crash mid-delete leaves
+// an incomplete (ignored) directory, never a damaged one that looks complete.
+std::vector<std::filesystem::path> rotate_checkpoints(
+    const std::filesystem::path& parent, std::string_view prefix, std::size_t keep_last_n,
+    const std::function<bool(const CheckpointDir&)>& belongs = {},
+    const std::filesystem::path& protect = {});
+
+// Moves the given checkpoints of `parent` into `parent`/<folder> (created), keeping their names,
+// so that neither `latest` nor rotation sees them again; returns their new paths. Throws
+// CheckpointError naming the directory that could not be moved (the others stay moved).
+std::vector<std::filesystem::path> move_checkpoints_aside(const std::filesystem::path& parent,
+                                                          const std::vector<CheckpointDir>& dirs,
+                                                          const std::string& folder);
 
 // Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."):
 // never deleted automatically (another process may be writing one); the trainer can report them

@@ -18,7 +18,10 @@
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/plan.h"
+#include "train/resume_config.h"
+#include "train/run_outputs.h"
 #include "train/sample.h"
+#include "train/stop_request.h"
 #include "train/trainer.h"
 
 #ifndef ZO_VERSION
@@ -68,6 +71,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--min-lr-fraction", c.lr.min_lr_fraction, "final lr as a fraction of --lr")
       ->capture_default_str();
   t->add_option("--warmup", c.lr.warmup_steps, "linear warmup steps")->capture_default_str();
+  t->add_option("--lr-schedule-steps", c.lr.total_steps,
+                "steps the lr schedule spans (default: --steps; a resumed run keeps its own)");
   t->add_option("--lr-decay", decay, "cosine, linear or constant")->capture_default_str();
   t->add_option("--beta1", c.beta1, "Adam beta1")->capture_default_str();
   t->add_option("--beta2", c.beta2, "Adam beta2")->capture_default_str();
@@ -78,6 +83,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_flag("--decay-biases-and-norms", c.decay_biases_and_norms,
               "apply weight decay to biases and LayerNorm parameters too");
   t->add_option("--grad-clip", c.grad_clip, "global-norm gradient clipping; 0 = off")
+      ->capture_default_str();
+  t->add_option("--max-nonfinite-steps", c.max_nonfinite_steps,
+                "stop after this many consecutive steps with Inf/NaN gradients; 0 = never")
       ->capture_default_str();
   t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
       ->capture_default_str();
@@ -125,7 +133,11 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--checkpoint-dir", c.checkpoint_dir, "where step_<N> checkpoint directories go");
   t->add_option("--checkpoint-every", c.checkpoint_interval,
                 "checkpoint every N steps; 0 = at the end only");
-  t->add_option("--keep", c.keep_last, "checkpoints to keep; 0 = all")->capture_default_str();
+  t->add_option("--keep", c.keep_last, "this run's checkpoints to keep; 0 = all")
+      ->capture_default_str();
+  t->add_flag("--overwrite", c.overwrite,
+              "start even where another run's checkpoints or metrics file exist (same-numbered "
+              "checkpoints and that file are replaced)");
   t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
   t->add_option("--metrics", c.metrics, "JSONL file: one object per step");
   t->add_option("--log-every", c.log_interval, "progress line every N steps")
@@ -144,22 +156,31 @@ int end_broken_job(const zo::CommError& e) {
 }
 
 int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
-              const ByteSize& devmem, const ByteSize& bucket, bool model_given) {
+              const ByteSize& devmem, const ByteSize& bucket, const CLI::App& cmd) {
+  for (const std::string& key : zo::train::restored_keys()) {
+    if (cmd.count(zo::train::flag_of(key)) > 0) c.explicit_keys.insert(key);
+  }
   c.lr.decay = zo::train::parse_decay(decay);
-  c.lr.total_steps = c.steps;
+  if (cmd.count("--lr-schedule-steps") == 0) c.lr.total_steps = c.steps;
   c.optimizer_state = zo::parse_dtype(state_dtype);
   c.device_memory = devmem.bytes();
   if (!bucket.text.empty()) c.bucket_size = bucket.bytes();
-  if (!model_given) c.model.clear();  // resume takes the checkpoint's spec
+  if (cmd.count("--model") == 0) c.model.clear();  // resume takes the checkpoint's spec
+  zo::train::install_stop_signals();
   zo::train::Trainer trainer(c);
+  zo::train::TrainSummary summary;
   try {
-    trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
+    summary = trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
   } catch (const zo::CommError& e) {
     // Here, not in main: tearing the trainer down would wait for collectives that cannot
     // complete.
     return end_broken_job(e);
   }
-  return 0;
+  if (!summary.stopped.empty() && trainer.rank() == 0) {
+    std::fprintf(stderr, "offload_train: %s%s\n", summary.exit_status == 1 ? "error: " : "",
+                 summary.stopped.c_str());
+  }
+  return summary.exit_status;
 }
 
 std::vector<std::int32_t> parse_token_list(const std::string& s) {
@@ -277,7 +298,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) {
-      return run_train(tc, decay, state_dtype, devmem, bucket, train->count("--model") > 0);
+      return run_train(tc, decay, state_dtype, devmem, bucket, *train);
     }
     if (plan->parsed()) {
       zo::train::PlanInput pi;
@@ -326,6 +347,7 @@ int main(int argc, char** argv) {
     }
     if (exp->parsed()) {
       const zo::DType dtype = zo::parse_dtype(exp_dtype);
+      zo::train::refuse_inside_checkpoint(exp_out, "--out");  // even with --force
       if (!exp_force && std::filesystem::exists(exp_out)) {
         throw std::invalid_argument("'" + exp_out + "' exists; pass --force to overwrite it");
       }

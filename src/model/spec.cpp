@@ -1,10 +1,12 @@
 #include "model/spec.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iterator>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/json_input.h"
@@ -34,9 +36,6 @@ constexpr Preset kPresets[] = {
 
 // Real configs are a few KB; anything this large is not one.
 constexpr std::uint64_t kMaxSpecBytes = 16u << 20;
-// 2^48 parameters (1 PiB of fp32 master weights): far beyond any machine, and every offset and
-// byte count of the layout still fits 64 bits.
-constexpr long double kMaxParameters = 281474976710656.0L;
 
 [[noreturn]] void bad(const std::string& origin, const std::string& what) {
   throw std::invalid_argument("model spec " + origin + ": " + what);
@@ -69,12 +68,22 @@ void ModelSpec::validate() const {
                     std::to_string(n_head) + "; choose n_head dividing n_embd (head size " +
                     "n_embd / n_head, commonly 64)");
   }
-  const long double C = n_embd, params = (long double)vocab_size * C + (long double)block_size * C +
-                                         (long double)n_layer * (12 * C * C + 13 * C) + 2 * C;
-  if (params > kMaxParameters) {
-    bad(origin, "has about " + std::to_string(static_cast<double>(params)) +
-                    " parameters, more than the 2^48 this trainer can lay out; choose smaller "
-                    "sizes");
+  // Bounds far above any model a machine can train, so that every size below is exact in
+  // size_t and a hostile spec is refused here rather than after minutes of layout building.
+  for (auto [key, v, max] : {std::tuple{"n_layer", n_layer, kMaxLayers},
+                             {"n_embd", n_embd, kMaxEmbd},
+                             {"vocab_size", vocab_size, kMaxVocab},
+                             {"block_size", block_size, kMaxBlock}}) {
+    if (v > max) {
+      bad(origin, std::string(key) + " = " + std::to_string(v) + " is above the supported " +
+                      std::to_string(max));
+    }
+  }
+  if (const std::size_t n = num_parameters(); n > kMaxParameters) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3g parameters, above the supported %.3g", double(n),
+                  double(kMaxParameters));
+    bad(origin, std::string("the model has ") + text);
   }
 }
 

@@ -11,6 +11,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
+#include "train/run_lineage.h"
 #include "train/trainer_state.h"
 
 namespace zo::train {
@@ -215,7 +216,8 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   dir.write_file("trainer_state.json", full_state(trainer_state, layout, opt).dump(2));
   dir.commit();
-  ckpt::rotate_checkpoints(parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last));
+  rotate_run_checkpoints(parent, trainer_state.value("run_id", std::string()), keep_last,
+                         dir.final_path());
   return dir.final_path();
 }
 
@@ -295,7 +297,8 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   if (r == 0) {
     try {
       dir->commit();
-      ckpt::rotate_checkpoints(parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last));
+      rotate_run_checkpoints(parent, trainer_state.value("run_id", std::string()), keep_last,
+                             dir->final_path());
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -311,13 +314,13 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
 
 fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
   if (resume != "latest") return resume;
-  const auto latest = ckpt::latest_checkpoint(parent, kCheckpointPrefix);
-  if (!latest) {
+  const fs::path latest = latest_saved(parent);
+  if (latest.empty()) {
     throw CheckpointError("--resume latest: no complete checkpoint in '" + parent.string() +
                           "'; start without --resume or point --checkpoint-dir at the "
                           "right directory");
   }
-  return *latest;
+  return latest;
 }
 
 nlohmann::json read_trainer_state(const fs::path& dir) {

@@ -45,9 +45,15 @@ void TrainConfig::validate_flags() const {
 void TrainConfig::validate(const model::ModelSpec& spec) const {
   validate_flags();
   auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
-  if (micro_batch < 1) bad("--micro-batch must be >= 1");
-  if (grad_accum < 1) bad("--grad-accum must be >= 1");
-  if (steps < 1) bad("--steps must be >= 1");
+  // Upper bounds far above useful values keep every size product exact and every buffer sized by
+  // them small.
+  if (micro_batch < 1 || micro_batch > kMaxMicroBatch) {
+    bad("--micro-batch must be in 1.." + std::to_string(kMaxMicroBatch));
+  }
+  if (grad_accum < 1 || grad_accum > kMaxGradAccum) {
+    bad("--grad-accum must be in 1.." + std::to_string(kMaxGradAccum));
+  }
+  if (steps < 1 || steps > kMaxSteps) bad("--steps must be in 1.." + std::to_string(kMaxSteps));
   if (seq_len < 0 || seq_len > spec.block_size) {
     bad("--seq-len " + std::to_string(seq_len) + " exceeds the model's block_size " +
         std::to_string(spec.block_size) + "; use --seq-len <= block_size or a larger model spec");
@@ -67,8 +73,11 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--optimizer-state bf16 is for --mode offload (host memory); resident mode keeps fp32 "
         "state on the device");
   }
-  if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
+  if (eval_interval < 0 || eval_batches < 1 || eval_batches > kMaxEvalBatches) {
+    bad("--eval-every must be >= 0 and --eval-batches in 1.." + std::to_string(kMaxEvalBatches));
+  }
   if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
+  if (max_nonfinite_steps < 0) bad("--max-nonfinite-steps must be >= 0 (0 = never stop)");
   if (log_interval < 1) bad("--log-every must be >= 1");
   if (bucket_size < 4096) bad("--bucket-size must be at least 4KiB (default 32MiB)");
   if (dpu_warmup < 0) bad("--dpu-warmup must be >= 0");
@@ -94,6 +103,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"min_lr_fraction", lr.min_lr_fraction},
           {"warmup", lr.warmup_steps},
           {"lr_decay", decay_name(lr.decay)},
+          {"lr_schedule_steps", lr.total_steps},
           {"beta1", beta1},
           {"beta2", beta2},
           {"adam_eps", eps},
@@ -120,7 +130,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"eval_batches", eval_batches},
           {"checkpoint_dir", checkpoint_dir},
           {"checkpoint_interval", checkpoint_interval},
-          {"keep_last", keep_last}};
+          {"keep_last", keep_last},
+          {"max_nonfinite_steps", max_nonfinite_steps}};
 }
 
 }  // namespace zo::train

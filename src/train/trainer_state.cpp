@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "train/checkpoint_io.h"
+#include "train/config.h"
 
 namespace zo::train {
 namespace fs = std::filesystem;
@@ -84,9 +85,16 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
                std::to_string(kCheckpointFormatVersion) +
                "); the checkpoint was written by another version of offload_train");
   }
-  const std::uint64_t step = count_member(state, "", "step", kMaxCount, "2^53", dir);
+  const std::uint64_t step = count_member(state, "", "step", kMaxSteps, "2^40", dir);
   count_member(state, "", "adam_step", step, "step = " + std::to_string(step), dir);
   count_member(state, "", "tokens", kMaxCount, "2^53", dir);
+  if (state.contains("run_id") && !state["run_id"].is_string()) {
+    refuse(dir, "run_id", "is " + brief(state["run_id"]) + "; expected a string");
+  }
+  if (state.contains("saved_at_ns")) {
+    count(state["saved_at_ns"], "saved_at_ns", std::numeric_limits<std::int64_t>::max(), "2^63 - 1",
+          dir);
+  }
 
   model::ModelSpec spec;
   try {
@@ -106,7 +114,7 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
   // The loader checks its own state against this run's data when it restores it.
   object_member(state, "", "data", dir);
   if (state.contains("loss_scaler")) check_loss_scaler(state["loss_scaler"], dir);
-  if (state.contains("config")) object_member(state, "", "config", dir);
+  object_member(state, "", "config", dir);  // its values: restore_run_settings
   if (state.contains("rng")) {
     count_member(object_member(state, "", "rng", dir), "rng", "seed",
                  std::numeric_limits<std::uint64_t>::max(), "2^64 - 1", dir);

@@ -14,13 +14,15 @@
 
 namespace zo::train {
 
-// Step, token and batch counts above 2^53 (exact in a double) are refused: no run gets there, and
-// everything that computes with them stays exact and free of overflow.
+// Token and batch counts above 2^53 (exact in a double) are refused: no run gets there, and
+// everything that computes with them stays exact and free of overflow. Steps are bounded as
+// --steps is (kMaxSteps).
 inline constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 53;
 
 // Throws CheckpointError naming the checkpoint, the key, its value and what is expected: the
-// format version, step, tokens, adam_step (<= step), the model spec, the data loader's state, the
-// loss scaler, the recorded config and rng, and the optimizer shards (against the spec's layout).
+// format version, step, tokens, adam_step (<= step), run id and save time, the model spec, the
+// data loader's state, the loss scaler, the recorded config and rng, and the optimizer shards
+// (against the spec's layout).
 void validate_trainer_state(const nlohmann::json& state, const std::filesystem::path& dir);
 
 // One optimizer shard file of a data-parallel checkpoint and the layout ranges it holds, in the
