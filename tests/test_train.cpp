@@ -18,6 +18,7 @@
 #include "data/shard.h"
 #include "data/synthetic.h"
 #include "data/token_source.h"
+#include "input_test.h"
 #include "model/hf_weights.h"
 #include "optim/host_optimizer.h"
 #include "train/checkpoint_io.h"
@@ -44,15 +45,7 @@ struct TempDir {
   }
 };
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using zo::test::error_of;
 
 TrainConfig tiny_config(std::int64_t steps = 8) {
   TrainConfig c;
