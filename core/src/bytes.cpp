@@ -20,6 +20,19 @@ std::string format_bytes(std::size_t bytes) {
   return buf;
 }
 
+std::string format_bytes_si(std::size_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  double v = static_cast<double>(bytes);
+  std::size_t u = 0;
+  while (v >= 1000.0 && u + 1 < std::size(kUnits)) {
+    v /= 1000.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
 std::size_t parse_bytes(const std::string& text) {
   std::size_t pos = 0;
   double x = 0;
