@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "run_binary.h"
 
@@ -144,6 +146,44 @@ TEST(Cli, ReadmeWorkedExampleRuns) {
   EXPECT_EQ(config.at("warmup"), 20);
   EXPECT_EQ(config.at("lr_schedule_steps"), 300);
   EXPECT_TRUE(fs::exists(d.path / "tiny.safetensors"));
+}
+
+// A mistyped flag or subcommand names the nearest valid one; every mistake is one line starting
+// "offload_train: error:" and exits 2.
+TEST(Cli, MistakesSuggestTheNearestFlagOrSubcommand) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --lrr 3e-3", "unknown flag '--lrr', did you mean --lr?"},
+      {"train --gradaccum 2", "did you mean --grad-accum?"},
+      {"plan --modle tiny", "did you mean --model?"},
+      {"info --jsn", "did you mean --json?"},
+      {"tran --steps 1", "unknown subcommand 'tran', did you mean train?"},
+      {"train --wholly-unknown",
+       "unknown flag '--wholly-unknown' (see offload_train train --help)"},
+      {"train --steps x", "--steps"},
+      {"train -b 1 --micro-batch 2", "--micro-batch"},
+  };
+  for (const auto& [args, want] : cases) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("offload_train: error: ", 0), 0u) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
+  }
+  EXPECT_EQ(run("train --help").code, 0);
+}
+
+// --device-memory and --host-memory take binary and decimal units; the plan prints both.
+TEST(Cli, PlanTakesHostMemoryAndPrintsBothUnits) {
+  const Result r =
+      run("plan --model gpt-6.7b --precision bf16 --mode offload --device-memory 80GB "
+          "--host-memory 64GiB");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("of 74.51 GiB (80.00 GB)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of 64.00 GiB (68.72 GB) available  DOES NOT FIT"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(run("plan --model gpt-6.7b --precision bf16 --mode offload --device-memory 80GB "
+                "--host-memory 1TB")
+                .code,
+            0);
 }
 
 TEST(Cli, BadInputExitsNonZeroWithAMessage) {

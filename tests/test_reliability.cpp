@@ -41,14 +41,6 @@ std::string bytes_of(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-std::vector<nlohmann::json> metrics_of(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);)
-    out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir))
@@ -193,7 +185,7 @@ TEST(Reliability, AResumedRunTakesItsSettingsFromTheCheckpoint) {
   r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train -q --checkpoint-dir " +
                             ck.string() + " --resume latest --steps 6 --metrics " + part.string());
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto a = metrics_of(full), b = metrics_of(part);
+  const auto a = zo::test::read_jsonl(full), b = zo::test::read_jsonl(part);
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
@@ -233,7 +225,7 @@ struct Background {
 void wait_for_lines(const fs::path& metrics, std::size_t n) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (fs::exists(metrics) && metrics_of(metrics).size() >= n) return;
+    if (fs::exists(metrics) && zo::test::read_jsonl(metrics).size() >= n) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   FAIL() << "no progress in " << metrics;
@@ -251,7 +243,7 @@ TEST(Reliability, ASignalStopsAfterTheStepWithACheckpointAndTheRunResumesExactly
     kill(run.pid, sig);
     EXPECT_EQ(run.wait_exit(), 128 + sig);
     const std::string log = bytes_of(run.log);
-    const auto seen = metrics_of(m);
+    const auto seen = zo::test::read_jsonl(m);
     const std::int64_t stopped = seen.back()["step"];
     EXPECT_NE(log.find("stopped at step " + std::to_string(stopped)), std::string::npos) << log;
     EXPECT_NE(log.find("resume from"), std::string::npos) << log;
@@ -266,7 +258,7 @@ TEST(Reliability, ASignalStopsAfterTheStepWithACheckpointAndTheRunResumesExactly
     r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + base + " --steps " +
                               std::to_string(stopped + 3) + " --metrics " + ref.string());
     ASSERT_EQ(r.code, 0) << r.out;
-    const auto a = metrics_of(ref), b = metrics_of(more);
+    const auto a = zo::test::read_jsonl(ref), b = zo::test::read_jsonl(more);
     ASSERT_EQ(b.size(), 3u);
     for (std::size_t i = 0; i < 3; ++i)
       EXPECT_EQ(b[i]["loss"], a[std::size_t(stopped) + i]["loss"]) << "signal " << sig;

@@ -23,6 +23,7 @@
 #include "train/sample.h"
 #include "train/stop_request.h"
 #include "train/trainer.h"
+#include "usage_errors.h"
 
 #ifndef ZO_VERSION
 #define ZO_VERSION "0.1.0"
@@ -45,7 +46,8 @@ struct ByteSize {
 };
 
 void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
-                       std::string& state_dtype, ByteSize& devmem, ByteSize& bucket) {
+                       std::string& state_dtype, ByteSize& devmem, ByteSize& hostmem,
+                       ByteSize& bucket) {
   t->add_option("--model", c.model,
                 presets_help() + "; default tiny, or the checkpoint's with --resume");
   t->add_option("--init-from", c.init_from, "start from Hugging Face GPT-2 weights (.safetensors)");
@@ -115,6 +117,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--device-memory", devmem.text,
                 "device memory to plan for and use, e.g. 24GiB (default: what is free less "
                 "max(512MiB, 2%) for NCCL and scratch; unlimited on the host backend)");
+  t->add_option("--host-memory", hostmem.text,
+                "host memory to plan for, e.g. 64GiB (default: what is available, this rank's "
+                "share with mpirun)");
   t->add_option("--bucket-size", bucket.text, "offload: gradient bytes per bucket (default 32MiB)");
   t->add_flag("--dpu", c.dpu,
               "offload: delayed parameter update (the CPU update overlaps the next step)");
@@ -156,7 +161,8 @@ int end_broken_job(const zo::CommError& e) {
 }
 
 int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
-              const ByteSize& devmem, const ByteSize& bucket, const CLI::App& cmd) {
+              const ByteSize& devmem, const ByteSize& hostmem, const ByteSize& bucket,
+              const CLI::App& cmd) {
   for (const std::string& key : zo::train::restored_keys()) {
     if (cmd.count(zo::train::flag_of(key)) > 0) c.explicit_keys.insert(key);
   }
@@ -164,6 +170,7 @@ int run_train(zo::train::TrainConfig c, const std::string& decay, const std::str
   if (cmd.count("--lr-schedule-steps") == 0) c.lr.total_steps = c.steps;
   c.optimizer_state = zo::parse_dtype(state_dtype);
   c.device_memory = devmem.bytes();
+  c.host_memory = hostmem.bytes();
   if (!bucket.text.empty()) c.bucket_size = bucket.bytes();
   if (cmd.count("--model") == 0) c.model.clear();  // resume takes the checkpoint's spec
   zo::train::install_stop_signals();
@@ -215,9 +222,9 @@ int main(int argc, char** argv) {
   // train
   zo::train::TrainConfig tc;
   std::string decay = "cosine", state_dtype = "fp32";
-  ByteSize devmem, bucket;
+  ByteSize devmem, hostmem, bucket;
   auto* train = app.add_subcommand("train", "Train a GPT-2-architecture model");
-  add_train_options(train, tc, decay, state_dtype, devmem, bucket);
+  add_train_options(train, tc, decay, state_dtype, devmem, hostmem, bucket);
 
   // plan
   auto* plan = app.add_subcommand("plan",
@@ -226,7 +233,7 @@ int main(int argc, char** argv) {
   std::string plan_model = "tiny", plan_state = "fp32", plan_precision = "fp32";
   int plan_b = 4, plan_t = 0;
   bool plan_recompute = false;
-  ByteSize plan_devmem;
+  ByteSize plan_devmem, plan_hostmem;
   plan->add_option("--model", plan_model, presets_help())->capture_default_str();
   plan->add_option("--micro-batch,-b", plan_b, "sequences per micro-batch")->capture_default_str();
   plan->add_option("--seq-len", plan_t, "tokens per sequence; default block_size");
@@ -244,6 +251,8 @@ int main(int argc, char** argv) {
   plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
   plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
+  plan->add_option("--host-memory", plan_hostmem.text,
+                   "host memory, e.g. 256GiB (default: what is available here)");
   int plan_ranks = 1;
   plan->add_option("--ranks", plan_ranks,
                    "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
@@ -290,15 +299,21 @@ int main(int argc, char** argv) {
   bool info_json = false;
   info->add_flag("--json", info_json, "print as one JSON object");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    if (const std::string m = zo::cli::unknown_subcommand(app, argv[1]); !m.empty()) {
+      std::fprintf(stderr, "offload_train: error: %s\n", m.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every command-line mistake exits 2.
-    return app.exit(e) == 0 ? 0 : 2;
+    return zo::cli::report_usage_error(app, e);
   }
   try {
     if (train->parsed()) {
-      return run_train(tc, decay, state_dtype, devmem, bucket, *train);
+      return run_train(tc, decay, state_dtype, devmem, hostmem, bucket, *train);
     }
     if (plan->parsed()) {
       zo::train::PlanInput pi;
@@ -310,7 +325,8 @@ int main(int argc, char** argv) {
       pi.act_dtype = zo::parse_dtype(plan_precision);
       pi.optimizer_state = zo::parse_dtype(plan_state);
       pi.device_capacity = plan_devmem.bytes();
-      pi.host_available = zo::pinned::host_available_bytes();
+      pi.host_available =
+          plan_hostmem.text.empty() ? zo::pinned::host_available_bytes() : plan_hostmem.bytes();
       if (plan_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
       pi.engine.grad_accum = plan_accum;
       pi.engine.dpu = plan_dpu;

@@ -121,6 +121,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"loss_scale_min", loss_scale_min},
           {"loss_scale_max", loss_scale_max},
           {"device_memory", device_memory},
+          {"host_memory", host_memory},
           {"bucket_size", bucket_size},
           {"dpu", dpu},
           {"dpu_warmup", dpu_warmup},

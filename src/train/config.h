@@ -69,6 +69,7 @@ struct TrainConfig {
   bool pin = true;                // page-lock host staging buffers (--no-pin: pageable)
   std::string trace;              // Chrome trace-event JSON path ("" = none)
   std::size_t device_memory = 0;  // device capacity in bytes; 0 = all of it
+  std::size_t host_memory = 0;    // host memory to plan for; 0 = MemAvailable (this rank's share)
   int threads = 0;                // host backend compute threads; 0 = all cores
   // Data parallel (mpirun -np N): seconds a collective may wait for the other ranks before the
   // job stops with an error on every rank (a rank died, hangs or diverged).

@@ -212,7 +212,8 @@ void Session::open_device_and_plan() {
                cfg.optimizer_state,
                dev->capacity_bytes(),
                // Ranks on one machine share its memory.
-               pinned::host_available_bytes() / std::size_t(local_ranks),
+               cfg.host_memory ? cfg.host_memory
+                               : pinned::host_available_bytes() / std::size_t(local_ranks),
                false,
                engine_config()};
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
