@@ -14,23 +14,17 @@
 #include <string>
 #include <thread>
 
+#include "run_binary.h"
+
 namespace zo::test {
 
-// A fresh directory per instance, removed with everything in it.
-struct Scratch {
-  std::filesystem::path path;
-  Scratch() {
+// A fresh directory per instance (TempDir's name, numbered), removed with everything in it.
+struct Scratch : TempDir {
+  Scratch() : TempDir("zo_input_" + std::to_string(next()) + "_") {}
+  static int next() {
     static std::atomic<int> n{0};
-    path = std::filesystem::temp_directory_path() /
-           ("zo_input_" + std::to_string(getpid()) + "_" + std::to_string(n++));
-    std::filesystem::create_directories(path);
+    return n++;
   }
-  ~Scratch() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
 };
 
 // The message of the exception fn throws, or "(no error)".
