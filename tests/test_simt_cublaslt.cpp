@@ -808,14 +808,11 @@ double gelu_grad_ref(double x) {
   return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * s * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
-// One GEMM with an epilogue, in place (C == D) when beta != 0, as gpu/src/matmul*.cpp uses them.
-// The aux matrix (m x n) has a leading dimension of m rounded up to 8, plus 8.
-struct EpilogueCase {
-  cudaDataType_t type = CUDA_R_32F;
-  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
-  std::uint64_t m = 1, n = 1, k = 1;
+// One GEMM with an epilogue, in place (C == D) when beta != 0, as gpu/src/matmul*.cpp uses them;
+// alpha 1, operands with a padding row. The aux matrix (m x n) has a leading dimension of m
+// rounded up to 8, plus 8.
+struct EpilogueCase : Case {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  float beta = 0.0f;
 };
 
 struct EpilogueRun {
@@ -828,15 +825,7 @@ bool has(cublasLtEpilogue_t e, cublasLtEpilogue_t part) {
 }
 
 EpilogueRun run_epilogue(const EpilogueCase& cs) {
-  Case base;
-  base.type = cs.type;
-  base.ta = cs.ta;
-  base.tb = cs.tb;
-  base.m = cs.m;
-  base.n = cs.n;
-  base.k = cs.k;
-  base.pad = 1;
-  EpilogueRun r{make_inputs(base), {}, {}, {}};
+  EpilogueRun r{make_inputs(cs), {}, {}, {}};
   std::mt19937 rng(11);
   const bool dgelu = cs.epilogue == CUBLASLT_EPILOGUE_DGELU;
   const auto aux_pad = static_cast<std::int64_t>((cs.m + 7) / 8 * 8 + 8 - cs.m);
@@ -845,7 +834,7 @@ EpilogueRun run_epilogue(const EpilogueCase& cs) {
   r.bias_out = filled(cs.type, cs.n, 1, 0, nan_bits(cs.type));
   Handle h = make_handle();
   DeviceBuffer a(r.in.a), b(r.in.b), c(r.in.c), bias(r.in.bias), aux(r.aux), bias_out(r.bias_out);
-  r.d = cs.beta != 0.0f ? r.in.c : filled(cs.type, cs.m, cs.n, 1, nan_bits(cs.type));
+  r.d = cs.beta != 0.0f ? r.in.c : filled(cs.type, cs.m, cs.n, cs.pad, nan_bits(cs.type));
   DeviceBuffer d_out(r.d);
   DeviceBuffer& d_buf = cs.beta != 0.0f ? c : d_out;
   Desc desc = make_desc(cs.ta, cs.tb);
@@ -940,9 +929,7 @@ TEST(CublasLtFakeEpilogues, MatchTheReference) {
       EpilogueCase cs;
       cs.type = type;
       cs.epilogue = e;
-      cs.m = 37;
-      cs.n = 29;
-      cs.k = 53;
+      cs.m = 37, cs.n = 29, cs.k = 53, cs.pad = 1;
       // As gpu/src/matmul*.cpp: forward op_T(A) . B; DGELU A . B; BGRADB A . op_T(B), beta 1.
       cs.ta = has(e, CUBLASLT_EPILOGUE_GELU) ? CUBLAS_OP_T : CUBLAS_OP_N;
       cs.tb = e == CUBLASLT_EPILOGUE_BGRADB ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -41,7 +41,8 @@ struct Gemm {
   cudaDataType_t aux_type;
 };
 
-// Runs g on the calling thread: fp32 sums over k ascending, one rounding to each output's type.
+// Runs g on the calling thread: fp32 sums over k ascending (BGRADB's exact), one rounding to each
+// output's type.
 void run_gemm(const Gemm& g);
 
 }  // namespace zo::simt::lt

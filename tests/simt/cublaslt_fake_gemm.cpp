@@ -1,7 +1,8 @@
 // The arithmetic of the SIMT emulator's cuBLASLt (cublaslt_fake.h): D = alpha * op(A) op(B) +
 // beta * C and the epilogues, in fp32 with sums over k ascending and no FMA (compiled with
 // -ffp-contract=off), each output rounded once to its type, so that a result does not depend on
-// the thread count. The GELU formulas are the host backend's (src/device/host_ops_*.cpp).
+// the thread count. BGRADB's column sums, whose order cuBLASLt leaves open, are exact (double)
+// before their one rounding. The GELU formulas are the host backend's (src/device/host_ops_*.cpp).
 #include <tbb/blocked_range.h>
 #include <tbb/blocked_range2d.h>
 #include <tbb/parallel_for.h>
@@ -127,10 +128,11 @@ void run_gemm(const Gemm& g) {
         panel[p * kPanel] = load_elem(g.type, g.b, g.tb ? p * g.ldb + j : j * g.ldb + p);
       }
       if (g.epilogue.bgradb) {  // the column sum of op(B), from the copy
-        float sum = 0.0f;
+        // cuBLASLt does not document the reduction's order; this one is exact, rounded once.
+        double sum = 0.0;
         for (std::uint64_t p = 0; p < k; ++p)
-          sum = sum + panel[p * kPanel];
-        store_elem(g.bias_type, g.bias, j, sum);
+          sum += panel[p * kPanel];
+        store_elem(g.bias_type, g.bias, j, static_cast<float>(sum));
       }
     }
   });
