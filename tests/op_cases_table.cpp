@@ -237,6 +237,13 @@ void accumulate(OpRun& r, std::size_t n) {
   r.out("dst", dst, Check::kAct);
 }
 
+// fp32 sums of act-dtype gradients: the sum is exact in fp32 for inputs rounded to the dtype.
+void accumulate_f32(OpRun& r, std::size_t n) {
+  const Tensor dst = r.f32(r.normal_f32(n)), src = r.rand(n);
+  r.dev().accumulate_f32(dst.f(), src.p, n, r.s());
+  r.out("dst", dst, Check::kStats);
+}
+
 // ---- attention: the backward reads the reference's out and lse
 // ------------------------------------
 
@@ -409,6 +416,7 @@ std::vector<OpCase> make_cases() {
   add("GeluBackward" + dim("n", n), [n](OpRun& r) { gelu_backward(r, n); });
   add("ResidualForward" + dim("n", n), [n](OpRun& r) { residual_forward(r, n); });
   add("Accumulate" + dim("n", n), [n](OpRun& r) { accumulate(r, n); });
+  add("AccumulateF32" + dim("n", n), [n](OpRun& r) { accumulate_f32(r, n); });
   // Head sizes 16 with odd T, GPT-2's 64 past one 64-row tile, 100 (32-row tiles, two chunks),
   // 10 (not a multiple of 4: the scalar loads); a single token; T 150 (several host query blocks).
   using zo::dev::AttentionArgs;

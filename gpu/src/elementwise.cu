@@ -147,6 +147,17 @@ void launch(void* dst, const void* a, const void* b, std::size_t n, DType t, cud
   ZO_DISPATCH_DTYPE(t, T, launch_typed<T, Op>(dst, a, b, n, s));
 }
 
+// dst (fp32) += src (T): one element per thread, grid-stride; memory-bound and run once per
+// micro-batch, so no vector path.
+template <typename T>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    accumulate_f32_kernel(float* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    dst[i] += to_float(src[i]);
+}
+
 }  // namespace
 
 void launch_gelu_forward(void* out, const void* inp, std::size_t n, DType t, cudaStream_t s) {
@@ -177,6 +188,15 @@ void launch_residual_forward(void* out, const void* a, const void* b, std::size_
 void launch_accumulate(void* dst, const void* src, std::size_t n, DType t, cudaStream_t s) {
   if (!check_flat_args("launch_accumulate", n, t, {{dst, "dst"}, {src, "src"}})) return;
   launch<AccumulateOp>(dst, src, nullptr, n, t, s);
+}
+
+void launch_accumulate_f32(float* dst, const void* src, std::size_t n, DType t, cudaStream_t s) {
+  if (!check_flat_args("launch_accumulate_f32", n, t, {{dst, "dst"}, {src, "src"}})) return;
+  ZO_DISPATCH_DTYPE(t, T, {
+    ZO_LAUNCH(fill_grid(n), kElementwiseThreads, 0, s, accumulate_f32_kernel<T>)
+    (dst, static_cast<const T*>(src), n);
+  });
+  ZO_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace zo::gpu

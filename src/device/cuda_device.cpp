@@ -200,6 +200,10 @@ class CudaDevice final : public Device {
     launch(s, "accumulate",
            [&](cudaStream_t cs) { gpu::launch_accumulate(dst, src, n, act_, cs); });
   }
+  void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) override {
+    launch(s, "accumulate_f32",
+           [&](cudaStream_t cs) { gpu::launch_accumulate_f32(dst, src, n, act_, cs); });
+  }
   void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                          Stream& s) override {
     launch(s, "attention_forward", [&](cudaStream_t cs) {

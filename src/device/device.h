@@ -189,6 +189,8 @@ class Device {
                                 Stream& s) = 0;
   // dst (N) += src
   virtual void accumulate(void* dst, const void* src, std::size_t n, Stream& s) = 0;
+  // dst (N, fp32) += src (N, act dtype): gradients summed over micro-batches in fp32
+  virtual void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) = 0;
 
   // Causal self-attention. qkv (B,T,3C) as [q | k | v], head h uses channels [h*hs, (h+1)*hs).
   // out (B,T,C) written; lse (B,NH,T) fp32 written: per-row log-sum-exp of the scaled scores,

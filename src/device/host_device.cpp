@@ -281,6 +281,10 @@ class HostDevice final : public Device {
     launch(s, op, [=](host::Arena& a) { host::accumulate(a, f32(dst), f32(src), n); });
   }
 
+  void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) override {
+    accumulate(dst, src, n, s);  // the act dtype is fp32 here
+  }
+
   void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& at,
                          Stream& s) override {
     constexpr const char* op = "attention_forward";

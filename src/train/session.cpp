@@ -258,7 +258,7 @@ void Session::make_optimizer_state() {
 void Session::make_updater_and_model() {
   if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
   stream = dev->create_stream();
-  updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt)
+  updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt, cfg.grad_accum)
                      : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,
                                             comm.get());
   gpt = std::make_unique<model::Gpt>(*dev, *layout,

@@ -52,6 +52,8 @@ void launch_gelu_backward(void* dinp, const void* inp, const void* dout, std::si
 void launch_residual_forward(void* out, const void* a, const void* b, std::size_t n, DType t,
                              cudaStream_t s);
 void launch_accumulate(void* dst, const void* src, std::size_t n, DType t, cudaStream_t s);
+// dst (n, fp32) += src (n, t): gradients summed over micro-batches in fp32.
+void launch_accumulate_f32(float* dst, const void* src, std::size_t n, DType t, cudaStream_t s);
 
 // ---- matmul through cuBLASLt (matmul.cpp, matmul_plan.cpp; fallback kernels matmul_bias.cu) ----
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be null); fp32 accumulation. `ld` is the
