@@ -19,6 +19,7 @@
 
 #include "block_reduce.cuh"
 #include "core/dtype.h"
+#include "expect_simt_error.h"
 #include "gpu/check.h"
 #include "gpu/ops.h"
 #include "matmul_bias.h"
@@ -28,23 +29,13 @@
 namespace {
 
 using zo::DType;
+using zo::simt::expect_simt_error;
 using zo::simt::SimtError;
 using zo::test::contains;
 using zo::test::decode;
 using zo::test::dtype_param_name;
 using zo::test::encode;
 using zo::test::expect_close;
-
-// Runs `f`, expecting a SimtError whose message contains `part`.
-template <typename F>
-void expect_simt_error(F&& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "no SimtError; expected one mentioning \"" << part << "\"";
-  } catch (const SimtError& e) {
-    EXPECT_TRUE(contains(e.what(), part)) << e.what();
-  }
-}
 
 // ---- the emulator itself ---------------------------------------------------------------------
 

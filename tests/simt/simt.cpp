@@ -28,7 +28,10 @@ struct Fiber {
   int linear = 0;
   State state = State::kReady;
   unsigned mask = 0;          // kWarpSync: the lanes that take part
+  WarpOp op = nullptr;        // kWarpSync: the warp collective (null: a shuffle)
+  int variant = 0;            // its qualifiers
   std::source_location site;  // where the thread waits
+  AsyncCopies async;          // cp.async copies in flight
 };
 
 struct Block {
@@ -38,12 +41,15 @@ struct Block {
   std::vector<Fiber>* fibers = nullptr;
   FiberContext scheduler;
   void* dynamic_shared = nullptr;
+  std::size_t dynamic_shared_bytes = 0;
   const std::function<void()>* body = nullptr;
-  // Shuffle values per thread: what it offers at its current warp sync, and what it offered at the
-  // last one that completed (copied on release, so a lane that runs ahead to its next shuffle
-  // cannot overwrite a value a later lane of the same round has yet to read).
+  // Per thread: what it offers at its current warp sync, and what it offered at the last shuffle
+  // that completed (copied on release, so a lane that runs ahead to its next shuffle cannot
+  // overwrite a value a later lane of the same round has yet to read) or its result of the last
+  // warp collective.
   struct Slot {
-    std::array<unsigned char, 16> offered{}, published{};
+    std::array<unsigned char, kWarpOperandBytes> offered{};
+    std::array<unsigned char, kWarpResultBytes> published{};
   };
   std::vector<Slot> slots;
   std::exception_ptr error;
@@ -79,12 +85,20 @@ std::string thread_name(const Block& b, const Fiber& f) {
 }
 
 // Back to the scheduler until it makes this thread ready again.
-void wait(State s, const std::source_location& site, unsigned mask = 0) {
+void wait(State s, const std::source_location& site, unsigned mask = 0, WarpOp op = nullptr,
+          int variant = 0) {
   Fiber& f = *t_fiber;
   f.state = s;
   f.site = site;
   f.mask = mask;
+  f.op = op;
+  f.variant = variant;
   switch_fiber(f.context, t_block->scheduler);
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
 }
 
 void fiber_main() {
@@ -96,6 +110,23 @@ void fiber_main() {
   }
   t_fiber->state = State::kDone;
   switch_fiber(t_fiber->context, b.scheduler);  // for good: the scheduler never resumes it
+}
+
+// The warp collective that the 32 lanes from warp_base, all arrived, wait at: one call for the
+// warp.
+void run_collective(Block& b, int warp_base, const Fiber& first) {
+  const unsigned char* in[kWarp];
+  unsigned char* out[kWarp];
+  for (int lane = 0; lane < kWarp; ++lane) {
+    in[lane] = b.slots[warp_base + lane].offered.data();
+    out[lane] = b.slots[warp_base + lane].published.data();
+  }
+  try {
+    first.op(in, out, first.variant);
+  } catch (const SimtError& e) {
+    fail(b, "warp " + std::to_string(warp_base / kWarp) + " at " + where(first.site) + ": " +
+                e.what());
+  }
 }
 
 // Releases the threads waiting at a complete barrier; false when none is complete.
@@ -149,17 +180,26 @@ bool release(Block& b) {
         complete = false;
         continue;
       }
-      if (fibers[i].mask != mask || fibers[i].site.line() != first->site.line()) {
+      if (fibers[i].mask != mask || !same_site(fibers[i].site, first->site) ||
+          fibers[i].op != first->op || fibers[i].variant != first->variant) {
         fail(b, "lanes of warp " + std::to_string(warp_base / kWarp) + " meet at different warp " +
                     "syncs: " + where(first->site) + " (mask " + std::to_string(mask) + ") and " +
                     where(fibers[i].site) + " (mask " + std::to_string(fibers[i].mask) + ")");
       }
     }
     if (!complete) continue;
+    if (first->op != nullptr) {
+      run_collective(b, warp_base, *first);
+    } else {
+      for (int lane = 0; lane < kWarp; ++lane) {
+        if ((mask >> lane & 1u) == 0) continue;
+        std::memcpy(b.slots[warp_base + lane].published.data(),
+                    b.slots[warp_base + lane].offered.data(), kWarpResultBytes);
+      }
+    }
     for (int lane = 0; lane < kWarp; ++lane) {
       if ((mask >> lane & 1u) == 0) continue;
       fibers[warp_base + lane].state = State::kReady;
-      b.slots[warp_base + lane].published = b.slots[warp_base + lane].offered;
     }
     ++g_warp_syncs;
     released = true;
@@ -204,7 +244,11 @@ void run_block(Block& b) {
 // Makes thread `i` of block `b` start the kernel body on `stack` (kStackBytes).
 void start_fiber(Block& b, int i, char* stack) {
   Fiber& f = (*b.fibers)[i];
+  AsyncCopies async = std::move(f.async);  // keeps the vectors' capacity from block to block
+  async.copies.clear();
+  async.group_ends.clear();
   f = Fiber{};
+  f.async = std::move(async);
   f.linear = i;
   f.tid = uint3{static_cast<unsigned>(i) % b.dim.x, static_cast<unsigned>(i) / b.dim.x % b.dim.y,
                 static_cast<unsigned>(i) / (b.dim.x * b.dim.y)};
@@ -283,6 +327,7 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
   b.fibers = &fibers;
   b.body = &thread_body;
   b.dynamic_shared = smem.get();
+  b.dynamic_shared_bytes = smem_bytes;
   b.slots.resize(n);
 
   struct Reset {  // t_block is cleared however the launch ends
@@ -339,32 +384,69 @@ int lane_id() {
   return t_fiber->linear % kWarp;
 }
 
-void shuffle_bytes(unsigned mask, const void* in, void* out, std::size_t bytes, int src_lane,
-                   const std::source_location& site) {
+namespace {
+
+// Checks the lanes of `mask` (a lane that has exited or lies past the block is an error), offers
+// `bytes` of `in` and waits until the warp sync completes.
+void arrive(const char* what, unsigned mask, const void* in, std::size_t bytes,
+            const std::source_location& site, WarpOp op = nullptr, int variant = 0) {
   Block& b = *t_block;
   Fiber& f = *t_fiber;
   const int lane = f.linear % kWarp;
   const int warp_base = f.linear - lane;
   const int n = static_cast<int>(b.fibers->size());
   if ((mask >> lane & 1u) == 0) {
-    fail(b, thread_name(b, f) + " calls a shuffle at " + where(site) +
+    fail(b, thread_name(b, f) + " calls a " + what + " at " + where(site) +
                 " with a mask that leaves out its own lane " + std::to_string(lane));
   }
   for (int l = 0; l < kWarp; ++l) {
     if ((mask >> l & 1u) &&
         (warp_base + l >= n || (*b.fibers)[warp_base + l].state == State::kDone)) {
-      fail(b, "shuffle at " + where(site) + " by " + thread_name(b, f) + ": its mask names lane " +
-                  std::to_string(l) + ", which has exited or does not exist in this block");
+      fail(b, std::string(what) + " at " + where(site) + " by " + thread_name(b, f) +
+                  ": its mask names lane " + std::to_string(l) +
+                  ", which has exited or does not exist in this block");
     }
   }
-  if ((mask >> src_lane & 1u) == 0) {
+  std::memcpy(b.slots[f.linear].offered.data(), in, bytes);
+  wait(State::kWarpSync, site, mask, op, variant);
+}
+
+}  // namespace
+
+void shuffle_bytes(unsigned mask, const void* in, void* out, std::size_t bytes, int src_lane,
+                   const std::source_location& site) {
+  Block& b = *t_block;
+  Fiber& f = *t_fiber;
+  if ((mask >> src_lane & 1u) == 0 && (mask >> lane_id() & 1u) != 0) {
     fail(b, thread_name(b, f) + " reads lane " + std::to_string(src_lane) + " at " + where(site) +
                 ", which is not in the mask (undefined on the hardware)");
   }
-  std::memcpy(b.slots[f.linear].offered.data(), in, bytes);
-  wait(State::kWarpSync, site, mask);
+  arrive("shuffle", mask, in, bytes, site);
   // Every lane released by that sync runs before the scheduler completes another one.
+  const int warp_base = f.linear - f.linear % kWarp;
   std::memcpy(out, b.slots[warp_base + src_lane].published.data(), bytes);
+}
+
+void warp_collective(WarpOp op, int variant, const void* in, std::size_t in_bytes, void* out,
+                     std::size_t out_bytes, const std::source_location& site) {
+  if (t_fiber == nullptr) throw SimtError("SIMT emulator: a warp collective outside a kernel");
+  arrive("warp-wide instruction", 0xffffffffu, in, in_bytes, site, op, variant);
+  std::memcpy(out, t_block->slots[t_fiber->linear].published.data(), out_bytes);
+}
+
+bool in_dynamic_shared(const void* p, std::size_t bytes) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(t_block->dynamic_shared);
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  return at >= begin && at + bytes <= begin + t_block->dynamic_shared_bytes;
+}
+
+AsyncCopies& async_copies() {
+  if (t_fiber == nullptr) throw SimtError("SIMT emulator: cp.async outside a kernel");
+  return t_fiber->async;
+}
+
+void thread_error(const std::string& what, const std::source_location& site) {
+  fail(*t_block, thread_name(*t_block, *t_fiber) + " at " + where(site) + ": " + what);
 }
 
 }  // namespace zo::simt
