@@ -52,13 +52,15 @@ struct Block {
     std::array<unsigned char, kWarpResultBytes> published{};
   };
   std::vector<Slot> slots;
+  std::vector<int> exited;  // per warp: lanes that have returned
   std::exception_ptr error;
 };
 
 thread_local Block* t_block = nullptr;
 thread_local Fiber* t_fiber = nullptr;
 
-std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0}, g_warp_syncs{0};
+std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0}, g_warp_syncs{0},
+    g_warp_collectives{0};
 
 std::mutex g_attr_mutex;
 std::map<const void*, int>& smem_limits() {
@@ -109,6 +111,7 @@ void fiber_main() {
     if (!b.error) b.error = std::current_exception();
   }
   t_fiber->state = State::kDone;
+  ++b.exited[t_fiber->linear / kWarp];
   switch_fiber(t_fiber->context, b.scheduler);  // for good: the scheduler never resumes it
 }
 
@@ -121,6 +124,7 @@ void run_collective(Block& b, int warp_base, const Fiber& first) {
     in[lane] = b.slots[warp_base + lane].offered.data();
     out[lane] = b.slots[warp_base + lane].published.data();
   }
+  ++g_warp_collectives;
   try {
     first.op(in, out, first.variant);
   } catch (const SimtError& e) {
@@ -128,6 +132,8 @@ void run_collective(Block& b, int warp_base, const Fiber& first) {
                 e.what());
   }
 }
+
+bool release_warp(Block& b, int warp_base);
 
 // Releases the threads waiting at a complete barrier; false when none is complete.
 bool release(Block& b) {
@@ -155,56 +161,62 @@ bool release(Block& b) {
     return true;
   }
   bool released = false;
-  const int n = static_cast<int>(fibers.size());
-  for (int warp_base = 0; warp_base < n; warp_base += kWarp) {
-    Fiber* first = nullptr;
-    for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
-      if (fibers[i].state == State::kWarpSync) {
-        first = &fibers[i];
-        break;
-      }
-    }
-    if (first == nullptr) continue;
-    const unsigned mask = first->mask;
-    bool complete = true;
-    for (int lane = 0; lane < kWarp; ++lane) {
-      if ((mask >> lane & 1u) == 0) continue;
-      const int i = warp_base + lane;
-      // (lanes past the block and exited lanes were refused when the first lane arrived)
-      if (i >= n || fibers[i].state == State::kDone) {
-        fail(b, "shuffle mask at " + where(first->site) + " names lane " + std::to_string(lane) +
-                    " of warp " + std::to_string(warp_base / kWarp) +
-                    ", which has exited or does not exist");
-      }
-      if (fibers[i].state != State::kWarpSync) {
-        complete = false;
-        continue;
-      }
-      if (fibers[i].mask != mask || !same_site(fibers[i].site, first->site) ||
-          fibers[i].op != first->op || fibers[i].variant != first->variant) {
-        fail(b, "lanes of warp " + std::to_string(warp_base / kWarp) + " meet at different warp " +
-                    "syncs: " + where(first->site) + " (mask " + std::to_string(mask) + ") and " +
-                    where(fibers[i].site) + " (mask " + std::to_string(fibers[i].mask) + ")");
-      }
-    }
-    if (!complete) continue;
-    if (first->op != nullptr) {
-      run_collective(b, warp_base, *first);
-    } else {
-      for (int lane = 0; lane < kWarp; ++lane) {
-        if ((mask >> lane & 1u) == 0) continue;
-        std::memcpy(b.slots[warp_base + lane].published.data(),
-                    b.slots[warp_base + lane].offered.data(), kWarpResultBytes);
-      }
-    }
-    for (int lane = 0; lane < kWarp; ++lane) {
-      if ((mask >> lane & 1u) == 0) continue;
-      fibers[warp_base + lane].state = State::kReady;
-    }
-    ++g_warp_syncs;
-    released = true;
-  }
+  for (int warp_base = 0; warp_base < static_cast<int>(fibers.size()); warp_base += kWarp)
+    released = release_warp(b, warp_base) || released;
   return released;
+}
+
+// Releases the lanes of the warp from warp_base waiting at a complete warp sync (shuffle or
+// collective); false when it has none.
+bool release_warp(Block& b, int warp_base) {
+  std::vector<Fiber>& fibers = *b.fibers;
+  const int n = static_cast<int>(fibers.size());
+  Fiber* first = nullptr;
+  for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
+    if (fibers[i].state == State::kWarpSync) {
+      first = &fibers[i];
+      break;
+    }
+  }
+  if (first == nullptr) return false;
+  const unsigned mask = first->mask;
+  bool complete = true;
+  for (int lane = 0; lane < kWarp; ++lane) {
+    if ((mask >> lane & 1u) == 0) continue;
+    const int i = warp_base + lane;
+    // (lanes past the block and exited lanes were refused when the first lane arrived)
+    if (i >= n || fibers[i].state == State::kDone) {
+      fail(b, "shuffle mask at " + where(first->site) + " names lane " + std::to_string(lane) +
+                  " of warp " + std::to_string(warp_base / kWarp) +
+                  ", which has exited or does not exist");
+    }
+    if (fibers[i].state != State::kWarpSync) {
+      complete = false;
+      continue;
+    }
+    if (fibers[i].mask != mask || !same_site(fibers[i].site, first->site) ||
+        fibers[i].op != first->op || fibers[i].variant != first->variant) {
+      fail(b, "lanes of warp " + std::to_string(warp_base / kWarp) + " meet at different warp " +
+                  "syncs: " + where(first->site) + " (mask " + std::to_string(mask) + ") and " +
+                  where(fibers[i].site) + " (mask " + std::to_string(fibers[i].mask) + ")");
+    }
+  }
+  if (!complete) return false;
+  if (first->op != nullptr) {
+    run_collective(b, warp_base, *first);
+  } else {
+    for (int lane = 0; lane < kWarp; ++lane) {
+      if ((mask >> lane & 1u) == 0) continue;
+      std::memcpy(b.slots[warp_base + lane].published.data(),
+                  b.slots[warp_base + lane].offered.data(), kWarpResultBytes);
+    }
+  }
+  for (int lane = 0; lane < kWarp; ++lane) {
+    if ((mask >> lane & 1u) == 0) continue;
+    fibers[warp_base + lane].state = State::kReady;
+  }
+  ++g_warp_syncs;
+  return true;
 }
 
 [[noreturn]] void deadlock(const Block& b) {
@@ -222,17 +234,29 @@ bool release(Block& b) {
   fail(b, out.str());
 }
 
+// Runs the block warp by warp, each as far as its shuffles and collectives take it before the
+// next starts: warps drift apart between barriers as they may on the hardware, so a barrier
+// missing between one warp's write and another warp's read of shared memory shows.
 void run_block(Block& b) {
   std::vector<Fiber>& fibers = *b.fibers;
+  const int n = static_cast<int>(fibers.size());
   for (;;) {
     bool ran = false;
-    for (Fiber& f : fibers) {
-      if (f.state != State::kReady) continue;
-      t_fiber = &f;
-      switch_fiber(b.scheduler, f.context);
-      t_fiber = nullptr;
-      ran = true;
-      if (b.error) std::rethrow_exception(b.error);
+    for (int warp_base = 0; warp_base < n; warp_base += kWarp) {
+      for (;;) {
+        bool any = false;
+        for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
+          Fiber& f = fibers[i];
+          if (f.state != State::kReady) continue;
+          t_fiber = &f;
+          switch_fiber(b.scheduler, f.context);
+          t_fiber = nullptr;
+          any = true;
+          if (b.error) std::rethrow_exception(b.error);
+        }
+        ran = ran || any;
+        if (!any || !release_warp(b, warp_base)) break;
+      }
     }
     const bool all_done = std::all_of(fibers.begin(), fibers.end(),
                                       [](const Fiber& f) { return f.state == State::kDone; });
@@ -329,6 +353,7 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
   b.dynamic_shared = smem.get();
   b.dynamic_shared_bytes = smem_bytes;
   b.slots.resize(n);
+  b.exited.resize((n + kWarp - 1) / kWarp);
 
   struct Reset {  // t_block is cleared however the launch ends
     ~Reset() {
@@ -342,6 +367,7 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         b.idx = uint3{bx, by, bz};
+        std::fill(b.exited.begin(), b.exited.end(), 0);
         // Uninitialised shared memory reads as NaN (all bits set), so a kernel that reads what
         // it never wrote produces NaN instead of plausible numbers.
         std::memset(smem.get(), 0xff, smem_bytes);
@@ -355,7 +381,8 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
 }
 
 Stats stats() {
-  return Stats{g_launches.load(), g_threads.load(), g_block_barriers.load(), g_warp_syncs.load()};
+  return Stats{g_launches.load(), g_threads.load(), g_block_barriers.load(), g_warp_syncs.load(),
+               g_warp_collectives.load()};
 }
 
 const uint3& thread_idx() {
@@ -399,7 +426,8 @@ void arrive(const char* what, unsigned mask, const void* in, std::size_t bytes,
     fail(b, thread_name(b, f) + " calls a " + what + " at " + where(site) +
                 " with a mask that leaves out its own lane " + std::to_string(lane));
   }
-  for (int l = 0; l < kWarp; ++l) {
+  const bool whole_warp = warp_base + kWarp <= n && b.exited[warp_base / kWarp] == 0;
+  for (int l = 0; l < kWarp && !whole_warp; ++l) {
     if ((mask >> l & 1u) &&
         (warp_base + l >= n || (*b.fibers)[warp_base + l].state == State::kDone)) {
       fail(b, std::string(what) + " at " + where(site) + " by " + thread_name(b, f) +

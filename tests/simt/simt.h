@@ -66,7 +66,8 @@ struct Stats {
   std::uint64_t launches = 0;
   std::uint64_t threads = 0;
   std::uint64_t block_barriers = 0;
-  std::uint64_t warp_syncs = 0;
+  std::uint64_t warp_syncs = 0;        // shuffles and warp collectives
+  std::uint64_t warp_collectives = 0;  // mma.sync and ldmatrix
 };
 Stats stats();
 

@@ -3,9 +3,11 @@
 // triple loops fed by fragments built in the test from the same sections.
 #include "warp_matrix.h"
 
+#include <bit>
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "simt.h"
@@ -34,38 +36,51 @@ struct MmaOperands {
 };
 static_assert(sizeof(MmaOperands) <= kWarpOperandBytes);
 
-float element(MmaInput input, std::uint32_t reg, int i) {
-  const auto bits = static_cast<std::uint16_t>(i % 2 == 0 ? reg & 0xffffu : reg >> 16);
-  return input == MmaInput::kF16 ? half_to_float(bits) : bf16_to_float(bits);
+// Every fp16 value, decoded once (a launch runs many thousands of mma).
+const std::vector<float>& half_values() {
+  static const std::vector<float> values = [] {
+    std::vector<float> v(65536);
+    for (std::size_t h = 0; h < v.size(); ++h)
+      v[h] = half_to_float(static_cast<std::uint16_t>(h));
+    return v;
+  }();
+  return values;
+}
+
+double element(const float* halves, std::uint32_t reg, int i) {
+  const std::uint32_t bits = i % 2 == 0 ? reg & 0xffffu : reg >> 16;
+  return halves != nullptr ? halves[bits] : std::bit_cast<float>(bits << 16);
 }
 
 void mma_op(const unsigned char* const* in, unsigned char* const* out, int variant) {
-  const auto input = static_cast<MmaInput>(variant);
-  float a[16][16], b[16][8], c[16][8];
+  const float* halves =
+      static_cast<MmaInput>(variant) == MmaInput::kF16 ? half_values().data() : nullptr;
+  double a[16][16], b[16][8], d[16][8];
   for (int lane = 0; lane < kWarp; ++lane) {
     MmaOperands o;
     std::memcpy(&o, in[lane], sizeof o);
     const int g = lane / 4, t = lane % 4;
     for (int i = 0; i < 8; ++i)
-      a[g + kARow[i]][2 * t + kACol[i]] = element(input, o.a[i / 2], i);
+      a[g + kARow[i]][2 * t + kACol[i]] = element(halves, o.a[i / 2], i);
     for (int i = 0; i < 4; ++i) {
-      b[2 * t + kBRow[i]][g] = element(input, o.b[i / 2], i);
-      c[g + kCRow[i]][2 * t + kCCol[i]] = o.c[i];
+      b[2 * t + kBRow[i]][g] = element(halves, o.b[i / 2], i);
+      d[g + kCRow[i]][2 * t + kCCol[i]] = o.c[i];
     }
   }
-  // Products of 16-bit inputs are exact in double; the sum is rounded to fp32 once (PTX leaves
+  // Products of 16-bit inputs are exact in double; each sum is rounded to fp32 once (PTX leaves
   // the order and precision of the accumulation to the hardware).
+  for (int m = 0; m < 16; ++m) {
+    for (int k = 0; k < 16; ++k) {
+      for (int n = 0; n < 8; ++n)
+        d[m][n] += a[m][k] * b[k][n];
+    }
+  }
   for (int lane = 0; lane < kWarp; ++lane) {
     const int g = lane / 4, t = lane % 4;
-    float d[4];
-    for (int i = 0; i < 4; ++i) {
-      const int m = g + kCRow[i], n = 2 * t + kCCol[i];
-      double sum = c[m][n];
-      for (int k = 0; k < 16; ++k)
-        sum += static_cast<double>(a[m][k]) * b[k][n];
-      d[i] = static_cast<float>(sum);
-    }
-    std::memcpy(out[lane], d, sizeof d);
+    float r[4];
+    for (int i = 0; i < 4; ++i)
+      r[i] = static_cast<float>(d[g + kCRow[i]][2 * t + kCCol[i]]);
+    std::memcpy(out[lane], r, sizeof r);
   }
 }
 
@@ -82,11 +97,13 @@ void ldmatrix_op(const unsigned char* const* in, unsigned char* const* out, int 
     for (int r = 0; r < 8; ++r) {
       const void* row = nullptr;
       std::memcpy(&row, in[8 * i + r], sizeof row);
-      const std::string who = "ldmatrix: lane " + std::to_string(8 * i + r) + "'s row address";
-      if (reinterpret_cast<std::uintptr_t>(row) % 16 != 0)
-        throw SimtError(who + " is not 16-byte aligned");
-      if (!in_dynamic_shared(row, 16))
-        throw SimtError(who + " is outside the block's dynamic shared memory");
+      const char* bad = reinterpret_cast<std::uintptr_t>(row) % 16 != 0 ? "is not 16-byte aligned"
+                        : !in_dynamic_shared(row, 16)
+                            ? "is outside the block's dynamic shared memory"
+                            : nullptr;
+      if (bad != nullptr) {
+        throw SimtError("ldmatrix: lane " + std::to_string(8 * i + r) + "'s row address " + bad);
+      }
       std::memcpy(m[i][r], row, 16);
     }
   }
@@ -142,6 +159,9 @@ void cp_async(CacheOp op, void* dst, const void* src, int bytes, int src_bytes,
   if (!in_dynamic_shared(dst, bytes)) {
     thread_error(what + " destination outside the block's dynamic shared memory", where);
   }
+  // The destination is undefined until the wait: poisoned (NaN in every float type), so that
+  // reading it early, or issuing into a buffer another warp still reads, gives NaN.
+  std::memset(dst, 0xff, bytes);
   async_copies().copies.push_back(AsyncCopy{dst, src, bytes, src_bytes});
 }
 

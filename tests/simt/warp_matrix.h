@@ -9,10 +9,10 @@
 // the instruction then runs once for the warp, reading every lane's operands. The fragment
 // layouts are in warp_matrix.cpp, each table citing the PTX ISA section it comes from.
 //
-// cp.async is per thread: a copy is only recorded when issued and performed when a
-// cp.async.wait_group that covers it runs in the issuing thread, so a kernel that reads its
-// destination without waiting, or reads another thread's copies without a barrier after their
-// wait, sees the old contents (poisoned NaN at first).
+// cp.async is per thread: issuing a copy poisons its destination (all bits set: NaN) and the
+// copy is performed when a cp.async.wait_group that covers it runs in the issuing thread, so a
+// kernel that reads the destination without waiting, reads another thread's copies without a
+// barrier after their wait, or copies into a buffer another warp still reads, sees NaN.
 #pragma once
 
 #include <cuda_bf16.h>
