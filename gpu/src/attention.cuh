@@ -13,6 +13,10 @@
 // Storage type T is float, __half or __nv_bfloat16; every product and sum is fp32. Exponentials
 // use exp2f on scores pre-multiplied by log2(e)/sqrt(hs); lse is converted back to natural log.
 //
+// Two implementations: bf16/fp16 heads of 64 and 128 (GPT-2's) run on tensor cores
+// (attention_tc.cuh: mma.sync, ldmatrix, cp.async, its own tiling and predicted speed); fp32 and
+// every other head size run on the fp32 FMA kernels described below. The launchers choose.
+//
 // Tiling. Every kernel works on one (batch, head) pair and one tile of kTile query or key rows,
 // with kTile*4 threads: thread (ty, tx) = (tid / 16, tid % 16).
 //   - Score tiles (kTile x kTile, reduction over hs): the thread computes 4 contiguous rows

@@ -27,22 +27,24 @@
 // own kernel, recomputing S and dP), no atomics.
 //
 // Shared memory (T elements, rows of hs + 8 so that the 8 rows of an ldmatrix phase fall in 8
-// different 16-byte bank groups; double buffers marked x2), hs 64 / hs 128:
-//   forward  Q 64 + (K, V) 64 x2                       = 320 rows:  45 KiB /  85 KiB
-//   dK/dV    K, V 64 + (Q, dO) kN x2 + (lse, D) kN x2  =             55 KiB /  68.5 KiB
-//   dQ       Q, dO 64 + (K, V) kN x2                   =             54 KiB /  68 KiB
-// Registers per thread (fp32 accumulators; estimates, ptxas decides): forward O hs/2 + S 32;
-// dK/dV dK + dV hs + S^T, dP^T kN; dQ hs/2 + S, dP kN; all <= about 200, no more than 2-4 blocks
-// per SM resident on an H100 (shared memory allows 2-4).
+// different 16-byte bank groups; x2: double buffers), registers (ptxas, nvcc 13.0, sm_80 / sm_90,
+// no spills) and the blocks per H100 SM they allow, hs 64 / hs 128:
+//   forward  Q 64 + (K, V) 64 x2 rows                  45 KiB, 104 regs, 4 / 85 KiB, 134 regs, 2
+//   dK/dV    K, V 64 + (Q, dO) kN x2 + (lse, D) kN x2  55 KiB, 186 regs, 2 / 68.5 KiB, 238, 2
+//   dQ       Q, dO 64 + (K, V) kN x2                   54 KiB, 130 regs, 3 / 68 KiB, 132 regs, 3
+// Above 48 KiB the launchers opt in (attention.cuh, set_smem).
 //
-// Predicted H100 SXM performance (a prediction: nothing here was measured). GPT-2 124M, B = 16,
-// T = 1024, NH = 12, hs = 64: causal matmul FLOPs per layer forward 4 B NH T^2 hs / 2 = 25.8
-// GFLOP, backward (5 products: S, dP and dV, dK in the dK/dV kernel, S, dP, dQ in the dQ kernel:
-// 7 with the recomputation) 45 GFLOP. Dense bf16 mma.sync peak is about 660 TFLOP/s on the SXM part
-// (wgmma reaches about 990; mma.sync cannot). FlashAttention-2 with mma.sync reaches 35-50% of
-// that on A100-class tiling; with 64-row blocks, hs = 64 and the exp2/shuffle work of the softmax
-// per tile, expect 25-40%: forward about 0.1-0.15 ms per layer, backward about 0.2-0.3 ms,
-// against the FMA kernels' fp32 CUDA-core bound (67 TFLOP/s peak, so at least 1 ms per layer).
+// Predicted on an H100 SXM (a prediction from FLOP counts and published FlashAttention-2 rates:
+// nothing here was measured). GPT-2 124M, B = 16, T = 1024, NH = 12, hs = 64: one T x T x hs
+// product over all heads is 25.8 GFLOP dense, 13.7 GFLOP over the 136 of 256 tile pairs at or
+// below the diagonal. Per layer the forward runs 2 products (27.4 GFLOP), the backward 7 (4 in
+// dK/dV, 3 in dQ: 95.8 GFLOP, of which 2 recompute S and dP). The dense bf16 peak is 989
+// TFLOP/s, whose last part needs wgmma rather than mma.sync; FlashAttention-2 (mma.sync) is
+// reported at about 35% of it. These simpler kernels (64-row blocks of 4 warps, Q re-read through
+// ldmatrix for every tile, no warp specialisation) should run at 15-25% of peak forward and
+// 10-18% backward: 0.11-0.18 ms forward and 0.55-1.0 ms backward per layer. The fp32 FMA kernels
+// took about 1.2 ms and 4.2 ms per layer on the H100 run of docs/performance.md (28.3 ms of
+// forward over a step and an evaluation forward, 50.2 ms of backward, 12 layers).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The SIMT emulator's scheduler (tests/simt/simt.h): blocks in order, a block's threads as
-// fibers (fiber.h), barriers and warp shuffles as scheduling points.
+// fibers (fiber.h), barriers and warp syncs (warp_sync.cpp) as scheduling points.
 #include "simt.h"
 
 #include <algorithm>
@@ -12,61 +12,14 @@
 #include <sstream>
 #include <vector>
 
+#include "block.h"
 #include "fiber.h"
 
 namespace zo::simt {
-namespace {
-
-constexpr std::size_t kStackBytes = 256 * 1024;  // per thread; kernels keep small locals
-constexpr int kWarp = 32;
-
-enum class State { kReady, kBlockBarrier, kWarpSync, kDone };
-
-struct Fiber {
-  FiberContext context;
-  uint3 tid{};
-  int linear = 0;
-  State state = State::kReady;
-  unsigned mask = 0;          // kWarpSync: the lanes that take part
-  WarpOp op = nullptr;        // kWarpSync: the warp collective (null: a shuffle)
-  int variant = 0;            // its qualifiers
-  std::source_location site;  // where the thread waits
-  AsyncCopies async;          // cp.async copies in flight
-};
-
-struct Block {
-  const char* name = "";
-  dim3 grid, dim;
-  uint3 idx{};
-  std::vector<Fiber>* fibers = nullptr;
-  FiberContext scheduler;
-  void* dynamic_shared = nullptr;
-  std::size_t dynamic_shared_bytes = 0;
-  const std::function<void()>* body = nullptr;
-  // Per thread: what it offers at its current warp sync, and what it offered at the last shuffle
-  // that completed (copied on release, so a lane that runs ahead to its next shuffle cannot
-  // overwrite a value a later lane of the same round has yet to read) or its result of the last
-  // warp collective.
-  struct Slot {
-    std::array<unsigned char, kWarpOperandBytes> offered{};
-    std::array<unsigned char, kWarpResultBytes> published{};
-  };
-  std::vector<Slot> slots;
-  std::vector<int> exited;  // per warp: lanes that have returned
-  std::exception_ptr error;
-};
 
 thread_local Block* t_block = nullptr;
 thread_local Fiber* t_fiber = nullptr;
-
-std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0}, g_warp_syncs{0},
-    g_warp_collectives{0};
-
-std::mutex g_attr_mutex;
-std::map<const void*, int>& smem_limits() {
-  static std::map<const void*, int> limits;
-  return limits;
-}
+std::atomic<std::uint64_t> g_warp_syncs{0}, g_warp_collectives{0};
 
 std::string where(const std::source_location& s) {
   std::string file = s.file_name();
@@ -86,21 +39,14 @@ std::string thread_name(const Block& b, const Fiber& f) {
   throw SimtError(std::string("SIMT emulator, kernel ") + b.name + ": " + what);
 }
 
-// Back to the scheduler until it makes this thread ready again.
-void wait(State s, const std::source_location& site, unsigned mask = 0, WarpOp op = nullptr,
-          int variant = 0) {
-  Fiber& f = *t_fiber;
-  f.state = s;
-  f.site = site;
-  f.mask = mask;
-  f.op = op;
-  f.variant = variant;
-  switch_fiber(f.context, t_block->scheduler);
-}
+namespace {
 
-bool same_site(const std::source_location& a, const std::source_location& b) {
-  return a.line() == b.line() && a.column() == b.column() &&
-         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
+constexpr std::size_t kStackBytes = 256 * 1024;  // per thread; kernels keep small locals
+std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0};
+std::mutex g_attr_mutex;
+std::map<const void*, int>& smem_limits() {
+  static std::map<const void*, int> limits;
+  return limits;
 }
 
 void fiber_main() {
@@ -114,26 +60,6 @@ void fiber_main() {
   ++b.exited[t_fiber->linear / kWarp];
   switch_fiber(t_fiber->context, b.scheduler);  // for good: the scheduler never resumes it
 }
-
-// The warp collective that the 32 lanes from warp_base, all arrived, wait at: one call for the
-// warp.
-void run_collective(Block& b, int warp_base, const Fiber& first) {
-  const unsigned char* in[kWarp];
-  unsigned char* out[kWarp];
-  for (int lane = 0; lane < kWarp; ++lane) {
-    in[lane] = b.slots[warp_base + lane].offered.data();
-    out[lane] = b.slots[warp_base + lane].published.data();
-  }
-  ++g_warp_collectives;
-  try {
-    first.op(in, out, first.variant);
-  } catch (const SimtError& e) {
-    fail(b, "warp " + std::to_string(warp_base / kWarp) + " at " + where(first.site) + ": " +
-                e.what());
-  }
-}
-
-bool release_warp(Block& b, int warp_base);
 
 // Releases the threads waiting at a complete barrier; false when none is complete.
 bool release(Block& b) {
@@ -164,59 +90,6 @@ bool release(Block& b) {
   for (int warp_base = 0; warp_base < static_cast<int>(fibers.size()); warp_base += kWarp)
     released = release_warp(b, warp_base) || released;
   return released;
-}
-
-// Releases the lanes of the warp from warp_base waiting at a complete warp sync (shuffle or
-// collective); false when it has none.
-bool release_warp(Block& b, int warp_base) {
-  std::vector<Fiber>& fibers = *b.fibers;
-  const int n = static_cast<int>(fibers.size());
-  Fiber* first = nullptr;
-  for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
-    if (fibers[i].state == State::kWarpSync) {
-      first = &fibers[i];
-      break;
-    }
-  }
-  if (first == nullptr) return false;
-  const unsigned mask = first->mask;
-  bool complete = true;
-  for (int lane = 0; lane < kWarp; ++lane) {
-    if ((mask >> lane & 1u) == 0) continue;
-    const int i = warp_base + lane;
-    // (lanes past the block and exited lanes were refused when the first lane arrived)
-    if (i >= n || fibers[i].state == State::kDone) {
-      fail(b, "shuffle mask at " + where(first->site) + " names lane " + std::to_string(lane) +
-                  " of warp " + std::to_string(warp_base / kWarp) +
-                  ", which has exited or does not exist");
-    }
-    if (fibers[i].state != State::kWarpSync) {
-      complete = false;
-      continue;
-    }
-    if (fibers[i].mask != mask || !same_site(fibers[i].site, first->site) ||
-        fibers[i].op != first->op || fibers[i].variant != first->variant) {
-      fail(b, "lanes of warp " + std::to_string(warp_base / kWarp) + " meet at different warp " +
-                  "syncs: " + where(first->site) + " (mask " + std::to_string(mask) + ") and " +
-                  where(fibers[i].site) + " (mask " + std::to_string(fibers[i].mask) + ")");
-    }
-  }
-  if (!complete) return false;
-  if (first->op != nullptr) {
-    run_collective(b, warp_base, *first);
-  } else {
-    for (int lane = 0; lane < kWarp; ++lane) {
-      if ((mask >> lane & 1u) == 0) continue;
-      std::memcpy(b.slots[warp_base + lane].published.data(),
-                  b.slots[warp_base + lane].offered.data(), kWarpResultBytes);
-    }
-  }
-  for (int lane = 0; lane < kWarp; ++lane) {
-    if ((mask >> lane & 1u) == 0) continue;
-    fibers[warp_base + lane].state = State::kReady;
-  }
-  ++g_warp_syncs;
-  return true;
 }
 
 [[noreturn]] void deadlock(const Block& b) {
@@ -405,61 +278,6 @@ void syncthreads(const std::source_location& where) {
 
 void* dynamic_shared() {
   return t_block->dynamic_shared;
-}
-
-int lane_id() {
-  return t_fiber->linear % kWarp;
-}
-
-namespace {
-
-// Checks the lanes of `mask` (a lane that has exited or lies past the block is an error), offers
-// `bytes` of `in` and waits until the warp sync completes.
-void arrive(const char* what, unsigned mask, const void* in, std::size_t bytes,
-            const std::source_location& site, WarpOp op = nullptr, int variant = 0) {
-  Block& b = *t_block;
-  Fiber& f = *t_fiber;
-  const int lane = f.linear % kWarp;
-  const int warp_base = f.linear - lane;
-  const int n = static_cast<int>(b.fibers->size());
-  if ((mask >> lane & 1u) == 0) {
-    fail(b, thread_name(b, f) + " calls a " + what + " at " + where(site) +
-                " with a mask that leaves out its own lane " + std::to_string(lane));
-  }
-  const bool whole_warp = warp_base + kWarp <= n && b.exited[warp_base / kWarp] == 0;
-  for (int l = 0; l < kWarp && !whole_warp; ++l) {
-    if ((mask >> l & 1u) &&
-        (warp_base + l >= n || (*b.fibers)[warp_base + l].state == State::kDone)) {
-      fail(b, std::string(what) + " at " + where(site) + " by " + thread_name(b, f) +
-                  ": its mask names lane " + std::to_string(l) +
-                  ", which has exited or does not exist in this block");
-    }
-  }
-  std::memcpy(b.slots[f.linear].offered.data(), in, bytes);
-  wait(State::kWarpSync, site, mask, op, variant);
-}
-
-}  // namespace
-
-void shuffle_bytes(unsigned mask, const void* in, void* out, std::size_t bytes, int src_lane,
-                   const std::source_location& site) {
-  Block& b = *t_block;
-  Fiber& f = *t_fiber;
-  if ((mask >> src_lane & 1u) == 0 && (mask >> lane_id() & 1u) != 0) {
-    fail(b, thread_name(b, f) + " reads lane " + std::to_string(src_lane) + " at " + where(site) +
-                ", which is not in the mask (undefined on the hardware)");
-  }
-  arrive("shuffle", mask, in, bytes, site);
-  // Every lane released by that sync runs before the scheduler completes another one.
-  const int warp_base = f.linear - f.linear % kWarp;
-  std::memcpy(out, b.slots[warp_base + src_lane].published.data(), bytes);
-}
-
-void warp_collective(WarpOp op, int variant, const void* in, std::size_t in_bytes, void* out,
-                     std::size_t out_bytes, const std::source_location& site) {
-  if (t_fiber == nullptr) throw SimtError("SIMT emulator: a warp collective outside a kernel");
-  arrive("warp-wide instruction", 0xffffffffu, in, in_bytes, site, op, variant);
-  std::memcpy(out, t_block->slots[t_fiber->linear].published.data(), out_bytes);
 }
 
 bool in_dynamic_shared(const void* p, std::size_t bytes) {

@@ -2,9 +2,10 @@
 // every kernel and launcher in gpu/ against the host backend (tests/test_simt.cpp).
 //
 // Model: a launch runs its blocks one after another on one OS thread (its stream's worker, see
-// streams.h, or the caller's for the default stream); the threads of a block are fibers (fiber.h)
-// scheduled round-robin, each running until it reaches a barrier or returns. Memory is host
-// memory, so "device pointers" are plain pointers.
+// streams.h, or the caller's for the default stream); the threads of a block are fibers (fiber.h),
+// each running until it reaches a barrier, a warp sync or its end, scheduled warp by warp: one
+// warp runs through its shuffles and warp collectives until it reaches a barrier before the next
+// warp starts. Memory is host memory, so "device pointers" are plain pointers.
 //
 // What it checks, beyond the results (each violation throws zo::simt::SimtError naming the block,
 // the threads and the call site):
