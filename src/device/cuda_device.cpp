@@ -91,8 +91,8 @@ class CudaDevice final : public Device {
   std::size_t capacity_bytes() const override { return pool_->capacity(); }
   std::size_t used_bytes() const override { return pool_->in_use(); }
 
-  std::unique_ptr<Stream> create_stream() override {
-    return std::make_unique<CudaStream>(gpu::Stream(index_, pool_));
+  std::unique_ptr<Stream> create_stream(bool high_priority) override {
+    return std::make_unique<CudaStream>(gpu::Stream(index_, pool_, high_priority));
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(index_); }
   void record(Event& e, Stream& s) override {

@@ -107,7 +107,9 @@ class Device {
   virtual std::size_t used_bytes() const = 0;
 
   // ---- streams, events, copies ----------------------------------------------------------------
-  virtual std::unique_ptr<Stream> create_stream() = 0;
+  // high_priority: work on it goes before work of normal streams where the backend can order
+  // them (the offload engine's copy streams; ignored by the host backend).
+  virtual std::unique_ptr<Stream> create_stream(bool high_priority = false) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
   virtual void record(Event& e, Stream& s) = 0;  // e completes when work enqueued so far on s does
   virtual void wait(Stream& s, Event& e) = 0;    // later work on s waits for e

@@ -97,7 +97,7 @@ class HostDevice final : public Device {
   std::size_t used_bytes() const override { return used_.load(std::memory_order_relaxed); }
 
   // ---- streams, events, copies ------------------------------------------------------------------
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<HostStream>(); }
+  std::unique_ptr<Stream> create_stream(bool) override { return std::make_unique<HostStream>(); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<HostEvent>(); }
 
   void record(Event& e, Stream& s) override {
