@@ -108,10 +108,11 @@ __global__ void ldmatrix_kernel(std::uint32_t* out, const std::uint16_t* src, in
   __syncthreads();
   std::uint32_t r[kNum];
   const std::uint16_t* row = smem + (31 - lane) * stride;
-  namespace mma = zo::gpu::mma;
-  if constexpr (kNum == 1) kTrans ? mma::ldmatrix_x1_trans(r, row) : mma::ldmatrix_x1(r, row);
-  if constexpr (kNum == 2) kTrans ? mma::ldmatrix_x2_trans(r, row) : mma::ldmatrix_x2(r, row);
-  if constexpr (kNum == 4) kTrans ? mma::ldmatrix_x4_trans(r, row) : mma::ldmatrix_x4(r, row);
+  if constexpr (kNum == 4) {  // the kernels' form, through their wrapper
+    zo::gpu::mma::ldmatrix_x4<kTrans>(r, row);
+  } else {
+    zo::simt::ldmatrix(kNum, kTrans, r, row, std::source_location::current());
+  }
   for (int i = 0; i < kNum; ++i)
     out[lane * kNum + i] = r[i];
 }
@@ -173,7 +174,7 @@ __global__ void mma_from_shared_kernel(float* d0, float* d1, const float* a, con
   std::uint32_t af[4], bf[4], bft[4];
   zo::gpu::mma::ldmatrix_x4(af, sa + row_a * kLd + col_a);
   zo::gpu::mma::ldmatrix_x4(bft, sbt + row_bt * kLd + col_bt);
-  zo::gpu::mma::ldmatrix_x4_trans(bf, sb + row_a * kLd + col_a);
+  zo::gpu::mma::ldmatrix_x4<true>(bf, sb + row_a * kLd + col_a);
   float acc0[2][4] = {}, acc1[2][4] = {};
   for (int n = 0; n < 2; ++n) {
     zo::gpu::mma::mma_m16n8k16<T>(acc0[n], af, bft[2 * n], bft[2 * n + 1]);
@@ -297,12 +298,12 @@ __global__ void bad_matrix_kernel(float* out) {
     if (lane == 3) {
       __syncthreads();
     } else {
-      zo::gpu::mma::ldmatrix_x1(r, smem + 8 * lane);
+      zo::simt::ldmatrix(1, false, r, smem + 8 * lane, std::source_location::current());
     }
   } else if constexpr (kCase == 4) {
-    zo::gpu::mma::ldmatrix_x1(r, smem + 8 * lane + 1);
+    zo::simt::ldmatrix(1, false, r, smem + 8 * lane + 1, std::source_location::current());
   } else if constexpr (kCase == 5) {
-    zo::gpu::mma::ldmatrix_x1(r, out);
+    zo::simt::ldmatrix(1, false, r, out, std::source_location::current());
   } else if constexpr (kCase == 6) {
     zo::gpu::mma::cp_async_ca<8>(smem + 2, out, 8);
   } else if constexpr (kCase == 7) {

@@ -29,7 +29,7 @@
 // Shared memory (T elements, rows of hs + 8 so that the 8 rows of an ldmatrix phase fall in 8
 // different 16-byte bank groups; x2: double buffers), registers (ptxas, nvcc 13.0, sm_80 / sm_90,
 // no spills) and the blocks per H100 SM they allow, hs 64 / hs 128:
-//   forward  Q 64 + (K, V) 64 x2 rows                  45 KiB, 104 regs, 4 / 85 KiB, 134 regs, 2
+//   forward  Q 64 + (K, V) 64 x2 rows                  45 KiB,  99 regs, 4 / 85 KiB, 133 regs, 2
 //   dK/dV    K, V 64 + (Q, dO) kN x2 + (lse, D) kN x2  55 KiB, 186 regs, 2 / 68.5 KiB, 238, 2
 //   dQ       Q, dO 64 + (K, V) kN x2                   54 KiB, 130 regs, 3 / 68 KiB, 132 regs, 3
 // Above 48 KiB the launchers opt in (attention.cuh, set_smem).
@@ -90,6 +90,15 @@ __device__ __forceinline__ const T* frag_b(const T* tile, int r0, int c0, int la
   return tile + (r0 + (lane & 7) + (lane >> 4) * 8) * ld<kD>() + c0 + ((lane >> 3) & 1) * 8;
 }
 
+// acc[2 nn] and acc[2 nn + 1] += a times the B fragments of two 8-column tiles in b (registers
+// 0, 1 and 2, 3, as ldmatrix_x4 through frag_a with .trans or frag_b gives them).
+template <typename T, int kTiles>
+__device__ __forceinline__ void mma_pair(float (&acc)[kTiles][4], int nn,
+                                         const std::uint32_t (&a)[4], const std::uint32_t (&b)[4]) {
+  mma::mma_m16n8k16<T>(acc[2 * nn], a, b[0], b[1]);
+  mma::mma_m16n8k16<T>(acc[2 * nn + 1], a, b[2], b[3]);
+}
+
 // acc (16 x kN: kN / 8 tiles of 16 x 8) += A B^T, A = rows a0..a0+15 of tile `a`, B = rows
 // 0..kN-1 of tile `b`, both (., kD) in shared memory: S = Q K^T and its kin.
 template <typename T, int kD, int kN>
@@ -103,8 +112,7 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kN / 8][4], const T* a, int
     for (int nn = 0; nn < kN / 16; ++nn) {
       std::uint32_t bf[4];
       mma::ldmatrix_x4(bf, frag_b<kD>(b, 16 * nn, 16 * kk, lane));
-      mma::mma_m16n8k16<T>(acc[2 * nn], af, bf[0], bf[1]);
-      mma::mma_m16n8k16<T>(acc[2 * nn + 1], af, bf[2], bf[3]);
+      mma_pair<T>(acc, nn, af, bf);
     }
   }
 }
@@ -123,9 +131,8 @@ __device__ __forceinline__ void mma_pm(float (&acc)[kD / 8][4], const float (&p)
 #pragma unroll
     for (int nn = 0; nn < kD / 16; ++nn) {
       std::uint32_t bf[4];
-      mma::ldmatrix_x4_trans(bf, frag_a<kD>(m, 16 * kk, 16 * nn, lane));
-      mma::mma_m16n8k16<T>(acc[2 * nn], pa, bf[0], bf[1]);
-      mma::mma_m16n8k16<T>(acc[2 * nn + 1], pa, bf[2], bf[3]);
+      mma::ldmatrix_x4<true>(bf, frag_a<kD>(m, 16 * kk, 16 * nn, lane));
+      mma_pair<T>(acc, nn, pa, bf);
     }
   }
 }
@@ -156,6 +163,33 @@ __device__ __forceinline__ void load_rows(float* dst, const float* src, int rows
   for (int r = static_cast<int>(threadIdx.x); r < kR; r += kThreads)
     mma::cp_async_ca<4>(dst + r, src + min(r, rows - 1), r < rows ? 4 : 0);
 }
+
+// K and V of loop tile kt (kN keys from token kt kN) into buffer `buf` of sK and sV; `head` is
+// the q slice of token 0 of the block's (b, h) in qkv (row stride c3 = 3C).
+template <typename T, int kN, int kD>
+__device__ __forceinline__ void load_kv(T* sK, T* sV, const T* head, std::int64_t c3, int kt,
+                                        int buf, const AttentionShape& sh) {
+  const T* row = head + static_cast<std::int64_t>(kt) * kN * c3;
+  const int rows = min(kN, sh.T - kt * kN);
+  load_tile<T, kN, kD>(sK + buf * kN * ld<kD>(), row + sh.C, c3, rows, sh.async16);
+  load_tile<T, kN, kD>(sV + buf * kN * ld<kD>(), row + 2 * sh.C, c3, rows, sh.async16);
+}
+
+// A thread's place: lane, warp, the block's (b, h, tile), and the element offsets of token 0 of
+// its (b, h) head in qkv-shaped (B, T, 3C; row stride c3) and out-shaped (B, T, C) tensors.
+struct Frame {
+  int lane, warp;
+  attention_detail::BlockCoords bc;
+  std::int64_t c3, qkv0, out0;
+
+  __device__ Frame(const AttentionShape& sh, bool reverse)
+      : lane(static_cast<int>(threadIdx.x) % 32),
+        warp(static_cast<int>(threadIdx.x) / 32),
+        bc(attention_detail::block_coords(sh, reverse)),
+        c3(3LL * sh.C),
+        qkv0(static_cast<std::int64_t>(bc.b) * sh.T * c3 + bc.h * sh.hs),
+        out0(static_cast<std::int64_t>(bc.b) * sh.T * sh.C + bc.h * sh.hs) {}
+};
 
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));

@@ -11,14 +11,19 @@
 namespace zo::gpu {
 namespace attention_tc {
 
+// The backward kernels' operands: dqkv +=, the rest read.
+template <typename T>
+struct Grads {
+  T* dqkv;
+  const T *dout, *qkv;
+  const float *lse, *D;
+};
+
 // dK, dV: one block per (b, h, 64 keys); warp w owns keys 16w..16w+15 and works in the
 // transposed frame (rows = keys), so that dK and dV accumulate in its registers.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
-    attention_tc_dkv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
-                            const T* __restrict__ qkv, const float* __restrict__ lse,
-                            const float* __restrict__ D, const AttentionShape sh) {
-  using attention_detail::kLog2e;
+    attention_tc_dkv_kernel(const Grads<T> g, const AttentionShape sh) {
   constexpr int kN = loop_rows<kD>(), kLd = ld<kD>();
   ZO_DYNAMIC_SHARED(float4, attention_smem);
   T* sK = reinterpret_cast<T*>(attention_smem);              // (64, kLd)
@@ -28,14 +33,13 @@ __global__ void __launch_bounds__(kThreads)
   float* sL = reinterpret_cast<float*>(sdO + 2 * kN * kLd);  // 2 x kN: lse
   float* sD = sL + 2 * kN;                                   // 2 x kN: D
 
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const attention_detail::BlockCoords bc = attention_detail::block_coords(sh, /*reverse=*/false);
-  const int k0 = bc.tile * kRows;
-  const std::int64_t c3 = 3LL * sh.C, tok0 = static_cast<std::int64_t>(bc.b) * sh.T;
-  const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
-  const T* dout_head = dout + tok0 * sh.C + bc.h * sh.hs;
-  const float* lse_bh = lse + static_cast<std::int64_t>(bc.bh) * sh.T;
-  const float* D_bh = D + static_cast<std::int64_t>(bc.bh) * sh.T;
+  const Frame f(sh, /*reverse=*/false);
+  const int lane = f.lane, k0 = f.bc.tile * kRows;
+  const std::int64_t c3 = f.c3;
+  const T* head = g.qkv + f.qkv0;
+  const T* dout_head = g.dout + f.out0;
+  const float* lse_bh = g.lse + static_cast<std::int64_t>(f.bc.bh) * sh.T;
+  const float* D_bh = g.D + static_cast<std::int64_t>(f.bc.bh) * sh.T;
   const int first = k0 / kN, tiles = (sh.T + kN - 1) / kN - first;
   auto load_q = [&](int i, int buf) {
     const int q0 = (first + i) * kN, rows = min(kN, sh.T - q0);
@@ -52,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
   mma::cp_async_commit();
 
   // This lane's keys: key0 and key0 + 8; its queries of each 8-query tile j: 8 j + col.
-  const int key0 = k0 + 16 * warp + lane / 4, col = 2 * (lane % 4);
+  const int key0 = k0 + 16 * f.warp + lane / 4, col = 2 * (lane % 4);
   float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
   for (int i = 0; i < tiles; ++i) {
     const int buf = i & 1, q0 = (first + i) * kN;
@@ -66,8 +70,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* Dq = sD + buf * kN;
 
     float p[kN / 8][4] = {}, ds[kN / 8][4] = {};  // S^T, then P^T; dP^T, then dS^T
-    mma_abt<T, kD, kN>(p, sK, 16 * warp, q, lane);
-    mma_abt<T, kD, kN>(ds, sV, 16 * warp, o, lane);
+    mma_abt<T, kD, kN>(p, sK, 16 * f.warp, q, lane);
+    mma_abt<T, kD, kN>(ds, sV, 16 * f.warp, o, lane);
     // Masked: a key after its query (tiles that reach the diagonal), a query at or past T.
     const bool mask = k0 + kRows - 1 > q0 || q0 + kN > sh.T;
 #pragma unroll
@@ -76,7 +80,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int qc = 8 * j + col + (e & 1), query = q0 + qc;
         const bool live = !mask || (key0 + 8 * (e >> 1) <= query && query < sh.T);
-        const float pv = live ? exp2f(p[j][e] * sh.scale_log2 - L[qc] * kLog2e) : 0.0f;
+        const float pv =
+            live ? exp2f(p[j][e] * sh.scale_log2 - L[qc] * attention_detail::kLog2e) : 0.0f;
         p[j][e] = pv;
         ds[j][e] = pv * (ds[j][e] - Dq[qc]);
       }
@@ -86,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();                     // buffer buf is refilled at i + 1
   }
 
-  T* dst = dqkv + tok0 * c3 + bc.h * sh.hs;
+  T* dst = g.dqkv + f.qkv0;
   const float dk_scale[2] = {sh.scale, sh.scale}, one[2] = {1.0f, 1.0f};
   store_rows<T, true, kD>(dst + sh.C, c3, dk, dk_scale, key0, sh.T, sh.async16, lane);
   store_rows<T, true, kD>(dst + 2 * sh.C, c3, dv, one, key0, sh.T, sh.async16, lane);
@@ -95,10 +100,7 @@ __global__ void __launch_bounds__(kThreads)
 // dQ: one block per (b, h, 64 queries); same frame as the forward kernel, dS in place of P.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
-    attention_tc_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
-                           const T* __restrict__ qkv, const float* __restrict__ lse,
-                           const float* __restrict__ D, const AttentionShape sh) {
-  using attention_detail::kLog2e;
+    attention_tc_dq_kernel(const Grads<T> g, const AttentionShape sh) {
   constexpr int kN = loop_rows<kD>(), kLd = ld<kD>();
   ZO_DYNAMIC_SHARED(float4, attention_smem);
   T* sQ = reinterpret_cast<T*>(attention_smem);  // (64, kLd)
@@ -106,44 +108,37 @@ __global__ void __launch_bounds__(kThreads)
   T* sK = sdO + kRows * kLd;                     // 2 x (kN, kLd)
   T* sV = sK + 2 * kN * kLd;                     // 2 x (kN, kLd)
 
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const attention_detail::BlockCoords bc = attention_detail::block_coords(sh, /*reverse=*/true);
-  const int q0 = bc.tile * kRows, q_rows = min(kRows, sh.T - q0);
-  const std::int64_t c3 = 3LL * sh.C, tok0 = static_cast<std::int64_t>(bc.b) * sh.T;
-  const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
-  auto load_kv = [&](int kt, int buf) {
-    const T* row = head + static_cast<std::int64_t>(kt) * kN * c3;
-    const int rows = min(kN, sh.T - kt * kN);
-    load_tile<T, kN, kD>(sK + buf * kN * kLd, row + sh.C, c3, rows, sh.async16);
-    load_tile<T, kN, kD>(sV + buf * kN * kLd, row + 2 * sh.C, c3, rows, sh.async16);
-  };
-  load_tile<T, kRows, kD>(sQ, head + q0 * c3, c3, q_rows, sh.async16);
-  load_tile<T, kRows, kD>(sdO, dout + (tok0 + q0) * sh.C + bc.h * sh.hs, sh.C, q_rows, sh.async16);
-  load_kv(0, 0);
+  const Frame f(sh, /*reverse=*/true);
+  const int lane = f.lane, q0 = f.bc.tile * kRows, q_rows = min(kRows, sh.T - q0);
+  const T* head = g.qkv + f.qkv0;
+  load_tile<T, kRows, kD>(sQ, head + q0 * f.c3, f.c3, q_rows, sh.async16);
+  load_tile<T, kRows, kD>(sdO, g.dout + f.out0 + static_cast<std::int64_t>(q0) * sh.C, sh.C, q_rows,
+                          sh.async16);
+  load_kv<T, kN, kD>(sK, sV, head, f.c3, 0, 0, sh);
   mma::cp_async_commit();
 
-  const int row0 = q0 + 16 * warp + lane / 4, col = 2 * (lane % 4);
+  const int row0 = q0 + 16 * f.warp + lane / 4, col = 2 * (lane % 4);
   float L[2], Dr[2];  // this lane's rows' lse (log2 units) and D; 0 past T (never stored)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int q = row0 + 8 * h;
-    const std::int64_t at = static_cast<std::int64_t>(bc.bh) * sh.T + q;
-    L[h] = q < sh.T ? lse[at] * kLog2e : 0.0f;
-    Dr[h] = q < sh.T ? D[at] : 0.0f;
+    const std::int64_t at = static_cast<std::int64_t>(f.bc.bh) * sh.T + q;
+    L[h] = q < sh.T ? g.lse[at] * attention_detail::kLog2e : 0.0f;
+    Dr[h] = q < sh.T ? g.D[at] : 0.0f;
   }
   const int tiles = (q0 + q_rows - 1) / kN + 1;  // key tiles up to the last query
   float dq[kD / 8][4] = {};
   for (int kt = 0; kt < tiles; ++kt) {
     const int buf = kt & 1, k0 = kt * kN;
-    if (kt + 1 < tiles) load_kv(kt + 1, buf ^ 1);
+    if (kt + 1 < tiles) load_kv<T, kN, kD>(sK, sV, head, f.c3, kt + 1, buf ^ 1, sh);
     mma::cp_async_commit();
     mma::cp_async_wait<1>();
     __syncthreads();
     const T* k = sK + buf * kN * kLd;
 
     float ds[kN / 8][4] = {}, dp[kN / 8][4] = {};  // S, then dS; dP
-    mma_abt<T, kD, kN>(ds, sQ, 16 * warp, k, lane);
-    mma_abt<T, kD, kN>(dp, sdO, 16 * warp, sV + buf * kN * kLd, lane);
+    mma_abt<T, kD, kN>(ds, sQ, 16 * f.warp, k, lane);
+    mma_abt<T, kD, kN>(dp, sdO, 16 * f.warp, sV + buf * kN * kLd, lane);
     const bool mask = k0 + kN - 1 > q0;  // some key of the tile after some query of the block
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
@@ -159,8 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const float scale[2] = {sh.scale, sh.scale};
-  store_rows<T, true, kD>(dqkv + tok0 * c3 + bc.h * sh.hs, c3, dq, scale, row0, sh.T, sh.async16,
-                          lane);
+  store_rows<T, true, kD>(g.dqkv + f.qkv0, f.c3, dq, scale, row0, sh.T, sh.async16, lane);
 }
 
 void backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
@@ -173,14 +167,12 @@ void backward(void* dqkv, const void* dout, const void* qkv, const float* lse, c
     const std::size_t dkv_smem =
         sizeof(T) * (2 * kRows + 4 * kN) * ld<kD>() + sizeof(float) * 4 * kN;
     const std::size_t dq_smem = sizeof(T) * (2 * kRows + 4 * kN) * ld<kD>();
-    auto* dqkv_t = static_cast<T*>(dqkv);
-    const auto* dout_t = static_cast<const T*>(dout);
-    const auto* qkv_t = static_cast<const T*>(qkv);
+    const Grads<T> g{static_cast<T*>(dqkv), static_cast<const T*>(dout), static_cast<const T*>(qkv),
+                     lse, D};
     // dK/dV and dQ write disjoint thirds of dqkv, so their order does not matter.
     attention_detail::launch_tiles(op, &attention_tc_dkv_kernel<T, kD>, dkv_smem, kThreads, tc, s,
-                                   dqkv_t, dout_t, qkv_t, lse, D);
-    attention_detail::launch_tiles(op, &attention_tc_dq_kernel<T, kD>, dq_smem, kThreads, tc, s,
-                                   dqkv_t, dout_t, qkv_t, lse, D);
+                                   g);
+    attention_detail::launch_tiles(op, &attention_tc_dq_kernel<T, kD>, dq_smem, kThreads, tc, s, g);
   });
 }
 

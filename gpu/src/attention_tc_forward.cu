@@ -24,34 +24,26 @@ __global__ void __launch_bounds__(kThreads)
   T* sK = sQ + kTile;                            // 2 x (64, kLd)
   T* sV = sK + 2 * kTile;                        // 2 x (64, kLd)
 
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const attention_detail::BlockCoords bc = attention_detail::block_coords(sh, /*reverse=*/true);
-  const int qt = bc.tile, q0 = qt * kRows;
-  const std::int64_t c3 = 3LL * sh.C;
-  const T* head = qkv + static_cast<std::int64_t>(bc.b) * sh.T * c3 + bc.h * sh.hs;  // q, t = 0
-  auto load_kv = [&](int kt, int buf) {
-    const T* row = head + static_cast<std::int64_t>(kt) * kRows * c3;
-    const int rows = min(kRows, sh.T - kt * kRows);
-    load_tile<T, kRows, kD>(sK + buf * kTile, row + sh.C, c3, rows, sh.async16);
-    load_tile<T, kRows, kD>(sV + buf * kTile, row + 2 * sh.C, c3, rows, sh.async16);
-  };
-  load_tile<T, kRows, kD>(sQ, head + q0 * c3, c3, min(kRows, sh.T - q0), sh.async16);
-  load_kv(0, 0);
+  const Frame f(sh, /*reverse=*/true);
+  const int lane = f.lane, qt = f.bc.tile, q0 = qt * kRows;
+  const T* head = qkv + f.qkv0;
+  load_tile<T, kRows, kD>(sQ, head + q0 * f.c3, f.c3, min(kRows, sh.T - q0), sh.async16);
+  load_kv<T, kRows, kD>(sK, sV, head, f.c3, 0, 0, sh);
   mma::cp_async_commit();
 
   // This lane's rows: row0 and row0 + 8 (h = 0, 1); its columns of each 8-key tile j: 8 j + col.
-  const int row0 = q0 + 16 * warp + lane / 4, col = 2 * (lane % 4);
+  const int row0 = q0 + 16 * f.warp + lane / 4, col = 2 * (lane % 4);
   float o[kD / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // max (log2 units), partial sums
   for (int kt = 0; kt <= qt; ++kt) {
     const int buf = kt & 1, k0 = kt * kRows;
-    if (kt < qt) load_kv(kt + 1, buf ^ 1);
+    if (kt < qt) load_kv<T, kRows, kD>(sK, sV, head, f.c3, kt + 1, buf ^ 1, sh);
     mma::cp_async_commit();  // an empty group on the last tile keeps the count uniform
     mma::cp_async_wait<1>();
     __syncthreads();  // every thread's copies of tile kt are in
 
     float s[kRows / 8][4] = {};
-    mma_abt<T, kD, kRows>(s, sQ, 16 * warp, sK + buf * kTile, lane);
+    mma_abt<T, kD, kRows>(s, sQ, 16 * f.warp, sK + buf * kTile, lane);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j) {
@@ -98,10 +90,9 @@ __global__ void __launch_bounds__(kThreads)
     inv[h] = 1.0f / row_sum;
     const int q = row0 + 8 * h;
     if (lane % 4 == 0 && q < sh.T)
-      lse[static_cast<std::int64_t>(bc.bh) * sh.T + q] = (m[h] + log2f(row_sum)) * kLn2;
+      lse[static_cast<std::int64_t>(f.bc.bh) * sh.T + q] = (m[h] + log2f(row_sum)) * kLn2;
   }
-  store_rows<T, false, kD>(out + static_cast<std::int64_t>(bc.b) * sh.T * sh.C + bc.h * sh.hs, sh.C,
-                           o, inv, row0, sh.T, sh.async16, lane);
+  store_rows<T, false, kD>(out + f.out0, sh.C, o, inv, row0, sh.T, sh.async16, lane);
 }
 
 void forward(void* out, float* lse, const void* qkv, const AttentionShape& sh, DType t,

@@ -22,12 +22,7 @@ using ::zo::simt::cp_async_ca;
 using ::zo::simt::cp_async_cg16;
 using ::zo::simt::cp_async_commit;
 using ::zo::simt::cp_async_wait;
-using ::zo::simt::ldmatrix_x1;
-using ::zo::simt::ldmatrix_x1_trans;
-using ::zo::simt::ldmatrix_x2;
-using ::zo::simt::ldmatrix_x2_trans;
 using ::zo::simt::ldmatrix_x4;
-using ::zo::simt::ldmatrix_x4_trans;
 using ::zo::simt::mma_m16n8k16;
 
 #else
@@ -56,36 +51,19 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const std::uint32_t 
   }
 }
 
-// `row`: this lane's row address (lanes 8 i .. 8 i + 7: rows of matrix i); r[i]: matrix i.
-__device__ __forceinline__ void ldmatrix_x1(std::uint32_t (&r)[1], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
-               : "=r"(r[0])
-               : "r"(smem_address(row)));
-}
-__device__ __forceinline__ void ldmatrix_x2(std::uint32_t (&r)[2], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_address(row)));
-}
+// Four 8x8 matrices: `row` is this lane's row address (lanes 8 i .. 8 i + 7: rows of matrix i),
+// r[i] receives matrix i (transposed with kTrans).
+template <bool kTrans = false>
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(row)));
-}
-__device__ __forceinline__ void ldmatrix_x1_trans(std::uint32_t (&r)[1], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
-               : "=r"(r[0])
-               : "r"(smem_address(row)));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(std::uint32_t (&r)[2], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_address(row)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(row)));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(row)));
+  }
 }
 
 // kBytes (4, 8, 16) from global src to shared dst, both aligned to kBytes; only src_bytes are

@@ -56,29 +56,10 @@ void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, 
   mma_m16n8k16(std::is_same_v<T, __half> ? MmaInput::kF16 : MmaInput::kBF16, d, a, b0, b1, where);
 }
 
-inline void ldmatrix_x1(std::uint32_t (&r)[1], const void* row,
-                        const std::source_location& where = std::source_location::current()) {
-  ldmatrix(1, false, r, row, where);
-}
-inline void ldmatrix_x2(std::uint32_t (&r)[2], const void* row,
-                        const std::source_location& where = std::source_location::current()) {
-  ldmatrix(2, false, r, row, where);
-}
-inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row,
-                        const std::source_location& where = std::source_location::current()) {
-  ldmatrix(4, false, r, row, where);
-}
-inline void ldmatrix_x1_trans(std::uint32_t (&r)[1], const void* row,
-                              const std::source_location& where = std::source_location::current()) {
-  ldmatrix(1, true, r, row, where);
-}
-inline void ldmatrix_x2_trans(std::uint32_t (&r)[2], const void* row,
-                              const std::source_location& where = std::source_location::current()) {
-  ldmatrix(2, true, r, row, where);
-}
-inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row,
-                              const std::source_location& where = std::source_location::current()) {
-  ldmatrix(4, true, r, row, where);
+template <bool kTrans = false>
+void ldmatrix_x4(std::uint32_t (&r)[4], const void* row,
+                 const std::source_location& where = std::source_location::current()) {
+  ldmatrix(4, kTrans, r, row, where);
 }
 
 template <int kBytes>
