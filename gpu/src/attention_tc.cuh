@@ -48,6 +48,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention.cuh"
 #include "cast.cuh"
