@@ -419,12 +419,16 @@ std::vector<OpCase> make_cases() {
   add("AccumulateF32" + dim("n", n), [n](OpRun& r) { accumulate_f32(r, n); });
   // Head sizes 16 with odd T, GPT-2's 64 past one 64-row tile, 100 (32-row tiles, two chunks),
   // 10 (not a multiple of 4: the scalar loads); a single token; T 150 (several host query blocks).
+  // Heads of 64 and 128 take the tensor-core kernels in bf16 and fp16: 128 with T 1 and 77 (3
+  // loop tiles of 32 rows in the backward), 64 with B 2 and T 200 (4 tiles of 64, the last with
+  // 8 rows: double buffers refilled). Every case runs twice for the same bits.
   using zo::dev::AttentionArgs;
   for (const AttentionArgs a :
        {AttentionArgs{2, 13, 48, 3}, AttentionArgs{1, 77, 128, 2}, AttentionArgs{1, 40, 200, 2},
-        AttentionArgs{2, 9, 30, 3}, AttentionArgs{1, 1, 16, 1}, AttentionArgs{2, 150, 32, 2}}) {
-    add("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
-        [a](OpRun& r) { attention(r, a); });
+        AttentionArgs{2, 9, 30, 3}, AttentionArgs{1, 1, 16, 1}, AttentionArgs{2, 150, 32, 2},
+        AttentionArgs{1, 1, 128, 1}, AttentionArgs{1, 77, 256, 2}, AttentionArgs{2, 200, 64, 1}}) {
+    add_repeatable("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
+                   [a](OpRun& r) { attention(r, a); });
   }
   // GPT-2's vocabulary packed (odd rows: unaligned) and in the CUDA backend's padded rows;
   // 40 x 1999 splits into several host blocks.

@@ -94,7 +94,8 @@ void launch_matmul_dgelu_backward(MatmulContext* ctx, void* dpre, void* dweight,
                                   const void* pre, int N, int C, int OC, DType t, cudaStream_t s);
 
 // ---- attention (attention_forward.cu, attention_backward.cu) ----------------------------------
-// Causal, flash-style: never materialises (B,NH,T,T).
+// Causal, flash-style: never materialises (B,NH,T,T). bf16/fp16 with head sizes 64 and 128 run on
+// tensor cores (fp32 accumulation), everything else on fp32 FMA; both deterministic.
 // qkv (B,T,3C) as [q | k | v]; out (B,T,C) written; lse (B,NH,T) fp32 written (natural log of
 // the row sums of exp(score) with score = q.k / sqrt(hs)).
 void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
