@@ -518,6 +518,11 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
+// Scheduling flags only change how host threads wait; the emulator's waits always block.
+cudaError_t cudaSetDeviceFlags(unsigned int) {
+  return cudaSuccess;
+}
+
 // Priorities order the work of concurrent streams on a GPU; the emulator runs streams as threads
 // and accepts any priority in the H100's range [-5, 0] (lower is more urgent).
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
