@@ -87,7 +87,8 @@ TEST(ModelSpec, HugeSpecsAreRefusedBeforeAnyWork) {
   // Every dimension within its bound, the product not: 4096 layers of width 65536 is 2.1e14.
   expect_invalid(with({{"n_layer", 4096}, {"n_embd", 65536}, {"n_head", 1}}),
                  "the model has 2.11e+14 parameters, above the supported 4.4e+12");
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  // A hang guard, not a speed check: building any of these would take minutes.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
   // The largest preset is well inside the bounds.
   EXPECT_LT(zo::model::load_model_spec("gpt-13b").num_parameters(), zo::model::kMaxParameters);
 }

@@ -671,7 +671,8 @@ TEST(TrainerErrors, FlagsAndDataProblems) {
   c.device_memory = std::size_t{1} << 30;
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_NE(error_of([&] { Trainer t(c); }).find("does not fit"), std::string::npos);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  // A hang guard, not a speed check: initialising 1e9 parameters first would take minutes.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
 }
 
 TEST(TrainerErrors, DeviceMemoryTooSmallIsRefusedWithThePlan) {

@@ -556,6 +556,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return synchronize(worker_of(stream));
 }
 
+// Host functions run on the stream's worker in order with its kernels (CUDA runs them on a driver
+// thread, with the stream held until they return).
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (fn == nullptr) return record(cudaErrorInvalidValue);
+  if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  zo::simt::enqueue(stream, [fn, user_data] { fn(user_data); });
+  return cudaSuccess;
+}
+
 // ---- events -------------------------------------------------------------------------------------
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
