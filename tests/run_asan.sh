@@ -16,6 +16,7 @@
 # logic runs here through test_offload's in-process communicator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tests/known_targets.sh
 bash .ci/install-deps
 
 build_dir=${ASAN_BUILD_DIR:-build-asan}
@@ -28,21 +29,8 @@ start=$SECONDS
 cmake -S . -B "$build_dir" -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BUILD_BENCH=OFF \
   -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-# Only suites this tree declares (tests/CMakeLists.txt adds a module's suite once its source
-# exists); works for the Makefile and Ninja generators.
-known=$(cmake --build "$build_dir" --target help)
-targets=()
-for t in "${suites[@]}"; do
-  if grep -qE "(^|[ .])${t}(:|[[:space:]]|$)" <<<"$known"; then
-    targets+=("$t")
-  else
-    echo "run_asan: no target $t in this tree; skipping it"
-  fi
-done
-if [[ ${#targets[@]} -eq 0 ]]; then
-  echo "run_asan: none of ${suites[*]} is a target here; nothing to run" >&2
-  exit 1
-fi
+found=$(known_targets run_asan "$build_dir" "${suites[@]}")
+read -r -a targets <<<"$found"
 # test_cli depends on offload_train, so the binary it runs is instrumented too.
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 echo "run_asan: configure + build took $((SECONDS - start)) s"
