@@ -65,6 +65,14 @@ void expect_clear_error(F&& f) {
   }
 }
 
+// A property every accepted input must have; a violation is a bug like a sanitizer report.
+inline void require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "fuzz target: invariant violated: %s\n", what);
+    std::abort();
+  }
+}
+
 // The smallest GPT-2 the trainer accepts, for checkpoints and weight files of a few KiB.
 inline model::ModelSpec micro_spec() {
   model::ModelSpec s;
