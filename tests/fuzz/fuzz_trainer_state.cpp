@@ -4,6 +4,7 @@
 // the step, tokens, data cursor and loss scaler. The directory holds a real checkpoint's other
 // files (fixtures.h); MANIFEST.json is rewritten for each input so that it always verifies.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -53,8 +54,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const nlohmann::json state = zo::train::read_trainer_state(fx.dir);
     const zo::model::ModelSpec spec = zo::train::checkpoint_spec(state);
     if (!spec.same_architecture(fx.layout.spec())) return;
-    // Session::init_weights.
+    // Session::init_weights. An accepted checkpoint sets every weight and moment: NaN before
+    // the load marks what it did not.
+    const auto poison = [](float* p, std::size_t n) { std::fill_n(p, n, NAN); };
+    const auto all_set = [](const float* p, std::size_t n) {
+      return std::none_of(p, p + n, [](float x) { return std::isnan(x); });
+    };
+    const std::size_t n = fx.opt->size();
+    auto* m = static_cast<float*>(fx.opt->exp_avg().data);
+    auto* v = static_cast<float*>(fx.opt->exp_avg_sq().data);
+    poison(fx.opt->master().data(), n);
+    poison(m, n);
+    poison(v, n);
     const nlohmann::json st = zo::train::load_checkpoint(fx.dir, fx.layout, *fx.opt);
+    zo::fuzz::require(all_set(fx.opt->master().data(), n) && all_set(m, n) && all_set(v, n),
+                      "an accepted checkpoint left weights or moments unset");
     (void)st.at("step").get<std::int64_t>();
     (void)st.at("tokens").get<std::int64_t>();
     fx.loader->reset();
