@@ -21,10 +21,11 @@ $bin train --model tiny --steps 300 -b 4 --seq-len 64 --lr 3e-3 --warmup 20 --lo
   --eval-every 100 --checkpoint-dir "$out/ckpt" --checkpoint-every 100 \
   --metrics "$out/metrics.jsonl"
 echo
-# Continue from the newest checkpoint to step 350. (A resumed run with the same flags continues
-# bit for bit; raising --steps stretches the lr schedule to the new total.)
-$bin train --checkpoint-dir "$out/ckpt" --resume latest --steps 350 -b 4 --seq-len 64 --lr 3e-3 \
-  --warmup 20 --log-every 25 --metrics "$out/metrics.jsonl"
+# Continue from the newest checkpoint to step 350. The run's settings (batch, lr schedule, ...)
+# come from the checkpoint; its lr schedule spans the first run's 300 steps, so steps 301..350 run
+# at the final lr (--lr-schedule-steps would plan a longer one).
+$bin train --checkpoint-dir "$out/ckpt" --resume latest --steps 350 --log-every 25 \
+  --metrics "$out/metrics.jsonl"
 echo
 echo "sampled continuation of tokens 1,2,3:"
 $bin sample --checkpoint latest --checkpoint-dir "$out/ckpt" --prompt-tokens 1,2,3 -n 24 --ids

@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "run_binary.h"
 
@@ -111,6 +113,79 @@ TEST(Cli, TrainResumeExportSample) {
   ASSERT_EQ(r.code, 0) << r.out;
 }
 
+// The README's worked example, command for command, in a scratch directory: every line
+// succeeds, and the resumed run is the same run (its lr and warmup come from the checkpoint).
+TEST(Cli, ReadmeWorkedExampleRuns) {
+  std::ifstream in(std::string(ZO_SOURCE_DIR) + "/README.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const auto h = text.find("## A worked example");
+  ASSERT_NE(h, std::string::npos);
+  std::string script;
+  std::istringstream lines(text.substr(h));
+  std::string line;
+  std::getline(lines, line);  // the heading
+  std::getline(lines, line);  // the blank line before the block
+  while (std::getline(lines, line) && line.rfind("    ", 0) == 0)
+    script += line.substr(4) + "\n";
+  ASSERT_NE(script.find("--resume latest"), std::string::npos) << script;
+  TempDir d;
+  const std::string binary = ZO_OFFLOAD_TRAIN_BIN;
+  const auto at = script.find("B=build/src/offload_train");
+  ASSERT_NE(at, std::string::npos) << script;
+  script.replace(at, std::string("B=build/src/offload_train").size(), "B=" + binary);
+  std::ofstream(d.path / "example.sh") << "set -e\n" << script;
+  const Result r = zo::test::run_command("cd " + d.path.string() + " && bash example.sh");
+  ASSERT_EQ(r.code, 0) << script << "\n" << r.out;
+  const fs::path last = d.path / "runs" / "demo" / "step_00000350";
+  ASSERT_TRUE(fs::exists(last / "MANIFEST.json")) << r.out;
+  std::ifstream state(last / "trainer_state.json");
+  const auto config = nlohmann::json::parse(state).at("config");
+  EXPECT_FLOAT_EQ(config.at("lr").get<float>(), 3e-3f);
+  EXPECT_EQ(config.at("warmup"), 20);
+  EXPECT_EQ(config.at("lr_schedule_steps"), 300);
+  EXPECT_TRUE(fs::exists(d.path / "tiny.safetensors"));
+}
+
+// A mistyped flag or subcommand names the nearest valid one; every mistake is one line starting
+// "offload_train: error:" and exits 2.
+TEST(Cli, MistakesSuggestTheNearestFlagOrSubcommand) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --lrr 3e-3", "unknown flag '--lrr', did you mean --lr?"},
+      {"train --gradaccum 2", "did you mean --grad-accum?"},
+      {"plan --modle tiny", "did you mean --model?"},
+      {"info --jsn", "did you mean --json?"},
+      {"tran --steps 1", "unknown subcommand 'tran', did you mean train?"},
+      {"train --wholly-unknown",
+       "unknown flag '--wholly-unknown' (see offload_train train --help)"},
+      {"train --steps x", "--steps"},
+      {"train -b 1 --micro-batch 2", "--micro-batch"},
+  };
+  for (const auto& [args, want] : cases) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("offload_train: error: ", 0), 0u) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
+  }
+  EXPECT_EQ(run("train --help").code, 0);
+}
+
+// --device-memory and --host-memory take binary and decimal units; the plan prints both.
+TEST(Cli, PlanTakesHostMemoryAndPrintsBothUnits) {
+  const Result r =
+      run("plan --model gpt-6.7b --precision bf16 --mode offload --device-memory 80GB "
+          "--host-memory 64GiB");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("of 74.51 GiB (80.00 GB)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of 64.00 GiB (68.72 GB) available  DOES NOT FIT"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(run("plan --model gpt-6.7b --precision bf16 --mode offload --device-memory 80GB "
+                "--host-memory 1TB")
+                .code,
+            0);
+}
+
 TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   Result r = run("train --no-such-flag");
   EXPECT_EQ(r.code, 2);
@@ -140,6 +215,33 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   r = run("sample --prompt-tokens 1,x --init-from a --model tiny");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'x'"), std::string::npos);
+}
+
+// Numbers a user can get wrong exit 1 naming the flag; sampling no tokens is not an error.
+TEST(Cli, SampleEdgesAndNonFiniteFlags) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --steps 1 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string sample = "sample --checkpoint latest --checkpoint-dir " + ckpt + " ";
+  r = run(sample + "-n 0 --ids --prompt-tokens 1,2");  // used to corrupt the heap
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "\n");
+  const std::pair<std::string, std::string> bad[] = {
+      {sample + "--temperature inf -n 2", "--temperature must be finite"},
+      {sample + "--temperature nan -n 2", "--temperature must be finite"},
+      {sample + "--top-k 1000 -n 2", "--top-k 1000 exceeds"},
+      {sample + "--prompt-tokens 4294967297 -n 2", "'4294967297' is not a token id"},
+      {"train --steps 1 --comm-timeout inf", "--comm-timeout"},
+      {"train --steps 1 --adam-eps inf", "--adam-eps"},
+      {"train --steps 1 --weight-decay inf", "--weight-decay"},
+  };
+  for (const auto& [args, message] : bad) {
+    r = run(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("offload_train: error: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+  }
 }
 
 }  // namespace

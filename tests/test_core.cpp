@@ -88,6 +88,9 @@ TEST(Bytes, FormatPicksTheLargestUnitBelowTheValue) {
   EXPECT_EQ(zo::format_bytes(1024), "1.00 KiB");
   EXPECT_EQ(zo::format_bytes(std::size_t{3} << 29), "1.50 GiB");
   EXPECT_EQ(zo::format_bytes(~std::size_t{0}), "16.00 EiB");
+  EXPECT_EQ(zo::format_bytes_si(999), "999 B");
+  EXPECT_EQ(zo::format_bytes_si(std::size_t{80} << 30), "85.90 GB");
+  EXPECT_EQ(zo::format_bytes_si(80'000'000'000), "80.00 GB");
 }
 
 TEST(Bytes, ParseReadsBinaryAndDecimalUnitsAndRefusesTheRest) {

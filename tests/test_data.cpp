@@ -598,6 +598,27 @@ TEST(Loader, RestoreRejectsOtherDataOrConfig) {
   nlohmann::json broken = state;
   broken["batches_served"] = "many";
   expect_data_error([&] { loader.restore(broken); }, {"malformed"});
+  for (const nlohmann::json& v :
+       {nlohmann::json(-1), nlohmann::json(1.5), nlohmann::json(uint64_t{1} << 60)}) {
+    broken = state;
+    broken["batches_served"] = v;  // -1 used to wrap to 2^64 - 1, 1.5 to truncate to 1
+    expect_data_error([&] { loader.restore(broken); },
+                      {"batches_served = " + v.dump() + " is not an integer in [0, "});
+  }
+  broken = state;
+  broken["epoch"] = 7;
+  expect_data_error([&] { loader.restore(broken); },
+                    {"epoch = 7 does not follow from batches_served 3"});
+  broken = state;
+  broken["config"]["world_size"] = -2;
+  expect_data_error([&] { loader.restore(broken); }, {"world_size = -2 is not an integer"});
+  broken = state;
+  broken["config"]["batch_size"] = int64_t{1} << 40;  // times the ranks would overflow
+  expect_data_error([&] { loader.restore(broken); }, {"batch_size = 1099511627776"});
+  // A file entry without its token count, read when the entries differ.
+  broken = state;
+  broken["data"]["files"][0].erase("tokens");
+  expect_data_error([&] { loader.restore(broken); }, {"data file #0", "(? tokens"});
   EXPECT_EQ(loader.batches_served(), 3u);  // a failed restore changes nothing
 }
 

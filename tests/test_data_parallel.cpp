@@ -46,14 +46,6 @@ Result single(const std::string& args) {
   return run_command(kBin + kCommon + " " + args);
 }
 
-std::vector<nlohmann::json> read_metrics(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);)
-    out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 std::string bytes_of(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -86,7 +78,7 @@ TEST(DataParallel, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
     const Result r =
         ranks(2, "--micro-batch 2 --eval-every 3 --metrics " + two.string() + " " + extra);
     ASSERT_EQ(r.code, 0) << r.out;
-    const auto a = read_metrics(one), b = read_metrics(two);
+    const auto a = zo::test::read_jsonl(one), b = zo::test::read_jsonl(two);
     expect_close(a, b);
     ASSERT_EQ(a.size(), 6u);
     for (std::size_t i : {2u, 5u}) {  // validation over the same windows
@@ -118,7 +110,7 @@ TEST(DataParallel, ReferenceLossesArePinned) {
     ASSERT_EQ(r.code, 0) << r.out;
     std::vector<double> got;
     std::string text;
-    for (const auto& j : read_metrics(m)) {
+    for (const auto& j : zo::test::read_jsonl(m)) {
       got.push_back(j["loss"].get<double>());
       text += j["loss"].dump() + ", ";
     }
@@ -149,7 +141,8 @@ TEST(DataParallel, TwoRankResumeEqualsUninterruptedBitForBit) {
   r = ranks(2, "--micro-batch 2 --checkpoint-dir " + part.string() + " --resume latest --metrics " +
                    (d.path / "b.jsonl").string());
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto a = read_metrics(d.path / "a.jsonl"), b = read_metrics(d.path / "b.jsonl");
+  const auto a = zo::test::read_jsonl(d.path / "a.jsonl"),
+             b = zo::test::read_jsonl(d.path / "b.jsonl");
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
@@ -172,7 +165,7 @@ TEST(DataParallel, ResumesWithAnotherRankCountAtTheSameGlobalBatch) {
   r = ranks(2, "--micro-batch 2 --checkpoint-dir " + (d.path / "two").string() +
                    " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "two.jsonl").string());
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto ref = read_metrics(d.path / "ref.jsonl");
+  const auto ref = zo::test::read_jsonl(d.path / "ref.jsonl");
   // 2 ranks -> 1 process (shards re-partitioned) and 1 process -> 2 ranks (whole file split).
   const struct {
     const char* from;
@@ -189,7 +182,7 @@ TEST(DataParallel, ResumesWithAnotherRankCountAtTheSameGlobalBatch) {
                              dir.string() + " --resume latest --metrics " + m;
     r = c.n == 1 ? single(args) : ranks(c.n, args);
     ASSERT_EQ(r.code, 0) << r.out;
-    expect_close(std::vector<nlohmann::json>(ref.begin() + 3, ref.end()), read_metrics(m));
+    expect_close(std::vector<nlohmann::json>(ref.begin() + 3, ref.end()), zo::test::read_jsonl(m));
   }
   // A different global batch would read other windows: refused, naming both.
   const fs::path dir = d.path / "resume_bad";

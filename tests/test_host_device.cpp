@@ -24,6 +24,7 @@
 
 #include "core/dtype.h"
 #include "device/device.h"
+#include "device/event_clock.h"
 #include "device/host_stream.h"
 #include "op_cases.h"
 
@@ -570,6 +571,28 @@ TEST(HostEvents, NeverRecordedEventIsANoOp) {
   EXPECT_TRUE(ran);
   auto e2 = env.dev->create_event();
   EXPECT_THROW(e->elapsed_ms_since(*e2), std::logic_error);
+}
+
+// The trace's clock: an event recorded after the clock exists maps to a host time no earlier than
+// when the host recorded it, even when the stream was busy as the clock was made (a clock
+// anchored before the stream reached its origin placed every device span early).
+TEST(HostEvents, EventClockNeverPlacesWorkBeforeItWasEnqueued) {
+  auto dev = zo::dev::make_host_device({});
+  auto s = dev->create_stream();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto now_us = [&] {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  };
+  dynamic_cast<HostStream&>(*s).enqueue(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  const zo::dev::EventClock clock(*dev, *s, now_us);
+  auto e = dev->create_event();
+  const double recorded_at = now_us();
+  dev->record(*e, *s);
+  e->synchronize();
+  EXPECT_GE(clock.us(*e), recorded_at);
+  EXPECT_LT(clock.us(*e), recorded_at + 20000.0) << "placed far later than it ran";
 }
 
 TEST(HostEvents, QuerySynchronizeAndElapsed) {

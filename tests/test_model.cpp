@@ -1,7 +1,9 @@
 // Model spec, parameter layout, initialisation, and the whole GPT's gradient against finite
 // differences on the host backend.
 #include <gtest/gtest.h>
+
 #include <tbb/global_control.h>
+#include <chrono>
 
 #include <unistd.h>
 #include <cmath>
@@ -65,6 +67,29 @@ TEST(ModelSpec, JsonWithGpt2KeysAndErrors) {
   expect_invalid([&] { zo::model::model_spec_from_json(missing, "t"); },
                  "missing key 'vocab_size'");
   expect_invalid([] { zo::model::load_model_spec("gpt2-9000m"); }, "presets: tiny");
+}
+
+// Specs far beyond any machine are refused by the spec's own arithmetic, at once, before a layout
+// of millions of tensors or a plan is built; no parameter count wraps around size_t.
+TEST(ModelSpec, HugeSpecsAreRefusedBeforeAnyWork) {
+  const nlohmann::json ok = {
+      {"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"vocab_size", 5}, {"block_size", 4}};
+  auto with = [&](nlohmann::json changes) {
+    nlohmann::json j = ok;
+    j.update(changes);
+    return [j] { zo::model::model_spec_from_json(j, "t"); };
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_invalid(with({{"n_layer", 1000000}}), "n_layer = 1000000 is above the supported 4096");
+  expect_invalid(with({{"vocab_size", 1 << 30}}), "vocab_size");
+  expect_invalid(with({{"n_embd", 1 << 20}, {"n_head", 1}}), "n_embd");
+  expect_invalid(with({{"block_size", 1 << 30}}), "block_size");
+  // Every dimension within its bound, the product not: 4096 layers of width 65536 is 2.1e14.
+  expect_invalid(with({{"n_layer", 4096}, {"n_embd", 65536}, {"n_head", 1}}),
+                 "the model has 2.11e+14 parameters, above the supported 4.4e+12");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  // The largest preset is well inside the bounds.
+  EXPECT_LT(zo::model::load_model_spec("gpt-13b").num_parameters(), zo::model::kMaxParameters);
 }
 
 TEST(ModelSpec, LoadsFileAndRejectsBadJson) {

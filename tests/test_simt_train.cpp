@@ -31,6 +31,7 @@ struct Steps {
 Steps train(const char* binary, const std::string& extra, const fs::path& dir,
             const std::string& name) {
   const fs::path metrics = dir / (name + ".jsonl");
+  fs::remove(metrics);  // runs of the same name replace each other's metrics
   const std::string cmd = std::string(binary) +
                           " train --model tiny -b 2 --seq-len 32 --seed 5 --lr 3e-3 --warmup 2"
                           " --eval-batches 1 -q --metrics " +

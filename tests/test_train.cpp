@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,9 @@
 #include "data/shard.h"
 #include "data/synthetic.h"
 #include "data/token_source.h"
+#include "input_test.h"
 #include "model/hf_weights.h"
+#include "optim/host_optimizer.h"
 #include "train/checkpoint_io.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -42,15 +45,7 @@ struct TempDir {
   }
 };
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using zo::test::error_of;
 
 TrainConfig tiny_config(std::int64_t steps = 8) {
   TrainConfig c;
@@ -159,7 +154,7 @@ TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
 // On the host backend both modes run the same fp32 CPU Adam kernel, once through the device's
 // adamw op over device-resident state and once through the host optimizer: identical bits.
 TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {
-  TempDir a, b;
+  TempDir a, b, c;
   TrainConfig off = tiny_config(5);
   // Clipping off: with it the global norm is summed in another order (per bucket) and the clip
   // coefficient may differ in the last bit (OffloadEqualsResidentForAnyBucketSize below).
@@ -178,6 +173,7 @@ TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {
   cont.steps = 7;
   cont.lr.total_steps = 7;
   cont.resume = (a.path / "step_00000005").string();
+  cont.checkpoint_dir = c.path.string();  // b holds another run's checkpoints
   EXPECT_EQ(Trainer(cont).run().first_step, 5);
   res.optimizer_state = zo::DType::kBF16;
   EXPECT_NE(error_of([&] { Trainer t(res); }).find("--mode offload"), std::string::npos);
@@ -336,6 +332,23 @@ TEST(Trainer, TraceHasEveryPipelineStage) {
   for (const char* t : {"main", "compute", "d2h", "adam", "h2d"})
     EXPECT_GT(spans[t], 0) << t;
   EXPECT_EQ(spans["main"], 3);
+  // The first spans in causal order on one clock: step 1 begins, its forward, its backward,
+  // then its gradient copies (device spans never start before the host enqueued their work).
+  auto first = [&](const std::string& track, const std::string& name) {
+    double t = INFINITY;
+    for (const auto& ev : j.at("traceEvents")) {
+      if (ev.at("ph") == "X" && tracks.at(ev.at("tid").get<int>()) == track &&
+          ev.at("name").get<std::string>().rfind(name, 0) == 0) {
+        t = std::min(t, ev.at("ts").get<double>());
+      }
+    }
+    return t;
+  };
+  const double step = first("main", "step"), fwd = first("compute", "forward"),
+               bwd = first("compute", "backward"), copy = first("d2h", "bucket");
+  EXPECT_LE(step, fwd);
+  EXPECT_LT(fwd, bwd);
+  EXPECT_LE(bwd, copy);
 }
 
 // A power-of-two loss scale changes no bit in fp32: every backward op is linear in the scale,
@@ -346,6 +359,63 @@ TEST(Trainer, StaticLossScaleIsExactInFp32) {
   TrainConfig scaled = off;
   scaled.loss_scale = "65536";
   EXPECT_EQ(Trainer(off).run().losses, Trainer(scaled).run().losses);
+}
+
+// Steps whose gradients keep overflowing make no progress: after --max-nonfinite-steps of them in
+// a row the run stops with a reason and exit status 1, instead of "training" to the end.
+TEST(Trainer, ConsecutiveNonFiniteStepsStopTheRun) {
+  TrainConfig c = tiny_config(8);
+  c.inject_overflow_steps = {2, 4, 5, 6};
+  c.max_nonfinite_steps = 3;
+  auto s = Trainer(c).run();
+  EXPECT_EQ(s.steps_done, 6);
+  EXPECT_EQ(s.exit_status, 1);
+  EXPECT_NE(s.stopped.find("stopped at step 6: the last 3 steps had non-finite gradients"),
+            std::string::npos)
+      << s.stopped;
+  c.max_nonfinite_steps = 4;  // three in a row is within bounds
+  s = Trainer(c).run();
+  EXPECT_EQ(s.steps_done, 8);
+  EXPECT_TRUE(s.stopped.empty()) << s.stopped;
+  c.max_nonfinite_steps = 0;  // never
+  c.inject_overflow_steps = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(Trainer(c).run().exit_status, 0);
+}
+
+// Weights or moments that cannot be trained from are refused before the first step, naming the
+// tensor: a NaN or Inf in --init-from weights, a negative second moment in a checkpoint.
+TEST(TrainerErrors, NonFiniteWeightsAndNegativeMomentsAreRefusedByName) {
+  TempDir d;
+  const auto spec = zo::model::load_model_spec("tiny");
+  const zo::model::ParameterLayout layout(spec);
+  std::vector<float> w(layout.size());
+  zo::model::init_gpt2(layout, 3, w.data());
+  const auto& fc = layout.find("h.1.mlp.c_fc.weight");
+  for (const float bad : {NAN, INFINITY}) {
+    std::vector<float> v = w;
+    v[fc.offset + 5] = bad;
+    const fs::path file = d.path / "bad.safetensors";
+    zo::model::export_hf_weights(file, layout, v, zo::DType::kF32);
+    TrainConfig c = tiny_config(2);
+    c.init_from = file.string();
+    const std::string e = error_of([&] { Trainer t(c); });
+    EXPECT_NE(e.find("weights of h.1.mlp.c_fc.weight"), std::string::npos) << e;
+    EXPECT_NE(e.find("--init-from"), std::string::npos) << e;
+  }
+  // A checkpoint written with one negative Adam v.
+  const fs::path ckpt = train_checkpointed(d.path / "ok", 2);
+  zo::optim::OptimizerConfig oc;
+  zo::optim::HostOptimizer opt(layout, oc);
+  nlohmann::json state = zo::train::load_checkpoint(ckpt, layout, opt);
+  const auto& ln = layout.find("h.0.ln_2.bias");
+  static_cast<float*>(opt.exp_avg_sq().data)[ln.offset + 3] = -1.0f;
+  const fs::path bad = d.path / "bad";
+  fs::create_directories(bad);
+  const fs::path saved = zo::train::save_checkpoint(bad, layout, opt, state, 0);
+  TrainConfig r = tiny_config(4);
+  r.resume = saved.string();
+  const std::string e = error_of([&] { Trainer t(r); });
+  EXPECT_NE(e.find("Adam v of h.0.ln_2.bias [3]: negative"), std::string::npos) << e;
 }
 
 TEST(Trainer, InjectedOverflowSkipsExactlyOneStepAndBacksOff) {
@@ -581,6 +651,27 @@ TEST(TrainerErrors, FlagsAndDataProblems) {
   c = tiny_config();
   c.init_from = (d.path / "big.bin").string();  // not a safetensors file
   EXPECT_NE(error_of([&] { Trainer t(c); }).find("big.bin"), std::string::npos);
+  // Count flags far out of range are refused by their bounds before anything is sized by them.
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> counts = {
+      {[](TrainConfig& x) { x.grad_accum = 1 << 30; }, "--grad-accum must be in 1..4096"},
+      {[](TrainConfig& x) { x.eval_batches = 1 << 30; }, "--eval-batches in 1..1048576"},
+      {[](TrainConfig& x) { x.micro_batch = 1 << 30; }, "--micro-batch must be in 1..65536"},
+      {[](TrainConfig& x) { x.steps = std::int64_t{1} << 60; }, "--steps must be in 1.."},
+  };
+  for (const auto& [set, want] : counts) {
+    c = tiny_config();
+    set(c);
+    EXPECT_NE(error_of([&] { Trainer t(c); }).find(want), std::string::npos) << want;
+  }
+  // A vocabulary too large for the memory is refused by the plan, before the data is opened.
+  c = tiny_config();
+  c.model = (d.path / "wide.json").string();
+  std::ofstream(c.model) << R"({"n_layer": 1, "n_head": 1, "n_embd": 64, "vocab_size": 16000000,
+                               "block_size": 64})";
+  c.device_memory = std::size_t{1} << 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(error_of([&] { Trainer t(c); }).find("does not fit"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
 
 TEST(TrainerErrors, DeviceMemoryTooSmallIsRefusedWithThePlan) {

@@ -7,17 +7,32 @@
 
 namespace zo {
 
-std::string format_bytes(std::size_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+namespace {
+
+// bytes in the largest unit of `units` (each `base` times the last) that is at most the value.
+template <std::size_t N>
+std::string format_in(std::size_t bytes, double base, const char* const (&units)[N]) {
   double v = static_cast<double>(bytes);
   std::size_t u = 0;
-  while (v >= 1024.0 && u + 1 < std::size(kUnits)) {
-    v /= 1024.0;
+  while (v >= base && u + 1 < N) {
+    v /= base;
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, kUnits[u]);
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
   return buf;
+}
+
+}  // namespace
+
+std::string format_bytes(std::size_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  return format_in(bytes, 1024.0, kUnits);
+}
+
+std::string format_bytes_si(std::size_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  return format_in(bytes, 1000.0, kUnits);
 }
 
 std::size_t parse_bytes(const std::string& text) {

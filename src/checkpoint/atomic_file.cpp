@@ -188,14 +188,53 @@ void write_file_atomic(const fs::path& path, std::string_view text) {
   write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }
 
-std::string read_file(const fs::path& path, std::uint64_t max_bytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    throw CheckpointError("cannot open " + quoted(path) + ": " + errno_text(errno) + ".");
-  }
+namespace {
+
+std::string type_problem(mode_t mode) {
+  const char* type = S_ISDIR(mode)    ? "a directory"
+                     : S_ISFIFO(mode) ? "a FIFO (named pipe)"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                                      : "something else";
+  return std::string("is ") + type + ", not a regular file";
+}
+
+std::string open_problem(int err) {
+  return err == ENOENT ? "does not exist" : "cannot be opened (" + errno_text(err) + ")";
+}
+
+}  // namespace
+
+Fd open_regular_file(const fs::path& path, std::string& problem) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw CheckpointError("cannot read " + quoted(path) + ": not a regular file.");
+  if (::stat(path.c_str(), &st) != 0) {
+    problem = open_problem(errno);
+    return Fd();
+  }
+  // Opened only if regular, non-blocking in case it became a FIFO since; then checked again.
+  const bool regular = S_ISREG(st.st_mode);
+  Fd fd(regular ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1);
+  if (regular && (fd.get() < 0 || ::fstat(fd.get(), &st) != 0)) {
+    problem = open_problem(errno);
+    return Fd();
+  }
+  if (!S_ISREG(st.st_mode)) {
+    problem = type_problem(st.st_mode);
+    return Fd();
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string read_file(const fs::path& path, std::uint64_t max_bytes) {
+  std::string problem;
+  Fd fd = open_regular_file(path, problem);
+  if (fd.get() < 0) throw CheckpointError("cannot read " + quoted(path) + ": it " + problem + ".");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw CheckpointError("cannot read " + quoted(path) + ": " + errno_text(errno) + ".");
   }
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size > max_bytes) {

@@ -41,7 +41,8 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view text)
 void write_file_atomic(const std::filesystem::path& path, const ByteProducer& produce);
 
 // Reads a whole (small) file, e.g. a JSON state file; throws CheckpointError if it is missing,
-// unreadable or larger than max_bytes.
+// unreadable, larger than max_bytes or not a regular file (a FIFO, device or directory is refused
+// without blocking).
 std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes = 256u << 20);
 
 // ---- checkpoint directories ---------------------------------------------------------------------
@@ -107,9 +108,10 @@ class AtomicDirectory {
   std::map<std::string, Written> written_;
 };
 
-// Checks `dir` against its MANIFEST.json: every listed file exists with the listed size and
-// CRC-32C. Returns the manifest; throws CheckpointError listing every missing, truncated or
-// corrupted file and advising to use an older checkpoint. Files not in the manifest are ignored.
+// Checks `dir` against its MANIFEST.json: every listed file exists as a regular file with the
+// listed size and CRC-32C, and the directory holds nothing else. Returns the manifest; throws
+// CheckpointError listing every missing, truncated, corrupted, non-regular (FIFO, device: refused
+// without blocking) or unlisted file and advising to use an older checkpoint.
 Manifest verify_directory(const std::filesystem::path& dir);
 
 // ---- rotation -----------------------------------------------------------------------------------
@@ -128,13 +130,22 @@ struct CheckpointDir {
 std::vector<CheckpointDir> list_checkpoints(const std::filesystem::path& parent,
                                             std::string_view prefix);
 
-// Deletes all but the newest keep_last_n complete checkpoints (keep_last_n == 0: keep all) and
-// returns what it deleted. Never touches temporary or incomplete directories. Each deletion
-// removes MANIFEST.json first, so a crash mid-delete leaves an incomplete (ignored) directory,
-// never a damaged one that looks complete.
-std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& parent,
-                                                      std::string_view prefix,
-                                                      std::size_t keep_last_n);
+// Deletes all but the newest keep_last_n complete checkpoints for which `belongs` is true (all of
+// them without a predicate; keep_last_n == 0: keep all) and returns what it deleted. `protect`
+// (the checkpoint just written) is never deleted and counts as kept. Never touches temporary or
+// incomplete directories. Each deletion removes MANIFEST.json first, so a crash mid-delete leaves
+// an incomplete (ignored) directory, never a damaged one that looks complete.
+std::vector<std::filesystem::path> rotate_checkpoints(
+    const std::filesystem::path& parent, std::string_view prefix, std::size_t keep_last_n,
+    const std::function<bool(const CheckpointDir&)>& belongs = {},
+    const std::filesystem::path& protect = {});
+
+// Moves the given checkpoints of `parent` into `parent`/<folder> (created), keeping their names,
+// so that neither `latest` nor rotation sees them again; returns their new paths. Throws
+// CheckpointError naming the directory that could not be moved (the others stay moved).
+std::vector<std::filesystem::path> move_checkpoints_aside(const std::filesystem::path& parent,
+                                                          const std::vector<CheckpointDir>& dirs,
+                                                          const std::string& folder);
 
 // Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."):
 // never deleted automatically (another process may be writing one); the trainer can report them

@@ -38,9 +38,11 @@ class Fd {
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
   int close_checked() {  // returns 0 or errno
     const int fd = std::exchange(fd_, -1);
     return (fd >= 0 && ::close(fd) != 0) ? errno : 0;
@@ -62,6 +64,13 @@ class TempFileGuard {
  private:
   std::filesystem::path path_;
 };
+
+// Opens `path` read-only if it is a regular file (symlinks followed). The type is checked with
+// stat before the open, and the open is non-blocking, so a FIFO, device, socket or directory
+// given by mistake is refused instead of blocking forever or being read as data. On failure the
+// Fd is invalid and `problem` says why: "cannot be opened (<errno text>)" or "is a FIFO (named
+// pipe), not a regular file".
+Fd open_regular_file(const std::filesystem::path& path, std::string& problem);
 
 struct WriteResult {
   std::uint64_t size;

@@ -10,12 +10,14 @@
 #include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/atomic_io_internal.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/json_input.h"
 
 namespace zo::ckpt {
 namespace fs = std::filesystem;
@@ -37,14 +39,15 @@ std::string crc_hex(std::uint32_t crc) {
 Manifest parse_manifest(const fs::path& dir, const std::string& text) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+    doc = parse_json(text);
+  } catch (const JsonError& e) {
     throw_bad_manifest(dir, std::string("invalid JSON: ") + e.what());
   }
   if (!doc.is_object() || !doc.contains("files") || !doc["files"].is_array()) {
     throw_bad_manifest(dir, "no \"files\" array");
   }
   Manifest m;
+  std::set<std::string> seen;
   for (const auto& f : doc["files"]) {
     if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("size") ||
         !f["size"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string()) {
@@ -61,6 +64,7 @@ Manifest parse_manifest(const fs::path& dir, const std::string& text) {
     if (!is_safe_relative(fs::path(e.path)) || e.path == kManifestName) {
       throw_bad_manifest(dir, "entry path '" + e.path + "' points outside the directory");
     }
+    if (!seen.insert(e.path).second) throw_bad_manifest(dir, "'" + e.path + "' is listed twice");
     m.files.push_back(std::move(e));
   }
   return m;
@@ -88,6 +92,21 @@ std::string manifest_text(const Manifest& manifest) {
   return doc.dump(2) + "\n";
 }
 
+// Every entry under `dir` other than a directory, relative and '/'-separated, sorted.
+std::vector<std::string> files_under(const fs::path& dir, std::vector<std::string>& problems) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_directory(ec) || it->is_symlink(ec)) {
+      out.push_back(it->path().lexically_relative(dir).generic_string());
+    }
+  }
+  if (ec) problems.push_back("its files cannot be listed (" + errno_text(ec.value()) + ")");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 Manifest verify_directory(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -96,7 +115,7 @@ Manifest verify_directory(const fs::path& dir) {
                           "--checkpoint-dir.");
   }
   const fs::path manifest_path = dir / kManifestName;
-  if (!fs::is_regular_file(manifest_path, ec)) {
+  if (!fs::exists(fs::symlink_status(manifest_path, ec))) {
     throw CheckpointError("checkpoint " + quoted(dir) + " has no " + std::string(kManifestName) +
                           ": it is incomplete (its write was interrupted) or was not written by "
                           "offload_train. Do not use it; resume from an older checkpoint.");
@@ -104,16 +123,36 @@ Manifest verify_directory(const fs::path& dir) {
   const Manifest m = parse_manifest(dir, read_file(manifest_path, 64u << 20));
 
   std::vector<std::string> problems;
+  // A file the manifest does not list was not written by the checkpoint's writer: refused, so
+  // that what is loaded is exactly what was checksummed.
+  const std::vector<std::string> present = files_under(dir, problems);
+  std::set<std::string> listed{std::string(kManifestName)};
+  for (const ManifestEntry& e : m.files)
+    listed.insert(e.path);
+  std::vector<std::string> unlisted;
+  for (const std::string& f : present) {
+    if (!listed.count(f)) unlisted.push_back(f);
+  }
+  if (!unlisted.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < unlisted.size() && i < 8; ++i)
+      list += (i ? ", '" : "'") + unlisted[i] + "'";
+    if (unlisted.size() > 8) list += ", ... (" + std::to_string(unlisted.size()) + " in all)";
+    problems.push_back(list + (unlisted.size() == 1 ? " is" : " are") + " not listed in " +
+                       std::string(kManifestName) +
+                       " (move files that are not part of the checkpoint out of its directory)");
+  }
   std::vector<std::byte> buf(kBufferBytes);
   for (const ManifestEntry& e : m.files) {
-    const fs::path p = dir / e.path;
-    Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-    const int open_err = fd.get() < 0 ? errno : 0;
+    if (!std::binary_search(present.begin(), present.end(), e.path)) {
+      problems.push_back("'" + e.path + "' is missing");
+      continue;
+    }
+    std::string problem;
+    Fd fd = open_regular_file(dir / e.path, problem);
     struct stat st {};
-    if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      problems.push_back(
-          "'" + e.path + "' is missing" +
-          (open_err != 0 && open_err != ENOENT ? " (" + errno_text(open_err) + ")" : ""));
+    if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) {
+      problems.push_back("'" + e.path + "' " + (fd.get() < 0 ? problem : errno_text(errno)));
       continue;
     }
     const auto size = static_cast<std::uint64_t>(st.st_size);

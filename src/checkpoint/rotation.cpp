@@ -53,13 +53,27 @@ std::vector<CheckpointDir> list_checkpoints(const fs::path& parent, std::string_
 }
 
 std::vector<fs::path> rotate_checkpoints(const fs::path& parent, std::string_view prefix,
-                                         std::size_t keep_last_n) {
+                                         std::size_t keep_last_n,
+                                         const std::function<bool(const CheckpointDir&)>& belongs,
+                                         const fs::path& protect) {
   std::vector<fs::path> deleted;
   if (keep_last_n == 0) return deleted;
-  const std::vector<CheckpointDir> all = list_checkpoints(parent, prefix);
-  if (all.size() <= keep_last_n) return deleted;
-  for (std::size_t i = 0; i + keep_last_n < all.size(); ++i) {
-    const fs::path& dir = all[i].path;
+  std::vector<CheckpointDir> ours;
+  for (const CheckpointDir& c : list_checkpoints(parent, prefix)) {
+    if (!belongs || belongs(c)) ours.push_back(c);
+  }
+  // Newest first; the protected one is kept whatever its step.
+  std::size_t kept = 0;
+  for (auto it = ours.rbegin(); it != ours.rend(); ++it) {
+    if (!protect.empty() && it->path == protect) ++kept;
+  }
+  for (auto it = ours.rbegin(); it != ours.rend(); ++it) {
+    const fs::path& dir = it->path;
+    if (!protect.empty() && dir == protect) continue;
+    if (kept < keep_last_n) {
+      ++kept;
+      continue;
+    }
     std::error_code ec;
     // Manifest first: from here on the directory counts as incomplete and is never resumed from.
     fs::remove(dir / kManifestName, ec);
@@ -71,7 +85,35 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& parent, std::string_vie
     }
     deleted.push_back(dir);
   }
+  std::reverse(deleted.begin(), deleted.end());  // oldest first
   return deleted;
+}
+
+std::vector<fs::path> move_checkpoints_aside(const fs::path& parent,
+                                             const std::vector<CheckpointDir>& dirs,
+                                             const std::string& folder) {
+  std::vector<fs::path> moved;
+  if (dirs.empty()) return moved;
+  const fs::path to = parent / folder;
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  if (ec) {
+    throw CheckpointError("cannot create " + quoted(to) + " to move abandoned checkpoints into: " +
+                          ec.message() + ". Check the permissions of " + quoted(parent) + ".");
+  }
+  for (const CheckpointDir& d : dirs) {
+    const fs::path target = to / d.path.filename();
+    fs::rename(d.path, target, ec);
+    if (ec) {
+      throw CheckpointError("cannot move " + quoted(d.path) + " to " + quoted(target) + ": " +
+                            ec.message() + ". Move it by hand, or check the permissions of " +
+                            quoted(parent) + ".");
+    }
+    moved.push_back(target);
+  }
+  fsync_dir(to);
+  fsync_dir(parent);
+  return moved;
 }
 
 std::vector<fs::path> list_temporary_dirs(const fs::path& parent) {

@@ -2,7 +2,6 @@
 // JSON header and checks it against the file before any tensor is read.
 #include "checkpoint/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <utility>
 
 #include "checkpoint/atomic_io_internal.h"
+#include "checkpoint/json_input.h"
 #include "checkpoint/safetensors_internal.h"
 
 namespace zo::ckpt {
@@ -83,15 +83,14 @@ std::string shape_to_string(std::span<const std::uint64_t> shape) {
 SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   SafetensorsFile f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::string problem;
+  f.fd_ = open_regular_file(path, problem).release();
   if (f.fd_ < 0) {
-    const int err = errno;
-    fail(path, "cannot open: " + errno_text(err) +
-                   (err == ENOENT ? ". Check the path (--init-from / --resume)." : "."));
+    fail(path, "cannot open: it " + problem +
+                   ". Give the path of a .safetensors file (--init-from, --checkpoint, --resume).");
   }
   struct stat st {};
   if (::fstat(f.fd_, &st) != 0) fail(path, "cannot stat: " + errno_text(errno) + ".");
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file (a directory?).");
   f.file_size_ = static_cast<std::uint64_t>(st.st_size);
   if (f.file_size_ < 8) {
     fail(path, "file too small (" + std::to_string(f.file_size_) +
@@ -124,8 +123,8 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   f.pread_all(header.data(), header.size(), 8, none);
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::parse_error& e) {
+    doc = parse_json(header);
+  } catch (const JsonError& e) {
     fail(path, std::string("header is not valid JSON (") + e.what() +
                    "). The file is corrupted or not safetensors.");
   }

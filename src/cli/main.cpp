@@ -1,5 +1,6 @@
 // offload_train: the one binary users run. Subcommands: train, plan, export, sample, info.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -17,8 +18,12 @@
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/plan.h"
+#include "train/resume_config.h"
+#include "train/run_outputs.h"
 #include "train/sample.h"
+#include "train/stop_request.h"
 #include "train/trainer.h"
+#include "usage_errors.h"
 
 #ifndef ZO_VERSION
 #define ZO_VERSION "0.1.0"
@@ -41,7 +46,8 @@ struct ByteSize {
 };
 
 void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
-                       std::string& state_dtype, ByteSize& devmem, ByteSize& bucket) {
+                       std::string& state_dtype, ByteSize& devmem, ByteSize& hostmem,
+                       ByteSize& bucket) {
   t->add_option("--model", c.model,
                 presets_help() + "; default tiny, or the checkpoint's with --resume");
   t->add_option("--init-from", c.init_from, "start from Hugging Face GPT-2 weights (.safetensors)");
@@ -67,6 +73,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--min-lr-fraction", c.lr.min_lr_fraction, "final lr as a fraction of --lr")
       ->capture_default_str();
   t->add_option("--warmup", c.lr.warmup_steps, "linear warmup steps")->capture_default_str();
+  t->add_option("--lr-schedule-steps", c.lr.total_steps,
+                "steps the lr schedule spans (default: --steps; a resumed run keeps its own)");
   t->add_option("--lr-decay", decay, "cosine, linear or constant")->capture_default_str();
   t->add_option("--beta1", c.beta1, "Adam beta1")->capture_default_str();
   t->add_option("--beta2", c.beta2, "Adam beta2")->capture_default_str();
@@ -77,6 +85,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_flag("--decay-biases-and-norms", c.decay_biases_and_norms,
               "apply weight decay to biases and LayerNorm parameters too");
   t->add_option("--grad-clip", c.grad_clip, "global-norm gradient clipping; 0 = off")
+      ->capture_default_str();
+  t->add_option("--max-nonfinite-steps", c.max_nonfinite_steps,
+                "stop after this many consecutive steps with Inf/NaN gradients; 0 = never")
       ->capture_default_str();
   t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
       ->capture_default_str();
@@ -106,6 +117,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--device-memory", devmem.text,
                 "device memory to plan for and use, e.g. 24GiB (default: what is free less "
                 "max(512MiB, 2%) for NCCL and scratch; unlimited on the host backend)");
+  t->add_option("--host-memory", hostmem.text,
+                "host memory to plan for, e.g. 64GiB (default: what is available, this rank's "
+                "share with mpirun)");
   t->add_option("--bucket-size", bucket.text, "offload: gradient bytes per bucket (default 32MiB)");
   t->add_flag("--dpu", c.dpu,
               "offload: delayed parameter update (the CPU update overlaps the next step)");
@@ -124,7 +138,11 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--checkpoint-dir", c.checkpoint_dir, "where step_<N> checkpoint directories go");
   t->add_option("--checkpoint-every", c.checkpoint_interval,
                 "checkpoint every N steps; 0 = at the end only");
-  t->add_option("--keep", c.keep_last, "checkpoints to keep; 0 = all")->capture_default_str();
+  t->add_option("--keep", c.keep_last, "this run's checkpoints to keep; 0 = all")
+      ->capture_default_str();
+  t->add_flag("--overwrite", c.overwrite,
+              "start even where another run's checkpoints or metrics file exist (same-numbered "
+              "checkpoints and that file are replaced)");
   t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
   t->add_option("--metrics", c.metrics, "JSONL file: one object per step");
   t->add_option("--log-every", c.log_interval, "progress line every N steps")
@@ -143,22 +161,33 @@ int end_broken_job(const zo::CommError& e) {
 }
 
 int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
-              const ByteSize& devmem, const ByteSize& bucket, bool model_given) {
+              const ByteSize& devmem, const ByteSize& hostmem, const ByteSize& bucket,
+              const CLI::App& cmd) {
+  for (const std::string& key : zo::train::restored_keys()) {
+    if (cmd.count(zo::train::flag_of(key)) > 0) c.explicit_keys.insert(key);
+  }
   c.lr.decay = zo::train::parse_decay(decay);
-  c.lr.total_steps = c.steps;
+  if (cmd.count("--lr-schedule-steps") == 0) c.lr.total_steps = c.steps;
   c.optimizer_state = zo::parse_dtype(state_dtype);
   c.device_memory = devmem.bytes();
+  c.host_memory = hostmem.bytes();
   if (!bucket.text.empty()) c.bucket_size = bucket.bytes();
-  if (!model_given) c.model.clear();  // resume takes the checkpoint's spec
+  if (cmd.count("--model") == 0) c.model.clear();  // resume takes the checkpoint's spec
+  zo::train::install_stop_signals();
   zo::train::Trainer trainer(c);
+  zo::train::TrainSummary summary;
   try {
-    trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
+    summary = trainer.run([](const std::string& line) { std::cerr << line << std::endl; });
   } catch (const zo::CommError& e) {
     // Here, not in main: tearing the trainer down would wait for collectives that cannot
     // complete.
     return end_broken_job(e);
   }
-  return 0;
+  if (!summary.stopped.empty() && trainer.rank() == 0) {
+    std::fprintf(stderr, "offload_train: %s%s\n", summary.exit_status == 1 ? "error: " : "",
+                 summary.stopped.c_str());
+  }
+  return summary.exit_status;
 }
 
 std::vector<std::int32_t> parse_token_list(const std::string& s) {
@@ -168,11 +197,14 @@ std::vector<std::int32_t> parse_token_list(const std::string& s) {
   while (std::getline(ss, item, ',')) {
     try {
       std::size_t pos = 0;
-      const long v = std::stol(item, &pos);
-      if (pos != item.size()) throw std::invalid_argument("x");
+      const long long v = std::stoll(item, &pos);
+      // Out of 32 bits is refused, not truncated into some other id.
+      if (pos != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::out_of_range(item);
       out.push_back(static_cast<std::int32_t>(v));
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--prompt-tokens: '" + item + "' is not an integer token id");
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument("--prompt-tokens: '" + item +
+                                  "' is not a token id (an integer below 2^31); give ids such "
+                                  "as 1,2,3");
     }
   }
   return out;
@@ -190,9 +222,9 @@ int main(int argc, char** argv) {
   // train
   zo::train::TrainConfig tc;
   std::string decay = "cosine", state_dtype = "fp32";
-  ByteSize devmem, bucket;
+  ByteSize devmem, hostmem, bucket;
   auto* train = app.add_subcommand("train", "Train a GPT-2-architecture model");
-  add_train_options(train, tc, decay, state_dtype, devmem, bucket);
+  add_train_options(train, tc, decay, state_dtype, devmem, hostmem, bucket);
 
   // plan
   auto* plan = app.add_subcommand("plan",
@@ -201,7 +233,7 @@ int main(int argc, char** argv) {
   std::string plan_model = "tiny", plan_state = "fp32", plan_precision = "fp32";
   int plan_b = 4, plan_t = 0;
   bool plan_recompute = false;
-  ByteSize plan_devmem;
+  ByteSize plan_devmem, plan_hostmem;
   plan->add_option("--model", plan_model, presets_help())->capture_default_str();
   plan->add_option("--micro-batch,-b", plan_b, "sequences per micro-batch")->capture_default_str();
   plan->add_option("--seq-len", plan_t, "tokens per sequence; default block_size");
@@ -219,6 +251,8 @@ int main(int argc, char** argv) {
   plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
   plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
+  plan->add_option("--host-memory", plan_hostmem.text,
+                   "host memory, e.g. 256GiB (default: what is available here)");
   int plan_ranks = 1;
   plan->add_option("--ranks", plan_ranks,
                    "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
@@ -265,15 +299,21 @@ int main(int argc, char** argv) {
   bool info_json = false;
   info->add_flag("--json", info_json, "print as one JSON object");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    if (const std::string m = zo::cli::unknown_subcommand(app, argv[1]); !m.empty()) {
+      std::fprintf(stderr, "offload_train: error: %s\n", m.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every command-line mistake exits 2.
-    return app.exit(e) == 0 ? 0 : 2;
+    return zo::cli::report_usage_error(app, e);
   }
   try {
     if (train->parsed()) {
-      return run_train(tc, decay, state_dtype, devmem, bucket, train->count("--model") > 0);
+      return run_train(tc, decay, state_dtype, devmem, hostmem, bucket, *train);
     }
     if (plan->parsed()) {
       zo::train::PlanInput pi;
@@ -285,7 +325,8 @@ int main(int argc, char** argv) {
       pi.act_dtype = zo::parse_dtype(plan_precision);
       pi.optimizer_state = zo::parse_dtype(plan_state);
       pi.device_capacity = plan_devmem.bytes();
-      pi.host_available = zo::pinned::host_available_bytes();
+      pi.host_available =
+          plan_hostmem.text.empty() ? zo::pinned::host_available_bytes() : plan_hostmem.bytes();
       if (plan_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
       pi.engine.grad_accum = plan_accum;
       pi.engine.dpu = plan_dpu;
@@ -322,6 +363,7 @@ int main(int argc, char** argv) {
     }
     if (exp->parsed()) {
       const zo::DType dtype = zo::parse_dtype(exp_dtype);
+      zo::train::refuse_inside_checkpoint(exp_out, "--out");  // even with --force
       if (!exp_force && std::filesystem::exists(exp_out)) {
         throw std::invalid_argument("'" + exp_out + "' exists; pass --force to overwrite it");
       }

@@ -65,13 +65,33 @@ void diff_data(const nlohmann::json& was, const nlohmann::json& now,
   }
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     if (a[i] != b[i]) {
-      diffs.push_back("data file #" + std::to_string(i) + ": checkpoint " +
-                      a[i].value("name", "?") + " (" + a[i]["tokens"].dump() + " tokens, hash " +
-                      a[i].value("hash", "?") + "), this run " + b[i].value("name", "?") + " (" +
-                      b[i]["tokens"].dump() + " tokens, hash " + b[i].value("hash", "?") + ")");
+      // The checkpoint's entry may lack any key: contains() before reading (const [] would not).
+      const auto field = [](const nlohmann::json& f, const char* key) {
+        return f.is_object() && f.contains(key) ? f[key].dump() : std::string("?");
+      };
+      diffs.push_back("data file #" + std::to_string(i) + ": checkpoint " + field(a[i], "name") +
+                      " (" + field(a[i], "tokens") + " tokens, hash " + field(a[i], "hash") +
+                      "), this run " + field(b[i], "name") + " (" + field(b[i], "tokens") +
+                      " tokens, hash " + field(b[i], "hash") + ")");
       break;  // the first difference is enough to act on
     }
   }
+}
+
+// Batch counts beyond 2^53 (exact in a double) and batch rows or ranks beyond 2^31 are refused.
+constexpr uint64_t kMaxBatches = uint64_t{1} << 53;
+constexpr uint64_t kMaxRows = uint64_t{1} << 31;
+
+// state[key] as a count in [0, max]; DataError naming the key otherwise.
+uint64_t count_in(const nlohmann::json& state, const char* key, uint64_t max) {
+  const nlohmann::json& v = state.at(key);
+  if (!(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) ||
+      v.get<uint64_t>() > max) {
+    throw DataError(std::string("malformed data loader state in the checkpoint: ") + key + " = " +
+                    v.dump() + " is not an integer in [0, " + std::to_string(max) +
+                    "]; the checkpoint is damaged, resume from another one");
+  }
+  return v.get<uint64_t>();
 }
 
 }  // namespace
@@ -213,7 +233,7 @@ void DataLoader::restore(const nlohmann::json& state) {
       throw DataError(std::string("not a data loader state (expected an object with format \"") +
                       kStateFormat + "\"): the checkpoint is damaged or from another program");
     }
-    cursor = state.at("batches_served").get<uint64_t>();
+    cursor = count_in(state, "batches_served", kMaxBatches);
     const nlohmann::json& was = state.at("config");
     const nlohmann::json now = config_json(config_);  // named: items() must not outlive it
     // The cursor counts global batches: it means the same windows for any split of the global
@@ -221,7 +241,7 @@ void DataLoader::restore(const nlohmann::json& state) {
     // so a job may resume with another number of ranks if B x ranks is unchanged. The rank is
     // this process's own; the state is the job's.
     const auto global = [](const nlohmann::json& c) {
-      return c.at("batch_size").get<int64_t>() * c.at("world_size").get<int64_t>();
+      return count_in(c, "batch_size", kMaxRows) * count_in(c, "world_size", kMaxRows);
     };
     if (global(was) != global(now)) {
       diffs.push_back("global batch (micro-batch x ranks): checkpoint " +
@@ -237,6 +257,16 @@ void DataLoader::restore(const nlohmann::json& state) {
       }
     }
     diff_data(state.at("data"), source_->fingerprint(), diffs);
+    // With the same data and settings, the saved epoch and position follow from the cursor.
+    for (const auto& [key, value] : {std::pair{"epoch", cursor / batches_per_epoch_},
+                                     std::pair{"batch_in_epoch", cursor % batches_per_epoch_}}) {
+      if (diffs.empty() && state.contains(key) && count_in(state, key, kMaxBatches) != value) {
+        throw DataError(std::string("the checkpoint's data loader state is inconsistent: ") + key +
+                        " = " + state[key].dump() + " does not follow from batches_served " +
+                        std::to_string(cursor) +
+                        "; the checkpoint is damaged, resume from another one");
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(std::string("malformed data loader state in the checkpoint: ") + e.what());
   }

@@ -1,5 +1,7 @@
 #include "model/hf_weights.h"
 
+#include <cstring>
+#include <map>
 #include <set>
 
 #include "checkpoint/safetensors.h"
@@ -46,12 +48,9 @@ template void from_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, st
 
 namespace {
 
-bool ignorable(const std::string& name) {
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
+// HF's attention-mask buffers: constants of the architecture (the causal mask), not parameters.
+bool mask_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
 
 std::string strip_prefix(const std::string& name) {
@@ -66,19 +65,28 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
   if (params.size() != layout.size()) throw std::invalid_argument("import: params size mismatch");
   const auto file = ckpt::SafetensorsFile::open(path);
   std::map<std::string, std::string> by_name;  // our name -> name in the file
-  std::vector<std::string> unexpected;
+  std::vector<std::string> unexpected, twice;
+  std::string lm_head;  // the file's name for an explicit LM head, if it has one
   std::set<std::string> ours;
   for (const auto& t : layout.tensors())
     ours.insert(t.name);
   for (const auto& info : file.tensors()) {
     const std::string n = strip_prefix(info.name);
     if (ours.count(n)) {
-      by_name[n] = info.name;
-    } else if (!ignorable(n)) {
+      const auto [it, fresh] = by_name.emplace(n, info.name);
+      if (!fresh) twice.push_back(it->second + " and " + info.name);
+    } else if (n == "lm_head.weight") {
+      lm_head = info.name;
+    } else if (!mask_buffer(n)) {
       unexpected.push_back(info.name);
     }
   }
   std::vector<std::string> missing, misshaped;
+  const TensorInfo& wte = layout.find("wte.weight");
+  if (!lm_head.empty() && file.info(lm_head).shape != hf_shape(wte)) {
+    misshaped.push_back(lm_head + " is " + ckpt::shape_to_string(file.info(lm_head).shape) +
+                        ", expected " + ckpt::shape_to_string(hf_shape(wte)) + " (tied to wte)");
+  }
   for (const auto& t : layout.tensors()) {
     auto it = by_name.find(t.name);
     if (it == by_name.end()) {
@@ -91,7 +99,7 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
                           ckpt::shape_to_string(hf_shape(t)));
     }
   }
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty() || !twice.empty()) {
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
       for (std::size_t i = 0; i < v.size() && i < 8; ++i)
@@ -105,6 +113,8 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
                       std::to_string(layout.spec().vocab_size) + "):";
     if (!missing.empty()) msg += " missing: " + list(missing) + ";";
     if (!unexpected.empty()) msg += " unexpected: " + list(unexpected) + ";";
+    if (!twice.empty())
+      msg += " given twice (with and without 'transformer.'): " + list(twice) + ";";
     if (!misshaped.empty()) msg += " wrong shape: " + list(misshaped) + ";";
     msg += " pass the --model spec these weights were trained with";
     throw CheckpointError(msg);
@@ -115,6 +125,18 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
     buf.resize(t.numel);
     file.read_f32(by_name.at(t.name), buf);
     from_hf(t, buf.data(), staged.data() + t.offset);
+  }
+  // The LM head is wte (GPT-2 ties them); a file with a different one is another model.
+  if (!lm_head.empty()) {
+    buf.resize(wte.numel);
+    file.read_f32(lm_head, buf);
+    if (std::memcmp(buf.data(), staged.data() + wte.offset, wte.numel * sizeof(float)) != 0) {
+      throw CheckpointError("weights " + path.string() + ": " + lm_head + " differs from " +
+                            by_name.at(wte.name) +
+                            "; this GPT-2 ties the LM head to the token embedding, so untied "
+                            "weights cannot be loaded (drop " +
+                            lm_head + " only if it is meant to equal wte)");
+    }
   }
   std::copy(staged.begin(), staged.end(), params.begin());
 }

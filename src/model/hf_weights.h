@@ -28,9 +28,10 @@ template <class T>
 void from_hf(const TensorInfo& t, const T* hf, T* ours);
 
 // Reads every parameter of `layout` from a safetensors file into params (layout.size() fp32).
-// Names may carry a "transformer." prefix; HF's attention-mask buffers ("attn.bias",
-// "attn.masked_bias") and a tied "lm_head.weight" are ignored. Throws CheckpointError
-// listing missing, unexpected or mis-shaped tensors; params is untouched on error.
+// Names may carry a "transformer." prefix (but not both forms of one name); HF's attention-mask
+// buffers ("attn.bias", "attn.masked_bias") are skipped, and an "lm_head.weight" must equal wte
+// (GPT-2 ties them). Throws CheckpointError listing missing, unexpected, repeated or mis-shaped
+// tensors, or an untied LM head; params is untouched on error.
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params);
 

@@ -1,11 +1,16 @@
 #include "model/spec.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <map>
+#include <iterator>
 #include <set>
-#include <sstream>
 #include <stdexcept>
+#include <tuple>
+
+#include "checkpoint/atomic_io.h"
+#include "checkpoint/json_input.h"
+#include "core/error.h"
 
 namespace zo::model {
 namespace {
@@ -28,6 +33,9 @@ constexpr Preset kPresets[] = {
     {"gpt-6.7b", 32, 32, 4096, 50257, 2048},
     {"gpt-13b", 40, 40, 5120, 50257, 2048},
 };
+
+// Real configs are a few KB; anything this large is not one.
+constexpr std::uint64_t kMaxSpecBytes = 16u << 20;
 
 [[noreturn]] void bad(const std::string& origin, const std::string& what) {
   throw std::invalid_argument("model spec " + origin + ": " + what);
@@ -60,6 +68,23 @@ void ModelSpec::validate() const {
                     std::to_string(n_head) + "; choose n_head dividing n_embd (head size " +
                     "n_embd / n_head, commonly 64)");
   }
+  // Bounds far above any model a machine can train, so that every size below is exact in
+  // size_t and a hostile spec is refused here rather than after minutes of layout building.
+  for (auto [key, v, max] : {std::tuple{"n_layer", n_layer, kMaxLayers},
+                             {"n_embd", n_embd, kMaxEmbd},
+                             {"vocab_size", vocab_size, kMaxVocab},
+                             {"block_size", block_size, kMaxBlock}}) {
+    if (v > max) {
+      bad(origin, std::string(key) + " = " + std::to_string(v) + " is above the supported " +
+                      std::to_string(max));
+    }
+  }
+  if (const std::size_t n = num_parameters(); n > kMaxParameters) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3g parameters, above the supported %.3g", double(n),
+                  double(kMaxParameters));
+    bad(origin, std::string("the model has ") + text);
+  }
 }
 
 std::size_t ModelSpec::num_parameters() const {
@@ -87,66 +112,128 @@ std::vector<std::string> preset_names() {
   return out;
 }
 
+namespace {
+
+// Hugging Face GPT-2 and nanoGPT config keys that would change what is computed: accepted only
+// with the value this model implements, refused by name otherwise.
+struct FixedKey {
+  const char* key;
+  const char* supported;  // for the message
+  bool (*ok)(const nlohmann::json& value, const nlohmann::json& spec);
+};
+bool is_true(const nlohmann::json& v, const nlohmann::json&) {
+  return v.is_boolean() && v.get<bool>();
+}
+bool is_false(const nlohmann::json& v, const nlohmann::json&) {
+  return v.is_boolean() && !v.get<bool>();
+}
+const FixedKey kFixedKeys[] = {
+    {"model_type", "\"gpt2\"", [](const auto& v, const auto&) { return v == "gpt2"; }},
+    {"activation_function", "\"gelu_new\" or \"gelu_pytorch_tanh\" (GELU, tanh form)",
+     [](const auto& v, const auto&) { return v == "gelu_new" || v == "gelu_pytorch_tanh"; }},
+    {"layer_norm_epsilon", "1e-05",
+     [](const auto& v, const auto&) { return v.is_number() && v.template get<double>() == 1e-5; }},
+    {"n_inner", "null or 4 * n_embd",
+     [](const auto& v, const auto& j) {
+       return v.is_null() ||
+              (v.is_number_integer() && j.at("n_embd").is_number_integer() &&
+               v.template get<std::int64_t>() == 4 * j.at("n_embd").template get<std::int64_t>());
+     }},
+    {"scale_attn_weights", "true", is_true},
+    {"scale_attn_by_inverse_layer_idx", "false", is_false},
+    {"reorder_and_upcast_attn", "false", is_false},
+    {"bias", "true (biases in every Linear and LayerNorm)", is_true},
+    {"tie_word_embeddings", "true (the LM head is wte)", is_true},
+    {"add_cross_attention", "false", is_false},
+    {"is_encoder_decoder", "false", is_false},
+    {"n_special", "0", [](const auto& v, const auto&) { return v == 0; }},
+};
+
+// Keys that do not change the computation: dropout (this trainer uses none), token ids, the
+// initialisation range (init is GPT-2's own), bookkeeping of transformers and nanoGPT.
+const std::set<std::string> kIgnoredKeys = {"_name_or_path",
+                                            "_num_labels",
+                                            "architectures",
+                                            "attn_pdrop",
+                                            "bos_token_id",
+                                            "dropout",
+                                            "embd_pdrop",
+                                            "eos_token_id",
+                                            "gradient_checkpointing",
+                                            "id2label",
+                                            "initializer_range",
+                                            "label2id",
+                                            "name",
+                                            "output_past",
+                                            "pad_token_id",
+                                            "predict_special_tokens",
+                                            "resid_pdrop",
+                                            "summary_activation",
+                                            "summary_first_dropout",
+                                            "summary_proj_to_labels",
+                                            "summary_type",
+                                            "summary_use_proj",
+                                            "task_specific_params",
+                                            "torch_dtype",
+                                            "transformers_version",
+                                            "use_cache"};
+
+const char* const kSizeKeys[] = {"n_layer",    "n_head",      "n_embd", "vocab_size",
+                                 "block_size", "n_positions", "n_ctx"};
+// Three names for the context length: nanoGPT's, Hugging Face's, and its legacy one.
+const char* const kContextKeys[] = {"block_size", "n_positions", "n_ctx"};
+
+}  // namespace
+
 ModelSpec model_spec_from_json(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) bad(origin, "must be a JSON object");
-  // Keys of Hugging Face GPT-2 config.json files that do not change the architecture we build.
-  static const std::set<std::string> kIgnored = {"activation_function",
-                                                 "architectures",
-                                                 "attn_pdrop",
-                                                 "bos_token_id",
-                                                 "embd_pdrop",
-                                                 "eos_token_id",
-                                                 "initializer_range",
-                                                 "layer_norm_epsilon",
-                                                 "model_type",
-                                                 "n_ctx",
-                                                 "n_inner",
-                                                 "resid_pdrop",
-                                                 "summary_activation",
-                                                 "summary_first_dropout",
-                                                 "summary_proj_to_labels",
-                                                 "summary_type",
-                                                 "summary_use_proj",
-                                                 "task_specific_params",
-                                                 "torch_dtype",
-                                                 "transformers_version",
-                                                 "use_cache",
-                                                 "scale_attn_weights",
-                                                 "reorder_and_upcast_attn",
-                                                 "scale_attn_by_inverse_layer_idx",
-                                                 "name",
-                                                 "bias",
-                                                 "dropout"};
-  static const std::set<std::string> kKnown = {"n_layer",    "n_head",     "n_embd",
-                                               "vocab_size", "block_size", "n_positions"};
   std::vector<std::string> unknown;
   for (const auto& [k, v] : j.items()) {
-    if (!kKnown.count(k) && !kIgnored.count(k)) unknown.push_back(k);
+    const bool fixed = std::any_of(std::begin(kFixedKeys), std::end(kFixedKeys),
+                                   [&k](const FixedKey& f) { return k == f.key; });
+    const bool size = std::any_of(std::begin(kSizeKeys), std::end(kSizeKeys),
+                                  [&k](const char* s) { return k == s; });
+    if (!fixed && !size && !kIgnoredKeys.count(k)) unknown.push_back(k);
   }
   if (!unknown.empty()) {
     std::string list;
     for (const auto& k : unknown)
       list += (list.empty() ? "" : ", ") + k;
     bad(origin, "unknown key(s): " + list +
-                    " (expected n_layer, n_head, n_embd, vocab_size, block_size or n_positions)");
+                    " (expected n_layer, n_head, n_embd, vocab_size, block_size or n_positions, "
+                    "and Hugging Face GPT-2 / nanoGPT config keys; docs/reliability.md lists "
+                    "them)");
   }
   for (const char* k : {"n_layer", "n_head", "n_embd", "vocab_size"}) {
     if (!j.contains(k)) bad(origin, std::string("missing key '") + k + "'");
   }
-  if (j.contains("block_size") && j.contains("n_positions") &&
-      j["block_size"] != j["n_positions"]) {
-    bad(origin, "block_size and n_positions disagree; give one of them");
+  const char* context = nullptr;
+  for (const char* k : kContextKeys) {
+    if (!j.contains(k)) continue;
+    if (context && j[k] != j[context]) {
+      bad(origin, std::string(context) + " = " + j[context].dump() + " and " + k + " = " +
+                      j[k].dump() + " disagree; give one of them");
+    }
+    if (!context) context = k;
   }
-  if (!j.contains("block_size") && !j.contains("n_positions")) {
-    bad(origin, "missing key 'block_size' (or 'n_positions')");
-  }
+  if (!context) bad(origin, "missing key 'block_size' (or 'n_positions')");
   ModelSpec s;
-  s.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>() : origin;
+  if (j.contains("name") && !j["name"].is_string()) {
+    bad(origin, "name must be a string, got " + j["name"].dump());
+  }
+  s.name = j.contains("name") ? j["name"].get<std::string>() : origin;
   s.n_layer = get_int(j, "n_layer", origin);
   s.n_head = get_int(j, "n_head", origin);
   s.n_embd = get_int(j, "n_embd", origin);
   s.vocab_size = get_int(j, "vocab_size", origin);
-  s.block_size = get_int(j, j.contains("block_size") ? "block_size" : "n_positions", origin);
+  s.block_size = get_int(j, context, origin);
+  for (const FixedKey& f : kFixedKeys) {
+    if (j.contains(f.key) && !f.ok(j[f.key], j)) {
+      bad(origin, std::string(f.key) + " = " + j[f.key].dump() +
+                      " is not supported: this GPT-2 implements " + f.key + " = " + f.supported +
+                      "; use a config of that architecture");
+    }
+  }
   s.validate();
   return s;
 }
@@ -161,7 +248,7 @@ ModelSpec load_model_spec(const std::string& preset_or_path) {
   }
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::is_regular_file(preset_or_path, ec)) {
+  if (!fs::exists(fs::status(preset_or_path, ec))) {
     std::string names;
     for (const auto& n : preset_names())
       names += (names.empty() ? "" : ", ") + n;
@@ -169,11 +256,13 @@ ModelSpec load_model_spec(const std::string& preset_or_path) {
         "--model '" + preset_or_path +
         "' is neither a preset nor a readable JSON file; presets: " + names);
   }
-  std::ifstream in(preset_or_path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = ckpt::parse_json(ckpt::read_file(preset_or_path, kMaxSpecBytes));
+  } catch (const CheckpointError& e) {
+    throw std::invalid_argument("--model: " + std::string(e.what()) +
+                                " Give a preset name or a JSON spec file.");
+  } catch (const ckpt::JsonError& e) {
     throw std::invalid_argument("model spec '" + preset_or_path +
                                 "' is not valid JSON: " + e.what());
   }

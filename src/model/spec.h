@@ -9,6 +9,12 @@
 
 namespace zo::model {
 
+// Limits of a model spec (ModelSpec::validate): far above what fits any machine, low enough that
+// all sizes are exact in size_t.
+inline constexpr int kMaxLayers = 4096, kMaxEmbd = 65536, kMaxBlock = 1 << 20;
+inline constexpr int kMaxVocab = 1 << 24;
+inline constexpr std::size_t kMaxParameters = std::size_t{1} << 42;  // 4.4e12
+
 struct ModelSpec {
   std::string name;  // preset name or the file it came from
   int n_layer = 0;

@@ -41,7 +41,7 @@ Engine::Engine(dev::Device& device, dev::Stream& compute, const model::Parameter
                                             *sync_);
   uploads_ = std::make_unique<UploadPipeline>(dev_, compute_, layout, opt_, plan_, shards_, cfg_,
                                               param_comm_.get(), *sync_, trace_);
-  clock_ = dev::EventClock(dev_, compute_, trace_ ? trace_->now_us() : 0.0);
+  clock_ = dev::EventClock(dev_, compute_, [this] { return trace_ ? trace_->now_us() : 0.0; });
 }
 
 Engine::~Engine() {

@@ -1,7 +1,12 @@
 #include "optim/host_optimizer.h"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace zo::optim {
 namespace {
@@ -105,6 +110,54 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
     }
   }
   return result;
+}
+
+std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
+  const cpu_adam::ArrayView moments[2] = {exp_avg(), exp_avg_sq()};
+  auto value = [&](int array, std::size_t i) -> float {
+    if (array == 0) return master()[i];
+    const cpu_adam::ArrayView& a = moments[array - 1];
+    return a.dtype == DType::kF32 ? static_cast<const float*>(a.data)[i]
+                                  : bf16_to_float(static_cast<const std::uint16_t*>(a.data)[i]);
+  };
+  auto bad = [&](int array, std::size_t i) {
+    const float x = value(array, i);
+    return !std::isfinite(x) || (array == 2 && x < 0.0f);
+  };
+  // Lowest bad local index per array, found in parallel over chunks.
+  constexpr std::size_t kNone = ~std::size_t{0};
+  for (int array = 0; array < 3; ++array) {
+    const std::size_t chunks = (n_ + cpu_adam::kChunkElements - 1) / cpu_adam::kChunkElements;
+    std::atomic<std::size_t> first{kNone};
+    adam_.execute([&] {
+      tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
+        const std::size_t b = c * cpu_adam::kChunkElements;
+        const std::size_t e = std::min(n_, b + cpu_adam::kChunkElements);
+        for (std::size_t i = b; i < e; ++i) {
+          if (!bad(array, i)) continue;
+          std::size_t cur = first.load();
+          while (i < cur && !first.compare_exchange_weak(cur, i)) {
+          }
+          return;
+        }
+      });
+    });
+    const std::size_t local = first.load();
+    if (local == kNone) continue;
+    std::size_t offset = local;  // local index -> layout offset
+    for (const OwnedRange& o : owned_)
+      if (local >= o.local && local < o.local + (o.end - o.begin))
+        offset = o.begin + local - o.local;
+    const model::TensorInfo* t = &layout.tensors().front();
+    for (const model::TensorInfo& x : layout.tensors())
+      if (offset >= x.offset && offset < x.offset + x.numel) t = &x;
+    const float x = value(array, local);
+    static const char* const kNames[3] = {"weights", "Adam m", "Adam v"};
+    return std::string(kNames[array]) + " of " + t->name + " [" +
+           std::to_string(offset - t->offset) +
+           "]: " + (std::isfinite(x) ? "negative (" + std::to_string(x) + ")" : std::to_string(x));
+  }
+  return {};
 }
 
 }  // namespace zo::optim

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cpu_adam/cpu_adam.h"
@@ -65,6 +66,11 @@ class HostOptimizer {
   cpu_adam::StepResult update_range(std::size_t begin, std::size_t end,
                                     cpu_adam::ConstArrayView grads, std::int64_t t, float lr,
                                     float grad_multiplier, cpu_adam::ArrayView params_out = {});
+
+  // The first value that cannot be a state of training, as "<array> of <tensor> [index i]: <what>"
+  // (master, m or v non-finite, v negative), or "" when all are valid. Parallel; for refusing
+  // weights and checkpoints before the first step.
+  std::string find_invalid(const model::ParameterLayout& layout);
 
   // Maximal runs of tensors with the same weight-decay setting, in layout order; the
   // GPU-resident mode applies the device AdamW run by run too.

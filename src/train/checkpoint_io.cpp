@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <type_traits>
 
 #include "checkpoint/atomic_io.h"
+#include "checkpoint/json_input.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
+#include "train/run_lineage.h"
+#include "train/trainer_state.h"
 
 namespace zo::train {
 namespace fs = std::filesystem;
@@ -69,6 +73,11 @@ void load_whole_moments(const ckpt::SafetensorsFile& file, const model::Paramete
 void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layout,
                         optim::HostOptimizer& opt) {
   const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");
+  std::set<std::string> names;
+  for (const char* m : kMoments)
+    for (const auto& t : layout.tensors())
+      names.insert(std::string(m) + "." + t.name);
+  expect_only(file, names);
   if (opt.config().state_dtype == DType::kF32) {
     load_whole_moments<float>(file, layout, opt);
   } else {
@@ -78,64 +87,55 @@ void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layou
 
 // optimizer.rank<r>-of<N>.safetensors: each rank's local arrays; this rank takes the parts of
 // every shard that it owns now (the same shard with the same N, pieces of several otherwise).
+// The ranges are checked against the layout and every shard's tensors against its ranges before
+// anything is read.
 void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
                           optim::HostOptimizer& opt) {
   const DType sd = opt.config().state_dtype;
   const std::size_t es = dtype_size(sd);
   const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-  std::size_t covered = 0;
+  struct Piece {  // local offsets in the shard and in this rank's arrays, and a length
+    std::size_t from, to, n;
+  };
+  struct Source {
+    ckpt::SafetensorsFile file;
+    std::size_t size;
+    std::vector<Piece> pieces;
+  };
+  std::vector<Source> sources;
+  for (const ShardFile& f : shard_files(shards, opt.layout_size(), dir)) {
+    auto file = ckpt::SafetensorsFile::open(dir / f.name);
+    expect_only(file, {kMoments[0], kMoments[1]});
+    for (const char* m : kMoments)
+      file.expect_shape(m, {f.local_size});
+    std::vector<Piece> pieces;
+    std::size_t old_local = 0;
+    for (const auto& [b, e] : f.ranges) {
+      for (const optim::OwnedRange& o : opt.owned()) {
+        const std::size_t lo = std::max(b, o.begin), hi = std::min(e, o.end);
+        if (lo < hi) pieces.push_back({old_local + (lo - b), o.local + (lo - o.begin), hi - lo});
+      }
+      old_local += e - b;
+    }
+    if (!pieces.empty()) sources.push_back({std::move(file), f.local_size, std::move(pieces)});
+  }
   std::vector<float> f32;
   std::vector<std::uint16_t> u16;
-  try {
-    for (const nlohmann::json& f : shards.at("files")) {
-      const std::string name = f.at("file").get<std::string>();
-      if (name.find('/') != std::string::npos) throw std::invalid_argument("file name " + name);
-      // (old begin, old end, old local) x owned -> copies
-      struct Piece {
-        std::size_t from, to, n;
-      };
-      std::vector<Piece> pieces;
-      std::size_t old_local = 0;
-      for (const nlohmann::json& r : f.at("ranges")) {
-        const auto b = r.at(0).get<std::size_t>(), e = r.at(1).get<std::size_t>();
-        for (const optim::OwnedRange& o : opt.owned()) {
-          const std::size_t lo = std::max(b, o.begin), hi = std::min(e, o.end);
-          if (lo < hi) pieces.push_back({old_local + (lo - b), o.local + (lo - o.begin), hi - lo});
-        }
-        old_local += e - b;
+  for (const Source& s : sources) {
+    for (int k = 0; k < 2; ++k) {
+      const char* src;
+      if (sd == DType::kF32) {
+        f32.resize(s.size);
+        s.file.read_f32(kMoments[k], f32);
+        src = reinterpret_cast<const char*>(f32.data());
+      } else {
+        u16.resize(s.size);
+        s.file.read_u16(kMoments[k], u16, sd);
+        src = reinterpret_cast<const char*>(u16.data());
       }
-      if (pieces.empty()) continue;
-      const auto file = ckpt::SafetensorsFile::open(dir / name);
-      for (int k = 0; k < 2; ++k) {
-        file.expect_shape(kMoments[k], {old_local});
-        const char* src;
-        if (sd == DType::kF32) {
-          f32.resize(old_local);
-          file.read_f32(kMoments[k], f32);
-          src = reinterpret_cast<const char*>(f32.data());
-        } else {
-          u16.resize(old_local);
-          file.read_u16(kMoments[k], u16, sd);
-          src = reinterpret_cast<const char*>(u16.data());
-        }
-        for (const Piece& p : pieces)
-          std::memcpy(static_cast<char*>(arrays[k].data) + p.to * es, src + p.from * es, p.n * es);
-      }
-      for (const Piece& p : pieces)
-        covered += p.n;
+      for (const Piece& p : s.pieces)
+        std::memcpy(static_cast<char*>(arrays[k].data) + p.to * es, src + p.from * es, p.n * es);
     }
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError("checkpoint '" + dir.string() +
-                          "': malformed optimizer_shards in trainer_state.json (" + e.what() + ")");
-  } catch (const std::invalid_argument& e) {
-    throw CheckpointError("checkpoint '" + dir.string() +
-                          "': bad optimizer shard entry: " + e.what());
-  }
-  if (covered != opt.size()) {
-    throw CheckpointError("checkpoint '" + dir.string() + "': its optimizer shards cover " +
-                          std::to_string(covered) + " of this rank's " +
-                          std::to_string(opt.size()) +
-                          " parameters; the checkpoint is incomplete, use an older one");
   }
 }
 
@@ -216,7 +216,8 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   dir.write_file("trainer_state.json", full_state(trainer_state, layout, opt).dump(2));
   dir.commit();
-  ckpt::rotate_checkpoints(parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last));
+  rotate_run_checkpoints(parent, trainer_state.value("run_id", std::string()), keep_last,
+                         dir.final_path());
   return dir.final_path();
 }
 
@@ -296,7 +297,8 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   if (r == 0) {
     try {
       dir->commit();
-      ckpt::rotate_checkpoints(parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last));
+      rotate_run_checkpoints(parent, trainer_state.value("run_id", std::string()), keep_last,
+                             dir->final_path());
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -312,35 +314,30 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
 
 fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
   if (resume != "latest") return resume;
-  const auto latest = ckpt::latest_checkpoint(parent, kCheckpointPrefix);
-  if (!latest) {
+  const fs::path latest = latest_saved(parent);
+  if (latest.empty()) {
     throw CheckpointError("--resume latest: no complete checkpoint in '" + parent.string() +
                           "'; start without --resume or point --checkpoint-dir at the "
                           "right directory");
   }
-  return *latest;
+  return latest;
 }
 
 nlohmann::json read_trainer_state(const fs::path& dir) {
-  if (!fs::is_directory(dir)) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
     throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory");
   }
   ckpt::verify_directory(dir);
   const std::string text = ckpt::read_file(dir / "trainer_state.json");
   nlohmann::json state;
   try {
-    state = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+    state = ckpt::parse_json(text);
+  } catch (const ckpt::JsonError& e) {
     throw CheckpointError("checkpoint '" + dir.string() +
-                          "': trainer_state.json is not "
-                          "valid JSON (" +
-                          e.what() + ")");
+                          "': trainer_state.json is not valid JSON (" + e.what() + ")");
   }
-  if (!state.contains("format_version") || state["format_version"] != kCheckpointFormatVersion) {
-    throw CheckpointError("checkpoint '" + dir.string() +
-                          "' has an unsupported format "
-                          "version; it was written by another version of offload_train");
-  }
+  validate_trainer_state(state, dir);
   return state;
 }
 
@@ -358,12 +355,13 @@ nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout
                           layout.spec().to_json().dump() +
                           "; pass the matching --model or start a new --checkpoint-dir");
   }
-  load_master(dir, layout, opt);
+  // The moments first: their files are checked before any tensor is read.
   if (state.contains("optimizer_shards")) {
     load_sharded_moments(dir, state.at("optimizer_shards"), opt);
   } else {
     load_whole_moments(dir, layout, opt);
   }
+  load_master(dir, layout, opt);
   opt.state().step = state.at("adam_step").get<std::int64_t>();
   return state;
 }

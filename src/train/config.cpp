@@ -17,26 +17,48 @@ void TrainConfig::validate_flags() const {
   if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
     bad("--checkpoint-every needs --checkpoint-dir");
   }
+  // The numbers, before anything uses them (the data-parallel timeout is the first); each
+  // comparison is written so that NaN fails it.
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) bad("--val-fraction must be in [0, 1)");
+  for (auto [name, b] : {std::pair{"--beta1", beta1}, {"--beta2", beta2}}) {
+    if (!(b >= 0.0f && b < 1.0f)) bad(std::string(name) + " must be in [0, 1)");
+  }
+  if (!(eps > 0.0f) || !std::isfinite(eps)) bad("--adam-eps must be finite and > 0 (1e-8)");
+  if (!(weight_decay >= 0.0f) || !std::isfinite(weight_decay)) {
+    bad("--weight-decay must be finite and >= 0 (0.1)");
+  }
+  if (!(grad_clip >= 0.0f) || !std::isfinite(grad_clip)) bad("--grad-clip must be >= 0 (0 = off)");
+  if (!(loss_scale_backoff > 0.0f && loss_scale_backoff < 1.0f)) {
+    bad("--loss-scale-backoff must be in (0, 1) (default 0.5)");
+  }
+  if (!(loss_scale_min > 0.0f && loss_scale_min <= loss_scale_max &&
+        std::isfinite(loss_scale_max))) {
+    bad("need 0 < --loss-scale-min <= --loss-scale-max (finite); defaults 1 and 16777216");
+  }
+  // Beyond a million seconds (11.6 days) a timeout is a mistake, and infinity overflows the
+  // deadline arithmetic.
+  if (!(comm_timeout > 0.0 && comm_timeout <= 1e6)) {
+    bad("--comm-timeout must be in (0, 1e6] seconds (300)");
+  }
 }
 
 void TrainConfig::validate(const model::ModelSpec& spec) const {
   validate_flags();
   auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
-  if (micro_batch < 1) bad("--micro-batch must be >= 1");
-  if (grad_accum < 1) bad("--grad-accum must be >= 1");
-  if (steps < 1) bad("--steps must be >= 1");
+  // Upper bounds far above useful values keep every size product exact and every buffer sized by
+  // them small.
+  if (micro_batch < 1 || micro_batch > kMaxMicroBatch) {
+    bad("--micro-batch must be in 1.." + std::to_string(kMaxMicroBatch));
+  }
+  if (grad_accum < 1 || grad_accum > kMaxGradAccum) {
+    bad("--grad-accum must be in 1.." + std::to_string(kMaxGradAccum));
+  }
+  if (steps < 1 || steps > kMaxSteps) bad("--steps must be in 1.." + std::to_string(kMaxSteps));
   if (seq_len < 0 || seq_len > spec.block_size) {
     bad("--seq-len " + std::to_string(seq_len) + " exceeds the model's block_size " +
         std::to_string(spec.block_size) + "; use --seq-len <= block_size or a larger model spec");
   }
-  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) bad("--val-fraction must be in [0, 1)");
   lr.validate();
-  for (auto [name, b] : {std::pair{"--beta1", beta1}, {"--beta2", beta2}}) {
-    if (!(b >= 0.0f && b < 1.0f)) bad(std::string(name) + " must be in [0, 1)");
-  }
-  if (!(eps > 0.0f)) bad("--adam-eps must be > 0");
-  if (!(weight_decay >= 0.0f)) bad("--weight-decay must be >= 0");
-  if (!(grad_clip >= 0.0f) || !std::isfinite(grad_clip)) bad("--grad-clip must be >= 0 (0 = off)");
   if (device != "auto" && device != "host" && device != "cuda") {
     bad("--device must be auto, host or cuda");
   }
@@ -47,23 +69,18 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--precision must be auto, fp32, bf16 or fp16");
   }
   if (loss_scale_window < 1) bad("--loss-scale-window must be >= 1");
-  if (!(loss_scale_backoff > 0.0f && loss_scale_backoff < 1.0f)) {
-    bad("--loss-scale-backoff must be in (0, 1) (default 0.5)");
-  }
-  if (!(loss_scale_min > 0.0f && loss_scale_min <= loss_scale_max &&
-        std::isfinite(loss_scale_max))) {
-    bad("need 0 < --loss-scale-min <= --loss-scale-max (finite); defaults 1 and 16777216");
-  }
   if (mode == "resident" && optimizer_state != DType::kF32) {
     bad("--optimizer-state bf16 is for --mode offload (host memory); resident mode keeps fp32 "
         "state on the device");
   }
-  if (eval_interval < 0 || eval_batches < 1) bad("--eval-interval >= 0 and --eval-batches >= 1");
+  if (eval_interval < 0 || eval_batches < 1 || eval_batches > kMaxEvalBatches) {
+    bad("--eval-every must be >= 0 and --eval-batches in 1.." + std::to_string(kMaxEvalBatches));
+  }
   if (checkpoint_interval < 0 || keep_last < 0) bad("--checkpoint-every and --keep must be >= 0");
+  if (max_nonfinite_steps < 0) bad("--max-nonfinite-steps must be >= 0 (0 = never stop)");
   if (log_interval < 1) bad("--log-every must be >= 1");
   if (bucket_size < 4096) bad("--bucket-size must be at least 4KiB (default 32MiB)");
   if (dpu_warmup < 0) bad("--dpu-warmup must be >= 0");
-  if (!(comm_timeout > 0.0)) bad("--comm-timeout must be > 0 seconds");
   if (dpu && mode == "resident") {
     bad("--dpu delays the CPU update of offload mode; drop it or use --mode offload");
   }
@@ -86,6 +103,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"min_lr_fraction", lr.min_lr_fraction},
           {"warmup", lr.warmup_steps},
           {"lr_decay", decay_name(lr.decay)},
+          {"lr_schedule_steps", lr.total_steps},
           {"beta1", beta1},
           {"beta2", beta2},
           {"adam_eps", eps},
@@ -103,6 +121,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"loss_scale_min", loss_scale_min},
           {"loss_scale_max", loss_scale_max},
           {"device_memory", device_memory},
+          {"host_memory", host_memory},
           {"bucket_size", bucket_size},
           {"dpu", dpu},
           {"dpu_warmup", dpu_warmup},
@@ -112,7 +131,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"eval_batches", eval_batches},
           {"checkpoint_dir", checkpoint_dir},
           {"checkpoint_interval", checkpoint_interval},
-          {"keep_last", keep_last}};
+          {"keep_last", keep_last},
+          {"max_nonfinite_steps", max_nonfinite_steps}};
 }
 
 }  // namespace zo::train

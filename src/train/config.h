@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,10 @@
 #include "train/schedule.h"
 
 namespace zo::train {
+
+// Bounds of the count flags (TrainConfig::validate).
+inline constexpr int kMaxMicroBatch = 1 << 16, kMaxGradAccum = 4096, kMaxEvalBatches = 1 << 20;
+inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 40;
 
 struct TrainConfig {
   // model
@@ -64,6 +69,7 @@ struct TrainConfig {
   bool pin = true;                // page-lock host staging buffers (--no-pin: pageable)
   std::string trace;              // Chrome trace-event JSON path ("" = none)
   std::size_t device_memory = 0;  // device capacity in bytes; 0 = all of it
+  std::size_t host_memory = 0;    // host memory to plan for; 0 = MemAvailable (this rank's share)
   int threads = 0;                // host backend compute threads; 0 = all cores
   // Data parallel (mpirun -np N): seconds a collective may wait for the other ranks before the
   // job stops with an error on every rank (a rank died, hangs or diverged).
@@ -74,11 +80,21 @@ struct TrainConfig {
   int eval_batches = 8;
   std::string checkpoint_dir;            // "" = no checkpoints
   std::int64_t checkpoint_interval = 0;  // steps; 0 = only at the end
-  int keep_last = 3;                     // checkpoints kept by rotation; 0 = all
-  std::string resume;                    // checkpoint directory, or "latest" (in checkpoint_dir)
-  std::string metrics;                   // JSONL path ("" = none)
-  std::int64_t log_interval = 1;         // progress line every N steps
+  int keep_last = 3;                     // this run's checkpoints kept by rotation; 0 = all
+  // Start even where another run's checkpoints (or a fresh run's --metrics file) exist: same-
+  // numbered checkpoints and that metrics file are replaced (train/run_lineage.h).
+  bool overwrite = false;
+  // Stop the run (non-zero exit) after this many consecutive steps with non-finite gradients;
+  // 0 = never. Dynamic fp16 loss scaling skips a few while it finds its scale.
+  std::int64_t max_nonfinite_steps = 20;
+  std::string resume;             // checkpoint directory, or "latest" (in checkpoint_dir)
+  std::string metrics;            // JSONL path ("" = none)
+  std::int64_t log_interval = 1;  // progress line every N steps
   bool quiet = false;
+
+  // The to_json() keys the command line gave explicitly. A resumed run takes every setting that
+  // defines the run (train/resume_config.h) from its checkpoint unless its key is in here.
+  std::set<std::string> explicit_keys;
 
   // Cross-field checks; throw std::invalid_argument naming the flags and the fix. The first
   // needs no model spec and runs before anything is opened.

@@ -109,15 +109,16 @@ std::string MemoryPlan::format(const PlanInput& in) const {
   os << "  device:\n";
   for (const auto& l : device)
     line(l);
-  os << "    total" << std::string(35, ' ') << format_bytes(device_total) << "  of "
-     << (in.device_capacity ? format_bytes(in.device_capacity) : std::string("unlimited"))
+  // Totals and capacities in both units: --device-memory and --host-memory take either.
+  auto both = [](std::size_t b) { return format_bytes(b) + " (" + format_bytes_si(b) + ")"; };
+  os << "    total" << std::string(35, ' ') << both(device_total) << "  of "
+     << (in.device_capacity ? both(in.device_capacity) : std::string("unlimited"))
      << (device_fits ? "  fits" : "  DOES NOT FIT") << "\n";
   os << "  host:\n";
   for (const auto& l : host)
     line(l);
-  os << "    total" << std::string(35, ' ') << format_bytes(host_total) << "  of "
-     << (in.host_available ? format_bytes(in.host_available) + " available"
-                           : std::string("unknown"))
+  os << "    total" << std::string(35, ' ') << both(host_total) << "  of "
+     << (in.host_available ? both(in.host_available) + " available" : std::string("unknown"))
      << (host_fits ? "  fits" : "  DOES NOT FIT") << "\n";
   if (!advice.empty()) os << "  advice: " << advice << "\n";
   return os.str();

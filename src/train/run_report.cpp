@@ -25,6 +25,8 @@ std::string run_banner(const Session& s, std::size_t step_tokens) {
   if (s.loaders.val) os << "\n      " << s.loaders.val->describe();
   if (s.start_step > 0)
     os << "\nresumed from " << s.resume_dir.string() << " at step " << s.start_step;
+  for (const std::string& note : s.notes)
+    os << "\n" << note;
   return os.str();
 }
 

@@ -16,9 +16,11 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   if (c.checkpoint.empty() == c.init_from.empty()) {
     throw std::invalid_argument("sample needs exactly one of --checkpoint or --init-from");
   }
-  if (c.new_tokens < 0 || !(c.temperature >= 0.0f) || c.top_k < 0) {
-    throw std::invalid_argument("--tokens, --temperature and --top-k must be >= 0");
+  if (c.new_tokens < 0) throw std::invalid_argument("--tokens must be >= 0");
+  if (!(c.temperature >= 0.0f) || !std::isfinite(c.temperature)) {
+    throw std::invalid_argument("--temperature must be finite and >= 0 (0 = greedy)");
   }
+  if (c.top_k < 0) throw std::invalid_argument("--top-k must be >= 0 (0 = all)");
   if (c.prompt.empty())
     throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
   model::ModelSpec spec;
@@ -35,6 +37,11 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     model::import_hf_weights(c.init_from, model::ParameterLayout(spec), weights);
   }
   if (vocab_size) *vocab_size = spec.vocab_size;
+  if (c.top_k > spec.vocab_size) {
+    throw std::invalid_argument("--top-k " + std::to_string(c.top_k) +
+                                " exceeds the model's vocabulary of " +
+                                std::to_string(spec.vocab_size) + " tokens; use 0 for all");
+  }
   const model::ParameterLayout layout(spec);
   for (std::int32_t t : c.prompt) {
     if (t < 0 || t >= spec.vocab_size) {
@@ -53,6 +60,17 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   dev->copy_to_device(params.data(), weights.data(), weights.size() * 4, *stream);
   const int T = spec.block_size, V = spec.vocab_size;
   model::Gpt gpt(*dev, layout, {1, T, false});
+  // Whatever was enqueued finishes before the buffers it uses are freed, on every way out
+  // (with no tokens to generate the upload above would otherwise outlive `params`).
+  struct Drain {
+    dev::Stream& s;
+    ~Drain() {
+      try {
+        s.synchronize();
+      } catch (const std::exception&) {  // the error was (or will be) reported by its op
+      }
+    }
+  } drain{*stream};
 
   std::mt19937_64 rng(c.seed);
   std::vector<std::int32_t> seq = c.prompt, window(static_cast<std::size_t>(T));

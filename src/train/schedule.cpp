@@ -34,7 +34,7 @@ void LrSchedule::validate() const {
     throw std::invalid_argument("--min-lr-fraction must be in [0, 1]");
   }
   if (warmup_steps < 0) throw std::invalid_argument("--warmup must be >= 0");
-  if (total_steps < 1) throw std::invalid_argument("--steps must be >= 1");
+  if (total_steps < 1) throw std::invalid_argument("--lr-schedule-steps must be >= 1");
 }
 
 float LrSchedule::at(std::int64_t step) const {

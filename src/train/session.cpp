@@ -17,6 +17,8 @@
 #include "pinned_memory/pinned_buffer.h"
 #include "train/checkpoint_io.h"
 #include "train/plan.h"
+#include "train/resume_config.h"
+#include "train/run_outputs.h"
 
 namespace zo::train {
 namespace {
@@ -64,12 +66,14 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   cfg.validate_flags();
   join_job();
   resolve_model();
+  check_outputs();
+  open_device_and_plan();  // before the data: a spec too large for memory costs nothing more
   open_data();
-  open_device_and_plan();
   make_optimizer_state();
   make_updater_and_model();
   init_weights();
   updater->load_state();
+  claim_checkpoint_dir();
 }
 
 // Data parallel when started by mpirun (or ZO_WORLD_SIZE > 1): every rank must run the same
@@ -83,7 +87,7 @@ void Session::join_job() {
     if (const char* s = std::getenv("ZO_TEST_STALL")) {
       int r = -1;
       long long st = 0;
-      if (std::sscanf(s, "%d:%lld", &r, &st) == 2 && r == rank) stall_step = st;
+      if (std::sscanf(s, "%d:%lld", &r, &st) == 2 && r == rank && st >= 1) stall_step = st;
     }
     comm::check_same_on_all_ranks(*comm, "the training flags", cfg.to_json().dump());
     if (cfg.mode == "resident") {
@@ -99,6 +103,11 @@ void Session::resolve_model() {
   if (!cfg.resume.empty()) {
     resume_dir = resolve_checkpoint(cfg.resume, cfg.checkpoint_dir);
     resume_state = read_trainer_state(resume_dir);
+    for (const std::string& o : restore_run_settings(cfg, resume_state->at("config")))
+      notes.push_back("resumed with " + o);
+    run_id = resume_state->value("run_id", std::string());
+  } else {
+    run_id = comm::broadcast_string(*comm, rank == 0 ? new_run_id() : std::string(), 0);
   }
   if (cfg.model.empty()) {
     spec = resume_state ? checkpoint_spec(*resume_state) : model::load_model_spec("tiny");
@@ -107,7 +116,44 @@ void Session::resolve_model() {
   }
   cfg.validate(spec);
   T = cfg.seq_len > 0 ? cfg.seq_len : spec.block_size;
+  if (cfg.steps > cfg.lr.total_steps) {
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "%.3g", double(cfg.lr.at(cfg.lr.total_steps)));
+    notes.push_back("the lr schedule spans " + std::to_string(cfg.lr.total_steps) +
+                    " steps: steps " + std::to_string(cfg.lr.total_steps + 1) + ".." +
+                    std::to_string(cfg.steps) + " run at its final lr " + lr +
+                    " (--lr-schedule-steps plans a longer one)");
+  }
   layout = std::make_unique<model::ParameterLayout>(spec);
+}
+
+// Where the run writes, checked before anything large happens (rank 0 checks what rank 0 writes,
+// and every rank learns the outcome): the checkpoint directory (made, writable, holding no other
+// run's checkpoints unless --overwrite), the metrics file, and this rank's trace file.
+void Session::check_outputs() {
+  const std::uint64_t start = resume_state ? resume_state->at("step").get<std::uint64_t>() : 0;
+  std::string failure;
+  if (rank == 0) {
+    try {
+      if (!cfg.checkpoint_dir.empty()) {
+        ensure_writable_dir(cfg.checkpoint_dir, "--checkpoint-dir");
+        checkpoint_claim = check_checkpoint_dir(cfg.checkpoint_dir, run_id, start, cfg.overwrite);
+        notes.insert(notes.end(), checkpoint_claim.notes.begin(), checkpoint_claim.notes.end());
+      }
+      // A resumed run appends to its metrics; a fresh one would replace the file.
+      if (!cfg.metrics.empty())
+        check_output_file(cfg.metrics, "--metrics", !resume_state, cfg.overwrite);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (ranks > 1) failure = comm::broadcast_string(*comm, failure, 0);
+  if (!failure.empty()) {
+    throw CheckpointError(rank == 0 ? failure : "rank 0: " + failure);
+  }
+  if (!cfg.trace.empty()) {
+    check_output_file(trace_path(cfg.trace, rank), "--trace", false, cfg.overwrite);
+  }
 }
 
 // The data, opened and validated before anything large is allocated.
@@ -166,7 +212,8 @@ void Session::open_device_and_plan() {
                cfg.optimizer_state,
                dev->capacity_bytes(),
                // Ranks on one machine share its memory.
-               pinned::host_available_bytes() / std::size_t(local_ranks),
+               cfg.host_memory ? cfg.host_memory
+                               : pinned::host_available_bytes() / std::size_t(local_ranks),
                false,
                engine_config()};
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
@@ -237,6 +284,18 @@ void Session::init_weights() {
     }
     if (!opt->owns_all()) opt->take_owned(whole.data(), opt->master().data());
   }
+  if (!resume_state && cfg.init_from.empty()) return;  // our own initialisation is finite
+  // NaN, Inf or a negative second moment would train to NaN (or crash sqrt) at the first step.
+  const std::string why = opt->find_invalid(*layout);
+  double bad = why.empty() ? 0.0 : 1.0;
+  if (ranks > 1) comm->all_reduce(&bad, 1, comm::ReduceOp::kSum);
+  if (bad == 0.0) return;
+  const std::string source = resume_state ? "checkpoint '" + resume_dir.string() + "'"
+                                          : "--init-from '" + cfg.init_from + "'";
+  throw CheckpointError(
+      source + " holds " +
+      (why.empty() ? std::string("invalid values on another rank (its message names them)") : why) +
+      "; it cannot be trained from. Resume from an earlier checkpoint or use other weights");
 }
 
 Session::~Session() {
@@ -247,6 +306,15 @@ Session::~Session() {
   } catch (const std::exception&) {
     // The error was (or will be) reported by whoever failed; nothing to add while unwinding.
   }
+}
+
+// Last, once the run is sure to start: this run's checkpoints newer than the resumed step are
+// abandoned by the resume and moved aside.
+void Session::claim_checkpoint_dir() {
+  if (rank != 0 || cfg.checkpoint_dir.empty()) return;
+  const std::string note =
+      move_abandoned(cfg.checkpoint_dir, checkpoint_claim, std::uint64_t(start_step));
+  if (!note.empty()) notes.push_back(note);
 }
 
 int Session::core_share() const {
@@ -270,16 +338,23 @@ double Session::evaluate() {
   data::DataLoader& val = *loaders.val;
   val.reset();
   const std::size_t BT = std::size_t(cfg.micro_batch) * T;
-  std::vector<float> l(BT * cfg.eval_batches);
+  // Up to kWindow batches in flight, then summed in order: memory does not grow with
+  // --eval-batches, and the sum is the same sequence of additions as over one array.
+  constexpr int kWindow = 16;
+  std::vector<float> l(BT * std::size_t(std::min(cfg.eval_batches, kWindow)));
   std::vector<std::int32_t> inputs, targets;
+  double sum[2] = {0.0, double(BT) * cfg.eval_batches};
   for (int b = 0; b < cfg.eval_batches; ++b) {
     val.next_batch(inputs, targets);
     gpt->set_batch(inputs, targets, *stream);
     gpt->forward(updater->parameters(), T, true, 0.0f, *stream);
-    dev->copy_to_host(l.data() + b * BT, gpt->losses(), BT * 4, *stream);
+    dev->copy_to_host(l.data() + (b % kWindow) * BT, gpt->losses(), BT * 4, *stream);
+    if (b % kWindow == kWindow - 1 || b + 1 == cfg.eval_batches) {
+      stream->synchronize();
+      sum[0] =
+          std::accumulate(l.begin(), l.begin() + std::ptrdiff_t((b % kWindow + 1) * BT), sum[0]);
+    }
   }
-  stream->synchronize();
-  double sum[2] = {std::accumulate(l.begin(), l.end(), 0.0), double(l.size())};
   comm->all_reduce(sum, 2, comm::ReduceOp::kSum);  // the global batch's rows are on the ranks
   return sum[0] / sum[1];
 }
@@ -288,6 +363,8 @@ nlohmann::json Session::trainer_state(std::int64_t step) const {
   // No random stream is consumed while training (the data order is a pure function of seed
   // and position; there is no dropout), so the seed is the whole RNG state.
   return {{"step", step},
+          {"run_id", run_id},
+          {"saved_at_ns", now_unix_ns()},
           {"tokens", tokens},
           {"data", loaders.train->state()},
           {"config", cfg.to_json()},

@@ -22,6 +22,7 @@
 #include "report/trace.h"
 #include "train/config.h"
 #include "train/loss_scaler.h"
+#include "train/run_lineage.h"
 #include "train/updater.h"
 
 namespace zo::train {
@@ -37,14 +38,17 @@ struct Session {
   int ranks = 1, rank = 0;
   int local_ranks = 1;  // ranks on this machine (they share its cores, memory and GPUs)
   // Test hook (docs/testing.md): ZO_TEST_STALL=<rank>:<step> makes that rank stop responding
-  // at the start of that step for 4 x --comm-timeout, as a hung rank would.
-  std::int64_t stall_step = 0;
+  // at the start of that step (>= 1) for 4 x --comm-timeout, as a hung rank would. Only the
+  // environment of a data-parallel job sets it; nothing read from files can.
+  std::optional<std::int64_t> stall_step;
   std::vector<std::vector<optim::OwnedRange>> partitions;  // data parallel: every rank's
   model::ModelSpec spec;
   std::unique_ptr<model::ParameterLayout> layout;
   int T = 0;  // sequence length
   std::optional<nlohmann::json> resume_state;
   std::filesystem::path resume_dir;
+  std::vector<std::string> notes;  // what the user should know before the first step
+  std::string run_id;              // train/run_lineage.h
   data::Loaders loaders;
   std::unique_ptr<dev::Device> dev;
   std::unique_ptr<dev::Stream> stream;  // forward and backward
@@ -53,6 +57,7 @@ struct Session {
   report::Trace trace;
   std::unique_ptr<Updater> updater;
   std::unique_ptr<model::Gpt> gpt;
+  DirClaim checkpoint_claim;  // what check_outputs found in --checkpoint-dir
   std::int64_t start_step = 0, tokens = 0;
   LossScaler scaler;
 
@@ -65,11 +70,13 @@ struct Session {
   // The constructor's steps, in order.
   void join_job();
   void resolve_model();
+  void check_outputs();
   void open_data();
   void open_device_and_plan();
   void make_optimizer_state();
   void make_updater_and_model();
   void init_weights();
+  void claim_checkpoint_dir();
   // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
   int core_share() const;
   offload::EngineConfig engine_config() const;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "train/checkpoint_io.h"
 #include "train/run_report.h"
 #include "train/session.h"
+#include "train/stop_request.h"
 
 namespace zo::train {
 namespace {
@@ -32,6 +34,9 @@ Trainer::Trainer(const TrainConfig& config) : impl_(std::make_unique<Session>(co
 Trainer::~Trainer() = default;
 const model::ModelSpec& Trainer::spec() const {
   return impl_->spec;
+}
+int Trainer::rank() const {
+  return impl_->rank;
 }
 
 TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
@@ -62,19 +67,20 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   std::vector<std::unique_ptr<dev::Event>> events;
   for (int k = 0; k < 3 * A; ++k)
     events.push_back(dev.create_event());
-  const dev::EventClock clock(dev, stream, S.trace.now_us());
+  const dev::EventClock clock(dev, stream, [&] { return S.trace.now_us(); });
   std::vector<std::int32_t> inputs, targets;
   std::vector<float> losses(std::size_t(A) * BT);
 
   TrainSummary summary;
   summary.first_step = S.start_step;
+  std::int64_t nonfinite_run = 0;  // consecutive steps with Inf/NaN gradients
   double ema_step_ms = 0.0;
   const auto run_t0 = Clock::now();
   std::int64_t run_tokens = 0;
   PhaseTotals totals;
   for (std::int64_t step = S.start_step; step < cfg.steps; ++step) {
     report::ScopedSpan step_span(&S.trace, "main", "step", {{"step", step + 1}});
-    if (S.stall_step == step + 1) {
+    if (S.stall_step && *S.stall_step == step + 1) {
       std::this_thread::sleep_for(std::chrono::duration<double>(4 * cfg.comm_timeout));
       throw std::runtime_error("rank " + std::to_string(S.rank) + " stalled by ZO_TEST_STALL");
     }
@@ -107,9 +113,15 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     report::StepMetrics m;
     m.step = step + 1;
     m.lr = lr;
+    int stop_signal = stop_requested();
     {
-      double l[2] = {std::accumulate(losses.begin(), losses.end(), 0.0), double(losses.size())};
-      if (S.ranks > 1) S.comm->all_reduce(l, 2, comm::ReduceOp::kSum);
+      // With several ranks, a signal that reached any of them stops every one after this step.
+      double l[3] = {std::accumulate(losses.begin(), losses.end(), 0.0), double(losses.size()),
+                     double(stop_signal)};
+      if (S.ranks > 1) {
+        S.comm->all_reduce(l, 3, comm::ReduceOp::kSum);
+        if (stop_signal == 0 && l[2] != 0.0) stop_signal = -1;
+      }
       m.loss = l[0] / l[1];
     }
     const bool injected =
@@ -133,7 +145,9 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     if (overflow) {
       m.skipped = true;  // nothing changes; the scale backs off and the next step retries
       ++summary.skipped_steps;
+      ++nonfinite_run;
     } else {
+      nonfinite_run = 0;
       // Unscaling and clipping fold into the one multiplier the optimizer applies.
       const float clip = cfg.grad_clip > 0.0f && m.grad_norm > cfg.grad_clip
                              ? static_cast<float>(cfg.grad_clip / (m.grad_norm + 1e-6))
@@ -165,13 +179,36 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     if ((step + 1) % cfg.log_interval == 0 || last || m.skipped) {
       say(report::progress_line(m, cfg.steps, double(cfg.steps - step - 1) * ema_step_ms * 1e-3));
     }
+    if (cfg.max_nonfinite_steps > 0 && nonfinite_run >= cfg.max_nonfinite_steps) {
+      summary.stopped = "stopped at step " + std::to_string(step + 1) + ": the last " +
+                        std::to_string(nonfinite_run) +
+                        " steps had non-finite gradients (Inf/NaN) and were skipped, so training "
+                        "is not progressing. Lower --lr, check the data, use bf16 or a smaller "
+                        "--loss-scale-max, or raise --max-nonfinite-steps (0 = never stop)";
+      summary.exit_status = 1;
+      break;  // no checkpoint: nothing changed since the last one but the cursor
+    }
+    if (stop_signal != 0) {
+      summary.stopped = "stopped at step " + std::to_string(step + 1) + " of " +
+                        std::to_string(cfg.steps) + " by " +
+                        (stop_signal == SIGINT    ? "SIGINT"
+                         : stop_signal == SIGTERM ? "SIGTERM"
+                                                  : "a stop request");
+      summary.exit_status = stop_signal > 0 ? 128 + stop_signal : 1;
+    }
     if (!cfg.checkpoint_dir.empty() &&
-        ((cfg.checkpoint_interval > 0 && (step + 1) % cfg.checkpoint_interval == 0) || last)) {
+        ((cfg.checkpoint_interval > 0 && (step + 1) % cfg.checkpoint_interval == 0) || last ||
+         stop_signal != 0)) {
       const auto dir =
           save_checkpoint(cfg.checkpoint_dir, *S.layout, up.host_state(), S.trainer_state(step + 1),
                           cfg.keep_last, *S.comm, S.partitions);
       summary.last_checkpoint = dir.string();
       say("checkpoint " + dir.string());
+    }
+    if (stop_signal != 0) {
+      if (!summary.last_checkpoint.empty())
+        summary.stopped += "; resume from " + summary.last_checkpoint;
+      break;
     }
   }
   up.settle();

@@ -29,6 +29,10 @@ struct TrainSummary {
   std::vector<double> losses;   // per step, for tests
   std::vector<double> step_ms;  // per step, wall time
   std::string last_checkpoint;
+  // Why the run ended before --steps ("" when it did not): a stop request (a signal) or too many
+  // consecutive non-finite steps. The CLI exits non-zero with it (exit_status).
+  std::string stopped;
+  int exit_status = 0;  // 128 + signal after a signal, 1 after non-finite steps
 };
 
 class Trainer {
@@ -39,7 +43,9 @@ class Trainer {
   ~Trainer();
 
   const model::ModelSpec& spec() const;
-  // Runs until config.steps; `log` receives progress lines (stderr in the CLI).
+  int rank() const;  // this process's rank in a data-parallel job (0 alone)
+  // Runs until config.steps, or until stopped (TrainSummary::stopped); `log` receives progress
+  // lines (stderr in the CLI).
   TrainSummary run(const std::function<void(const std::string&)>& log = {});
 
  private:

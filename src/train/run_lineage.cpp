@@ -1,0 +1,126 @@
+#include "train/run_lineage.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "checkpoint/atomic_io.h"
+#include "checkpoint/json_input.h"
+#include "core/error.h"
+#include "train/checkpoint_io.h"
+
+namespace zo::train {
+namespace fs = std::filesystem;
+namespace {
+
+// Lineage only: the file is not verified here (resume verifies it); a checkpoint that cannot be
+// read belongs to no run and is never touched.
+RunCheckpoint describe(const ckpt::CheckpointDir& d) {
+  RunCheckpoint c{d.path, d.step, "?", 0};
+  try {
+    const nlohmann::json s =
+        ckpt::parse_json(ckpt::read_file(d.path / "trainer_state.json", 1u << 20));
+    c.run_id = s.value("run_id", std::string());
+    c.saved_at_ns = s.value("saved_at_ns", std::int64_t{0});
+  } catch (const std::exception&) {
+  }
+  return c;
+}
+
+std::string list(const std::vector<RunCheckpoint>& cs) {
+  std::string out;
+  for (std::size_t i = 0; i < cs.size() && i < 4; ++i)
+    out += (i ? ", " : "") + cs[i].path.filename().string();
+  if (cs.size() > 4) out += " and " + std::to_string(cs.size() - 4) + " more";
+  return out;
+}
+
+std::string utc_stamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::string new_run_id() {
+  std::random_device rd;
+  const std::uint64_t x = (std::uint64_t(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+std::int64_t now_unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<RunCheckpoint> run_checkpoints(const fs::path& parent) {
+  std::vector<RunCheckpoint> out;
+  for (const ckpt::CheckpointDir& d : ckpt::list_checkpoints(parent, kCheckpointPrefix))
+    out.push_back(describe(d));
+  return out;
+}
+
+fs::path latest_saved(const fs::path& parent) {
+  const std::vector<RunCheckpoint> all = run_checkpoints(parent);
+  const auto it = std::max_element(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return a.saved_at_ns != b.saved_at_ns ? a.saved_at_ns < b.saved_at_ns : a.step < b.step;
+  });
+  return it == all.end() ? fs::path() : it->path;
+}
+
+DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
+                              std::uint64_t start_step, bool overwrite) {
+  DirClaim claim;
+  std::vector<RunCheckpoint> others;
+  for (RunCheckpoint& c : run_checkpoints(parent)) {
+    if (c.run_id != run_id) {
+      others.push_back(std::move(c));
+    } else if (c.step > start_step) {
+      claim.abandoned.push_back(std::move(c));
+    }
+  }
+  if (!others.empty()) {
+    if (!overwrite) {
+      throw CheckpointError(
+          "--checkpoint-dir '" + parent.string() + "' holds checkpoints of another run (" +
+          list(others) + "). Continue that run with --resume latest, choose another " +
+          "--checkpoint-dir, or pass --overwrite to start this run there anyway (same-numbered " +
+          "checkpoints are then replaced; the other run's others are kept)");
+    }
+    claim.notes.push_back("--overwrite: " + parent.string() +
+                          " holds checkpoints of another run (" + list(others) +
+                          "); same-numbered ones will be replaced, the rest kept");
+  }
+  return claim;
+}
+
+std::string move_abandoned(const fs::path& parent, const DirClaim& claim,
+                           std::uint64_t start_step) {
+  if (claim.abandoned.empty()) return {};
+  std::vector<ckpt::CheckpointDir> dirs;
+  for (const RunCheckpoint& c : claim.abandoned)
+    dirs.push_back({c.path, c.step});
+  const std::string folder = "abandoned-" + utc_stamp();
+  ckpt::move_checkpoints_aside(parent, dirs, folder);
+  return "resuming at step " + std::to_string(start_step) + " abandons this run's " +
+         list(claim.abandoned) + ": moved to " + (parent / folder).string() + " (not deleted)";
+}
+
+std::vector<fs::path> rotate_run_checkpoints(const fs::path& parent, const std::string& run_id,
+                                             int keep_last, const fs::path& written) {
+  return ckpt::rotate_checkpoints(
+      parent, kCheckpointPrefix, static_cast<std::size_t>(keep_last),
+      [&](const ckpt::CheckpointDir& d) { return describe(d).run_id == run_id; }, written);
+}
+
+}  // namespace zo::train

@@ -1,0 +1,300 @@
+// What offload_train promises about a user's runs (docs/reliability.md), as a user meets it with
+// the real binary: another run's checkpoints are never replaced or rotated away, abandoned steps
+// are moved aside, exports never write into a checkpoint, unusable output paths are refused
+// before the first step, a resumed run is the same run, and SIGINT / SIGTERM stop cleanly.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "run_binary.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using zo::test::Result;
+
+struct TempDir : zo::test::TempDir {
+  TempDir() : zo::test::TempDir("zo_rel_") {}
+};
+
+const std::string kTiny = " --model tiny -b 2 --seq-len 32 --eval-batches 1 -q";
+
+Result train(const std::string& args) {
+  return zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train" + kTiny + " " + args);
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string step_dir(std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string run_id_of(const fs::path& ckpt) {
+  return nlohmann::json::parse(bytes_of(ckpt / "trainer_state.json")).at("run_id");
+}
+
+// ---- checkpoint directories
+// -----------------------------------------------------------------------
+
+TEST(Reliability, AFreshRunRefusesAnotherRunsCheckpointsUnlessOverwrite) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  Result r = train("--steps 4 --checkpoint-dir " + ck.string() + " --checkpoint-every 1 --keep 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string first_run = run_id_of(ck / "step_00000001");
+  const std::string step3 = bytes_of(ck / "step_00000003" / "model.safetensors");
+
+  r = train("--steps 2 --seed 7 --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("holds checkpoints of another run"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--overwrite"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << "refused before the first step";
+  EXPECT_EQ(entries(ck).size(), 4u);
+
+  // --overwrite: same-numbered checkpoints are replaced; rotation never touches the others.
+  r = train("--steps 2 --seed 7 --checkpoint-dir " + ck.string() +
+            " --checkpoint-every 1 --keep 1 --overwrite");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(entries(ck),
+            (std::vector<std::string>{"step_00000002", "step_00000003", "step_00000004"}));
+  EXPECT_NE(run_id_of(ck / "step_00000002"), first_run);
+  EXPECT_EQ(run_id_of(ck / "step_00000004"), first_run);
+  EXPECT_EQ(bytes_of(ck / "step_00000003" / "model.safetensors"), step3);
+  // latest is the most recently saved checkpoint (the new run's step 2), not the highest step;
+  // the directory still holds the first run's, so resuming there needs --overwrite too.
+  const std::string resume = std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
+                             ck.string() + " --resume latest --steps 3 --keep 0";
+  r = zo::test::run_command(resume);
+  EXPECT_EQ(r.code, 1) << r.out;
+  r = zo::test::run_command(resume + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_00000002 at step 2"), std::string::npos) << r.out;
+  EXPECT_EQ(run_id_of(ck / "step_00000003"), run_id_of(ck / "step_00000002"));
+}
+
+TEST(Reliability, ResumingAnOlderStepMovesTheAbandonedOnesAsideAndRotatesOnlyItsOwn) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  Result r = train("--steps 6 --checkpoint-dir " + ck.string() + " --checkpoint-every 1 --keep 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string step5 = bytes_of(ck / "step_00000005" / "model.safetensors");
+  r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
+                            ck.string() + " --resume " + (ck / "step_00000002").string() +
+                            " --steps 4 --checkpoint-every 1 --keep 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("moved to"), std::string::npos) << r.out;
+  // The new step 4 is the newest and kept; older steps of the run rotated; 3..6 of the
+  // abandoned future moved aside, not deleted.
+  std::vector<std::string> names = entries(ck);
+  ASSERT_EQ(names.size(), 2u) << ::testing::PrintToString(names);
+  EXPECT_EQ(names[1], "step_00000004");
+  ASSERT_EQ(names[0].rfind("abandoned-", 0), 0u) << names[0];
+  EXPECT_EQ(entries(ck / names[0]), (std::vector<std::string>{"step_00000003", "step_00000004",
+                                                              "step_00000005", "step_00000006"}));
+  EXPECT_EQ(bytes_of(ck / names[0] / "step_00000005" / "model.safetensors"), step5);
+  r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
+                            ck.string() + " --resume latest --steps 5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step 4"), std::string::npos) << r.out;
+}
+
+TEST(Reliability, ExportNeverWritesIntoACheckpoint) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  ASSERT_EQ(train("--steps 1 --checkpoint-dir " + ck.string()).code, 0);
+  const fs::path step = ck / "step_00000001";
+  const std::string before = bytes_of(step / "model.safetensors");
+  for (const fs::path& out : {step / "model.safetensors", step / "sub" / "w.safetensors"}) {
+    const Result r =
+        zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " export --force --checkpoint " +
+                              step.string() + " -o " + out.string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("inside the checkpoint directory"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(bytes_of(step / "model.safetensors"), before);
+  EXPECT_FALSE(fs::exists(step / "sub"));
+}
+
+// ---- outputs checked before the first step
+// -------------------------------------------------------
+
+TEST(Reliability, UnusableOutputPathsAreRefusedBeforeTheFirstStep) {
+  TempDir d;
+  const fs::path file = d.path / "a_file";
+  std::ofstream(file) << "not a directory";
+  for (const std::string& args :
+       {"--checkpoint-dir " + file.string(), "--checkpoint-dir " + (file / "ck").string(),
+        "--metrics " + (file / "m.jsonl").string(), "--trace " + (file / "t.json").string()}) {
+    const Result r = train("--steps 2 " + args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    const std::string flag = args.substr(0, args.find(' '));
+    EXPECT_NE(r.out.find(flag), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << "no step ran: " << r.out;
+  }
+  EXPECT_EQ(bytes_of(file), "not a directory");
+  // Missing folders are made; a fresh run keeps another run's metrics file unless --overwrite.
+  const fs::path metrics = d.path / "new" / "folder" / "m.jsonl";
+  ASSERT_EQ(train("--steps 2 --metrics " + metrics.string()).code, 0);
+  const std::string kept = bytes_of(metrics);
+  Result r = train("--steps 2 --metrics " + metrics.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--overwrite"), std::string::npos) << r.out;
+  EXPECT_EQ(bytes_of(metrics), kept);
+  EXPECT_EQ(train("--steps 2 --overwrite --metrics " + metrics.string()).code, 0);
+}
+
+// ---- resuming is continuing the same run
+// -----------------------------------------------------------
+
+TEST(Reliability, AResumedRunTakesItsSettingsFromTheCheckpoint) {
+  TempDir d;
+  const fs::path full = d.path / "full.jsonl", part = d.path / "part.jsonl", ck = d.path / "ck";
+  const std::string run =
+      " --lr 3e-3 --warmup 3 --min-lr-fraction 0.2 --grad-clip 0.5 --grad-accum 2";
+  Result r = train("--steps 6 --metrics " + full.string() + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = train("--steps 3 --checkpoint-dir " + ck.string() + " --lr-schedule-steps 6" + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // Only --steps again: lr, warmup, clip, batch and schedule length come from the checkpoint.
+  r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train -q --checkpoint-dir " +
+                            ck.string() + " --resume latest --steps 6 --metrics " + part.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = zo::test::read_jsonl(full), b = zo::test::read_jsonl(part);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(b[i]["lr"], a[3 + i]["lr"]) << "step " << 4 + i;
+    EXPECT_EQ(b[i]["loss"], a[3 + i]["loss"]) << "step " << 4 + i;
+  }
+  // A flag given again wins, and the run says so.
+  r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
+                            ck.string() + " --resume latest --steps 8 --lr 1e-3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed with --lr 0.001 (the checkpointed run used 0.003)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("steps 7..8 run at its final lr"), std::string::npos) << r.out;
+}
+
+// ---- signals ------------------------------------------------------------------------------------
+
+// The binary in the background, its output in a file.
+struct Background {
+  pid_t pid = -1;
+  fs::path log;
+  Background(const std::string& args, const fs::path& log_file) : log(log_file) {
+    const std::string cmd =
+        "exec " + std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + args + " > " + log.string() + " 2>&1";
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ);
+  }
+  int wait_exit() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+// Waits until `metrics` holds at least n lines (the run has made progress).
+void wait_for_lines(const fs::path& metrics, std::size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(metrics) && zo::test::read_jsonl(metrics).size() >= n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  FAIL() << "no progress in " << metrics;
+}
+
+TEST(Reliability, ASignalStopsAfterTheStepWithACheckpointAndTheRunResumesExactly) {
+  for (const int sig : {SIGINT, SIGTERM}) {
+    TempDir d;
+    const fs::path ck = d.path / "ck", m = d.path / "m.jsonl";
+    const std::string base = "train" + kTiny + " --lr-schedule-steps 100000";
+    Background run(
+        base + " --checkpoint-dir " + ck.string() + " --steps 100000 --metrics " + m.string(),
+        d.path / "log");
+    wait_for_lines(m, 3);
+    kill(run.pid, sig);
+    EXPECT_EQ(run.wait_exit(), 128 + sig);
+    const std::string log = bytes_of(run.log);
+    const auto seen = zo::test::read_jsonl(m);
+    const std::int64_t stopped = seen.back()["step"];
+    EXPECT_NE(log.find("stopped at step " + std::to_string(stopped)), std::string::npos) << log;
+    EXPECT_NE(log.find("resume from"), std::string::npos) << log;
+    ASSERT_TRUE(fs::exists(ck / step_dir(stopped) / "MANIFEST.json")) << log;
+    // Resumed to three more steps = the same steps of an uninterrupted run.
+    const fs::path more = d.path / "more.jsonl", ref = d.path / "ref.jsonl";
+    Result r =
+        zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train -q " +
+                              "--checkpoint-dir " + ck.string() + " --resume latest " + "--steps " +
+                              std::to_string(stopped + 3) + " --metrics " + more.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + base + " --steps " +
+                              std::to_string(stopped + 3) + " --metrics " + ref.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto a = zo::test::read_jsonl(ref), b = zo::test::read_jsonl(more);
+    ASSERT_EQ(b.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(b[i]["loss"], a[std::size_t(stopped) + i]["loss"]) << "signal " << sig;
+  }
+}
+
+TEST(Reliability, ASecondSignalExitsAtOnceAndLeavesTheCheckpointsIntact) {
+  TempDir d;
+  const fs::path ck = d.path / "ck", m = d.path / "m.jsonl";
+  // Slow steps (a large batch), so that the second signal lands while the step still runs.
+  Background run("train --model tiny -b 128 --seq-len 64 -q --steps 100000 --checkpoint-every 2 " +
+                     std::string("--keep 0 --checkpoint-dir ") + ck.string() + " --metrics " +
+                     m.string(),
+                 d.path / "log");
+  wait_for_lines(m, 3);
+  kill(run.pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // signals of one kind coalesce
+  kill(run.pid, SIGINT);
+  EXPECT_EQ(run.wait_exit(), 128 + SIGINT);
+  EXPECT_NE(bytes_of(run.log).find("second signal"), std::string::npos) << bytes_of(run.log);
+  // Every complete checkpoint verifies (export checks its checksums); the newest resumes.
+  std::int64_t newest = 0;
+  for (const auto& e : fs::directory_iterator(ck)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0) continue;
+    newest = std::max<std::int64_t>(newest, std::stoll(name.substr(5)));
+    const Result x = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) +
+                                           " export --checkpoint " + e.path().string() + " -o " +
+                                           (d.path / (name + ".safetensors")).string());
+    EXPECT_EQ(x.code, 0) << name << "\n" << x.out;
+  }
+  ASSERT_GE(newest, 2);
+  const Result r =
+      zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train -q --checkpoint-dir " +
+                            ck.string() + " --resume latest --steps " + std::to_string(newest + 1));
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,308 @@
+// Damaged checkpoints and bad numbers for the trainer's readers: trainer_state.json values of the
+// wrong type, out of range or inconsistent, optimizer shard ranges that overlap, wrap or leave the
+// layout, tensors nothing reads, FIFOs in a checkpoint; non-finite flags; sampling edge cases.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "checkpoint/atomic_io.h"
+#include "checkpoint/safetensors.h"
+#include "input_test.h"
+#include "thread_comm.h"
+#include "train/checkpoint_io.h"
+#include "train/sample.h"
+#include "train/trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zo::test::error_of;
+using zo::test::Scratch;
+using Json = nlohmann::json;
+using zo::train::read_trainer_state;
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Replaces (or with nullopt removes) one file of a checkpoint and writes a matching manifest, as
+// a damaged writer would have: the checksums pass, the content is what the test says.
+void reseal(const fs::path& dir, const std::string& name, const std::optional<std::string>& bytes) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = e.path().lexically_relative(dir).generic_string();
+    if (e.is_regular_file() && rel != "MANIFEST.json" && rel != name)
+      files.emplace_back(rel, file_bytes(e.path()));
+  }
+  if (bytes) files.emplace_back(name, *bytes);
+  zo::ckpt::AtomicDirectory d(dir, zo::ckpt::IfExists::kReplace);
+  for (const auto& [rel, content] : files)
+    d.write_file(rel, content);
+  d.commit();
+}
+
+void edit_state(const fs::path& dir, const std::function<void(Json&)>& edit) {
+  Json s = Json::parse(file_bytes(dir / "trainer_state.json"));
+  edit(s);
+  reseal(dir, "trainer_state.json", s.dump());
+}
+
+zo::train::TrainConfig tiny(std::int64_t steps) {
+  zo::train::TrainConfig c;
+  c.model = "tiny";
+  c.steps = steps;
+  c.lr.total_steps = steps;
+  c.micro_batch = 2;
+  c.seq_len = 32;
+  c.quiet = true;
+  return c;
+}
+
+// A two-step tiny run's checkpoint, copied afresh for every test.
+const fs::path& trained_checkpoint() {
+  static Scratch keep;
+  static const fs::path dir = [] {
+    zo::train::TrainConfig c = tiny(2);
+    c.checkpoint_dir = keep.path.string();
+    zo::train::Trainer(c).run();
+    return keep.path / "step_00000002";
+  }();
+  return dir;
+}
+
+class TrainerState : public ::testing::Test {
+ protected:
+  void SetUp() override { fs::copy(trained_checkpoint(), dir_, fs::copy_options::recursive); }
+  // read_trainer_state's error after `edit`, restoring nothing: each call starts from the last.
+  std::string error_after(const std::function<void(Json&)>& edit) {
+    const std::string before = file_bytes(dir_ / "trainer_state.json");
+    edit_state(dir_, edit);
+    std::string e = error_of([&] { read_trainer_state(dir_); });
+    reseal(dir_, "trainer_state.json", before);
+    return e;
+  }
+  Scratch tmp_;
+  fs::path dir_ = tmp_.path / "step_00000002";
+};
+
+TEST_F(TrainerState, CountsMustBeIntegersInRangeAndConsistent) {
+  const Json bad_counts[] = {
+      -1, std::numeric_limits<std::uint64_t>::max(), 1.5, "2", nullptr, Json::array()};
+  for (const auto& [key, max] : {std::pair{"step", "2^40"}, {"tokens", "2^53"}}) {
+    for (const Json& v : bad_counts) {
+      const std::string e = error_after([&](Json& s) { s[key] = v; });
+      EXPECT_HAS(e, "trainer_state.json: \"" + std::string(key) + "\" is " + v.dump());
+      EXPECT_HAS(e, "expected an integer in [0, " + std::string(max) + "]");
+    }
+  }
+  EXPECT_HAS(error_after([](Json& s) { s.erase("step"); }), "\"step\" is missing");
+  EXPECT_HAS(error_after([](Json& s) { s["adam_step"] = 3; }),
+             "\"adam_step\" is 3; expected an integer in [0, step = 2]");
+  EXPECT_HAS(error_after([](Json& s) { s["adam_step"] = -1; }), "\"adam_step\" is -1");
+  for (const Json& v : {Json(1.0), Json("1"), Json(2)})
+    EXPECT_HAS(error_after([&](Json& s) { s["format_version"] = v; }),
+               "\"format_version\" is " + v.dump() + ", an unsupported format version");
+  EXPECT_NO_THROW(read_trainer_state(dir_));
+}
+
+TEST_F(TrainerState, SectionsAreCheckedByKey) {
+  for (const Json& v : {Json(0), Json(-2.0), Json(1e300), Json("big")}) {
+    EXPECT_HAS(error_after([&](Json& s) { s["loss_scaler"]["scale"] = v; }),
+               "\"loss_scaler.scale\" is " + v.dump() + "; expected a positive finite float");
+  }
+  EXPECT_HAS(error_after([](Json& s) { s["loss_scaler"]["good_steps"] = -1; }),
+             "\"loss_scaler.good_steps\" is -1");
+  EXPECT_HAS(error_after([](Json& s) { s["loss_scaler"]["dynamic"] = "yes"; }),
+             "\"loss_scaler.dynamic\"");
+  EXPECT_HAS(error_after([](Json& s) { s.erase("model_spec"); }), "\"model_spec\" is missing");
+  EXPECT_HAS(error_after([](Json& s) { s["model_spec"]["n_layer"] = 0; }),
+             "\"model_spec\" is refused: model spec checkpoint: n_layer = 0");
+  EXPECT_HAS(error_after([](Json& s) { s["data"] = 5; }), "\"data\" is not an object");
+  EXPECT_HAS(error_after([](Json& s) { s["config"] = Json::array(); }),
+             "\"config\" is not an object");
+  EXPECT_HAS(error_after([](Json& s) { s.erase("config"); }), "\"config\" is missing");
+  EXPECT_HAS(error_after([](Json& s) { s["run_id"] = 7; }), "\"run_id\" is 7; expected a string");
+  EXPECT_HAS(error_after([](Json& s) { s["saved_at_ns"] = -1; }), "\"saved_at_ns\" is -1");
+  EXPECT_HAS(error_after([](Json& s) { s["rng"]["seed"] = -1; }), "\"rng.seed\" is -1");
+  EXPECT_HAS(error_after([](Json& s) { s["optimizer_state_dtype"] = "fp64"; }),
+             "\"optimizer_state_dtype\" is \"fp64\"");
+}
+
+TEST_F(TrainerState, DeepOrRepeatedJsonIsRefused) {
+  const std::string text = file_bytes(dir_ / "trainer_state.json");
+  // A second "step" after the real one: nlohmann would keep the later silently.
+  reseal(dir_, "trainer_state.json", text.substr(0, text.rfind('}')) + ", \"step\": 0}");
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir_); }), "key \"step\" appears twice");
+  // A million levels where the spec wants an integer: the old reader printed it.
+  Json s = Json::parse(text);
+  s["model_spec"]["n_layer"] = "DEEP";
+  std::string deep = s.dump();
+  deep.replace(deep.find("\"DEEP\""), 6, std::string(1 << 20, '[') + std::string(1 << 20, ']'));
+  reseal(dir_, "trainer_state.json", deep);
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir_); }), "deeper than 64 levels");
+}
+
+TEST_F(TrainerState, ResumeRefusesADamagedDataCursor) {
+  edit_state(dir_, [](Json& s) { s["data"]["batches_served"] = -1; });
+  zo::train::TrainConfig c = tiny(4);
+  c.resume = dir_.string();
+  const std::string e = error_of([&] { zo::train::Trainer t(c); });
+  EXPECT_HAS(e, "batches_served = -1 is not an integer in [0, ");
+}
+
+TEST_F(TrainerState, AFifoInTheCheckpointIsRefusedWithoutBlocking) {
+  fs::remove(dir_ / "model.safetensors");
+  ASSERT_EQ(::mkfifo((dir_ / "model.safetensors").c_str(), 0600), 0);
+  EXPECT_HAS(zo::test::error_without_blocking(dir_ / "model.safetensors",
+                                              [&] { read_trainer_state(dir_); }),
+             "'model.safetensors' is a FIFO (named pipe), not a regular file");
+}
+
+TEST_F(TrainerState, TensorsNothingReadsAreRefused) {
+  const zo::model::ParameterLayout layout(zo::model::load_model_spec("tiny"));
+  zo::optim::HostOptimizer opt(layout, {});
+  const auto f = zo::ckpt::SafetensorsFile::open(dir_ / "optimizer.safetensors");
+  zo::ckpt::SafetensorsWriter w;
+  std::vector<std::vector<float>> keep;
+  for (const auto& t : f.tensors()) {
+    keep.emplace_back(t.numel);
+    f.read_f32(t.name, keep.back());
+    w.add(t.name, t.shape, keep.back());
+  }
+  const std::vector<float> junk(3, 1.0f);
+  w.add("exp_avg.h.9.mlp.c_fc.weight", {3}, junk);
+  std::string bytes;
+  w.stream([&](std::span<const std::byte> b) {
+    bytes.append(reinterpret_cast<const char*>(b.data()), b.size());
+  });
+  reseal(dir_, "optimizer.safetensors", bytes);
+  const std::string e = error_of([&] { zo::train::load_checkpoint(dir_, layout, opt); });
+  EXPECT_HAS(e, "optimizer.safetensors");
+  EXPECT_HAS(e, "'exp_avg.h.9.mlp.c_fc.weight' are not part of this checkpoint format");
+}
+
+// A checkpoint of two ranks (threads) owning [0, L/2) and [L/2, L); every moment is its index.
+class ShardedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::size_t L = layout_.size(), h = L / 2;
+    const std::vector<std::vector<zo::optim::OwnedRange>> parts = {{{0, h, 0}}, {{h, L, 0}}};
+    auto hub = std::make_shared<zo::test::ThreadCommHub>(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        zo::test::ThreadComm comm(hub, r);
+        zo::optim::HostOptimizer opt(layout_, {}, parts[std::size_t(r)]);
+        for (std::size_t i = 0; i < opt.size(); ++i) {
+          static_cast<float*>(opt.exp_avg().data)[i] = float(parts[std::size_t(r)][0].begin + i);
+          static_cast<float*>(opt.exp_avg_sq().data)[i] = 1.0f;
+        }
+        const Json state = {
+            {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
+        zo::train::save_checkpoint(tmp_.path, layout_, opt, state, 0, comm, parts);
+      });
+    }
+    for (auto& t : ranks)
+      t.join();
+  }
+  std::string load_error() {
+    zo::optim::HostOptimizer opt(layout_, {});
+    return error_of([&] { zo::train::load_checkpoint(dir_, layout_, opt); });
+  }
+  std::string error_with_ranges(const Json& r0, const Json& r1) {
+    edit_state(dir_, [&](Json& s) {
+      s["optimizer_shards"]["files"][0]["ranges"] = r0;
+      s["optimizer_shards"]["files"][1]["ranges"] = r1;
+    });
+    return load_error();
+  }
+  Scratch tmp_;
+  const zo::model::ParameterLayout layout_{zo::model::load_model_spec("tiny")};
+  fs::path dir_ = tmp_.path / "step_00000001";
+};
+
+TEST_F(ShardedCheckpoint, RangesAreCheckedAsASetBeforeAnythingIsRead) {
+  zo::optim::HostOptimizer whole(layout_, {});
+  zo::train::load_checkpoint(dir_, layout_, whole);
+  EXPECT_EQ(static_cast<float*>(whole.exp_avg().data)[layout_.size() - 1],
+            float(layout_.size() - 1));
+
+  const std::uint64_t L = layout_.size(), h = L / 2,
+                      max = std::numeric_limits<std::uint64_t>::max();
+  const std::string k = "\"optimizer_shards.files[";
+  EXPECT_HAS(error_with_ranges({{-1, h}}, {{h, L}}), k + "0].ranges[0]\" is -1;");
+  EXPECT_HAS(error_with_ranges({{0, h}}, {{max, L}}),
+             k + "1].ranges[0]\" is 18446744073709551615;");
+  EXPECT_HAS(error_with_ranges({{0, h}}, {{h, L + 5}}), "expected an integer in [0, the layout's");
+  EXPECT_HAS(error_with_ranges({{0, h}}, {{h - 1, L}}), "has ranges that overlap at parameter");
+  // Overlapping, yet every file's size matches its tensors: the old reader copied garbage.
+  EXPECT_HAS(error_with_ranges({{0, h}}, {{h - 5, L - 5}}),
+             "has ranges that overlap at parameter " + std::to_string(h - 5));
+  EXPECT_HAS(error_with_ranges({{0, h}}, {{h + 1, L}}), "to no shard");
+  EXPECT_HAS(error_with_ranges({{0, h}}, {{h, L - 1}}), "covers " + std::to_string(L - 1));
+  EXPECT_HAS(error_with_ranges({{h / 2, h}, {0, h / 2}}, {{h, L}}),
+             "a non-empty range after the file's previous one");
+  EXPECT_HAS(error_with_ranges({{0, h}, {h, h}}, {{h, L}}), "a non-empty range");
+  // Tiling ranges whose sizes disagree with the shards' tensors.
+  EXPECT_HAS(error_with_ranges({{0, h + 1}}, {{h + 1, L}}),
+             "has shape [" + std::to_string(h) + "], expected [" + std::to_string(h + 1) + "]");
+  edit_state(dir_, [&](Json& s) {
+    s["optimizer_shards"]["files"][0]["ranges"] = {{0, h}};
+    s["optimizer_shards"]["files"][1]["ranges"] = {{h, L}};
+    s["optimizer_shards"]["files"][1]["file"] = "../model.safetensors";
+  });
+  EXPECT_HAS(load_error(), "expected \"optimizer.rank1-of2.safetensors\"");
+  edit_state(dir_, [](Json& s) { s["optimizer_shards"]["ranks"] = 3; });
+  EXPECT_HAS(load_error(), "one entry per rank (ranks = 3)");
+}
+
+TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::pair<std::function<void(zo::train::TrainConfig&)>, const char*> cases[] = {
+      {[&](auto& c) { c.eps = inf; }, "--adam-eps"},
+      {[&](auto& c) { c.weight_decay = inf; }, "--weight-decay"},
+      {[&](auto& c) { c.beta2 = nan; }, "--beta2"},
+      {[&](auto& c) { c.grad_clip = inf; }, "--grad-clip"},
+      {[&](auto& c) { c.val_fraction = nan; }, "--val-fraction"},
+      {[&](auto& c) { c.loss_scale_backoff = nan; }, "--loss-scale-backoff"},
+      {[&](auto& c) { c.loss_scale_max = inf; }, "--loss-scale-max"},
+      {[&](auto& c) { c.comm_timeout = inf; }, "--comm-timeout"},
+      {[&](auto& c) { c.comm_timeout = 1e300; }, "--comm-timeout"},
+      {[&](auto& c) { c.comm_timeout = nan; }, "--comm-timeout"},
+  };
+  for (const auto& [set, flag] : cases) {
+    zo::train::TrainConfig c = tiny(1);
+    set(c);
+    EXPECT_HAS(error_of([&] { c.validate_flags(); }), flag);
+  }
+}
+
+TEST(Sample, NoTokensAndBadNumbers) {
+  zo::train::SampleConfig s;
+  s.checkpoint = trained_checkpoint().string();
+  s.prompt = {1, 2, 3};
+  s.new_tokens = 0;  // returned with the upload still pending, freeing its buffer under it
+  EXPECT_EQ(zo::train::generate(s), s.prompt);
+  s.new_tokens = 2;
+  for (float t : {std::numeric_limits<float>::infinity(), std::nanf(""), -1.0f}) {
+    s.temperature = t;
+    EXPECT_HAS(error_of([&] { zo::train::generate(s); }), "--temperature must be finite and >= 0");
+  }
+  s.temperature = 1.0f;
+  s.top_k = 257;
+  EXPECT_HAS(error_of([&] { zo::train::generate(s); }),
+             "--top-k 257 exceeds the model's vocabulary of 256");
+  s.top_k = 256;
+  EXPECT_EQ(zo::train::generate(s).size(), 5u);
+}
+
+}  // namespace
