@@ -20,6 +20,7 @@
 #include "model/layout.h"
 #include "optim/host_optimizer.h"
 #include "train/checkpoint_io.h"
+#include "train/config.h"
 #include "train/loss_scaler.h"
 
 namespace zo::fuzz {
@@ -88,9 +89,16 @@ inline CheckpointFixture make_checkpoint_fixture(const fs::path& dir) {
     m[i] = 1e-3f * static_cast<float>(i % 17) - 8e-3f;
     v[i] = 1e-6f * static_cast<float>(i % 13 + 1);
   }
+  // What Session::trainer_state records, with a fixed run id and time.
+  train::TrainConfig config;
+  config.model = "micro.json";
   const nlohmann::json state = {{"step", 3},
+                                {"run_id", "fuzz-fixture"},
+                                {"saved_at_ns", 1800000000000000000},
                                 {"tokens", 12},
                                 {"data", synthetic_loader()->state()},
+                                {"config", config.to_json()},
+                                {"rng", {{"seed", config.seed}}},
                                 {"loss_scaler", train::LossScaler().state()}};
   optim::OptimizerConfig oc;
   oc.threads = 1;

@@ -1,8 +1,9 @@
 // libFuzzer target: trainer_state.json of a checkpoint directory, resumed as the trainer does:
-// read_trainer_state (manifest, format version), checkpoint_spec, and for the micro model's
-// architecture load_checkpoint (weights, whole or sharded optimizer state) and Session's reads of
-// the step, tokens, data cursor and loss scaler. The directory holds a real checkpoint's other
-// files (fixtures.h); MANIFEST.json is rewritten for each input so that it always verifies.
+// read_trainer_state (manifest, every value's type and range), the run settings it restores,
+// checkpoint_spec, and for the micro model's architecture load_checkpoint (weights, whole or
+// sharded optimizer state) and Session's reads of the step, tokens, data cursor and loss scaler.
+// The directory holds a real checkpoint's other files (fixtures.h); MANIFEST.json is rewritten
+// for each input so that it always verifies.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -16,6 +17,8 @@
 #include "checkpoint/crc32c.h"
 #include "fixtures.h"
 #include "fuzz_common.h"
+#include "train/config.h"
+#include "train/resume_config.h"
 
 namespace {
 
@@ -51,8 +54,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   zo::fuzz::write_file(fx.dir / zo::ckpt::kManifestName, zo::ckpt::manifest_text(m));
 
   zo::fuzz::expect_clear_error([&] {
+    // Session::resolve_model, resuming without --model.
     const nlohmann::json state = zo::train::read_trainer_state(fx.dir);
+    zo::train::TrainConfig cfg;
+    cfg.model.clear();
+    (void)zo::train::restore_run_settings(cfg, state.at("config"));
+    (void)state.value("run_id", std::string());
     const zo::model::ModelSpec spec = zo::train::checkpoint_spec(state);
+    cfg.validate(spec);
     if (!spec.same_architecture(fx.layout.spec())) return;
     // Session::init_weights. An accepted checkpoint sets every weight and moment: NaN before
     // the load marks what it did not.
