@@ -6,7 +6,7 @@
 # recover, see CMakeLists.txt), on any test failure and on a test that runs past its time limit.
 #   ASAN_BUILD_DIR   build directory (default: build-asan)
 #   ASAN_JOBS        parallel compile and test jobs (default: nproc)
-#   ASAN_TESTS       suites to build and run, space-separated (default: the eight below)
+#   ASAN_TESTS       suites to build and run, space-separated (default: the nine below)
 #   ASAN_CTEST_ARGS  extra ctest arguments, e.g. "-R Trainer" or "-E LearnsTheSyntheticTask"
 #   ASAN_TIMEOUT     seconds each test may run (default: 1800)
 #   ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS  appended to the ones set here
@@ -22,7 +22,7 @@ bash .ci/install-deps
 build_dir=${ASAN_BUILD_DIR:-build-asan}
 jobs=${ASAN_JOBS:-$(nproc)}
 read -r -a suites <<<"${ASAN_TESTS:-test_core test_checkpoint test_data test_model test_train \
-test_cli test_offload test_host_device}"
+test_cli test_reliability test_offload test_host_device}"
 limit=${ASAN_TIMEOUT:-1800}
 
 start=$SECONDS
@@ -31,7 +31,7 @@ cmake -S . -B "$build_dir" -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BU
 
 found=$(known_targets run_asan "$build_dir" "${suites[@]}")
 read -r -a targets <<<"$found"
-# test_cli depends on offload_train, so the binary it runs is instrumented too.
+# test_cli and test_reliability depend on offload_train: the binary they run is instrumented too.
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 echo "run_asan: configure + build took $((SECONDS - start)) s"
 
