@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -91,6 +92,15 @@ void model_spec() {
                                                {"n_positions", 64}});
   put("not_divisible.json",
       {{"n_layer", 2}, {"n_head", 3}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}});
+  // Fuzzing found these (regress_*: kept as seeds so that CI runs them every time). A parameter
+  // count past 2^64 that wrapped around, and 2^30 layers laid out for minutes.
+  put("regress_count_wraps.json", {{"n_layer", 4096},
+                                   {"n_head", 1},
+                                   {"n_embd", 1 << 30},
+                                   {"vocab_size", 8},
+                                   {"block_size", 4}});
+  put("regress_n_layer_huge.json",
+      {{"n_layer", 1 << 30}, {"n_head", 1}, {"n_embd", 4}, {"vocab_size", 8}, {"block_size", 4}});
 }
 
 void safetensors(const zo::fuzz::CheckpointFixture&, const fs::path& ckpt) {
@@ -161,6 +171,19 @@ void loader_state(const fs::path& shards) {
   for (int i = 0; i < 3; ++i)
     synthetic->next_batch(in, tgt);
   put("synthetic.json", synthetic->state());
+  // Fuzzing found these: a file entry without "tokens" (read through a missing key), a cursor
+  // and a batch size out of their types' range (undefined conversions and overflow).
+  json j = loader->state();
+  j["data"]["files"][0].erase("tokens");
+  j["data"]["files"][0]["hash"] = "0";
+  put("regress_file_without_tokens.json", j);
+  j = loader->state();
+  j["batches_served"] = 1e30;
+  put("regress_cursor_float.json", j);
+  j = loader->state();
+  j["config"]["batch_size"] = std::numeric_limits<std::int64_t>::max();
+  j["config"]["world_size"] = 2;
+  put("regress_global_batch_overflow.json", j);
 }
 
 void trainer_state(const zo::fuzz::CheckpointFixture& fx) {
@@ -169,6 +192,14 @@ void trainer_state(const zo::fuzz::CheckpointFixture& fx) {
   json j = json::parse(fx.whole_state);
   j["model_spec"] = zo::model::load_model_spec("tiny").to_json();
   write_file(seed("trainer_state", "other_model.json"), j.dump(2));
+  // Found with this target: a step out of int64's range (an undefined conversion), and shard
+  // ranges that overlap where their sizes match the files, leaving moments unset.
+  j = json::parse(fx.whole_state);
+  j["step"] = 1e300;
+  write_file(seed("trainer_state", "regress_step_float.json"), j.dump(2));
+  j = json::parse(fx.sharded_state);
+  j["optimizer_shards"]["files"][1]["ranges"] = {{100, 150}, {100, 150}};
+  write_file(seed("trainer_state", "regress_shards_overlap.json"), j.dump(2));
 }
 
 }  // namespace
