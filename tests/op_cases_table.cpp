@@ -1,10 +1,12 @@
 // The op-case table (op_cases.h): one function per op that draws its inputs and records its
 // outputs, and op_cases(), which lists the shapes each op runs at. Outputs an op writes start
 // from random junk (every element must be written); gradients it accumulates start from random
-// values (+= onto them).
+// values (+= onto them). Padded rows (a row stride past the last column) hold NaN in inputs, so
+// that reading them shows, and junk in outputs, which must stay as it was.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -70,36 +72,141 @@ void layernorm(OpRun& r, int N, int C) {
   r.out("rstd", rstd, Check::kStats);
   const Tensor m = r.from_reference("mean"), rs = r.from_reference("rstd");
   const Tensor dout = r.rand(NC), dinp = r.rand(NC), dw = r.rand(C), db = r.rand(C);
-  r.dev().layernorm_backward(dinp.p, dw.p, db.p, dout.p, inp.p, w.p, m.f(), rs.f(), N, C, r.s());
-  r.out("dinp", dinp, Check::kAct);
+  auto backward = [&](const Tensor& d, const void* dres) {
+    r.dev().layernorm_backward(d.p, dres, dw.p, db.p, dout.p, inp.p, w.p, m.f(), rs.f(), N, C,
+                               r.s());
+  };
+  backward(dinp, dinp.p);  // the residual stream's gradient, accumulated in place
+  r.out("dinp (residual in place)", dinp, Check::kAct);
   r.out("dweight", dw, Check::kAct);
   r.out("dbias", db, Check::kAct);
+  const Tensor written = r.rand(NC), separate = r.rand(NC), dres = r.rand(NC);
+  backward(written, nullptr);
+  r.out("dinp (written)", written, Check::kAct);
+  backward(separate, dres.p);
+  r.out("dinp (separate residual)", separate, Check::kAct);
+  r.out("dweight (three calls)", dw, Check::kAct);
 }
 
-// ---- matmul ------------------------------------------------------------------------------------
+// The fused op, and on the same device the two ops it fuses: the same bits.
+void residual_layernorm(OpRun& r, int N, int C) {
+  const std::size_t NC = std::size_t(N) * C;
+  const Tensor a = r.rand(NC, 2.0f, 0.5f), b = r.rand(NC), w = r.rand(C, 0.5f, 1.0f);
+  const Tensor bias = r.rand(C, 0.5f), res = r.rand(NC), out = r.rand(NC);
+  auto stats = [&] { return r.f32(std::vector<float>(N, -1.0f)); };
+  const Tensor mean = stats(), rstd = stats();
+  r.dev().residual_layernorm_forward(res.p, out.p, mean.f(), rstd.f(), a.p, b.p, w.p, bias.p, N, C,
+                                     r.s());
+  r.out("res", res, Check::kAct);
+  r.out("out", out, Check::kAct);
+  // Statistics of res as stored: in 16-bit storage a rounding away from the host's fp32 res.
+  r.out("mean", mean, Check::kAct);
+  r.out("rstd", rstd, Check::kAct);
+  const Tensor res2 = r.rand(NC), out2 = r.rand(NC), mean2 = stats(), rstd2 = stats();
+  r.dev().residual_forward(res2.p, a.p, b.p, NC, r.s());
+  r.dev().layernorm_forward(out2.p, mean2.f(), rstd2.f(), res2.p, w.p, bias.p, N, C, r.s());
+  EXPECT_EQ(r.raw(res2), r.raw(res)) << "residual_forward";
+  EXPECT_EQ(r.raw(out2), r.raw(out)) << "layernorm_forward after residual_forward";
+  EXPECT_EQ(r.raw(mean2), r.raw(mean)) << "mean";
+  EXPECT_EQ(r.raw(rstd2), r.raw(rstd)) << "rstd";
+}
+
+// ---- matmul: with a row stride (a.ld_out > OC), out's padding must stay as it was and dout's
+// (NaN) must not be read -----------------------------------------------------------------------
+
+std::size_t row_stride(const zo::dev::MatmulArgs& a) {
+  return std::size_t(a.ld_out != 0 ? a.ld_out : a.OC);
+}
+
+// N rows of OC values `ld` apart; the padding NaN.
+std::vector<float> padded_rows(OpRun& r, std::size_t N, std::size_t OC, std::size_t ld) {
+  std::vector<float> x = r.normal(N * ld);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (i % ld >= OC) x[i] = std::numeric_limits<float>::quiet_NaN();
+  }
+  return x;
+}
+
+// The first `cols` of each row, as a packed act tensor (to record an output with NaN padding).
+Tensor packed(OpRun& r, const Tensor& x, std::size_t cols, std::size_t ld) {
+  const std::vector<float> all = r.get(x);
+  std::vector<float> kept;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (i % ld < cols) kept.push_back(all[i]);
+  }
+  return r.act(kept);
+}
+
+void expect_padding_kept(OpRun& r, const Tensor& x, const std::vector<float>& before,
+                         std::size_t cols, std::size_t ld, const std::string& what) {
+  const std::vector<float> after = r.get(x);
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    changed += i % ld >= cols && std::memcmp(&after[i], &before[i], sizeof(float)) != 0 ? 1 : 0;
+  }
+  EXPECT_EQ(changed, 0u) << what << ": elements past the last column were written";
+}
 
 void matmul_forward(OpRun& r, zo::dev::MatmulArgs a) {
-  const std::size_t N = a.N, C = a.C, OC = a.OC;
+  const std::size_t N = a.N, C = a.C, OC = a.OC, ld = row_stride(a);
   const Tensor inp = r.rand(N * C), w = r.rand(OC * C, 1.0f / std::sqrt(float(C)));
-  const Tensor bias = r.rand(OC, 0.5f), out = r.rand(N * OC), out_no_bias = r.rand(N * OC);
+  const Tensor bias = r.rand(OC, 0.5f), out = r.rand(N * ld), out_no_bias = r.rand(N * ld);
+  const std::vector<float> before = r.get(out);
   r.dev().matmul_forward(out.p, inp.p, w.p, bias.p, a, r.s());
   r.out("out (bias)", out, Check::kAct);
+  expect_padding_kept(r, out, before, OC, ld, "out");
   r.dev().matmul_forward(out_no_bias.p, inp.p, w.p, nullptr, a, r.s());
   r.out("out (no bias)", out_no_bias, Check::kAct);
 }
 
+// dbias starts small: with cuBLASLt's BGRADB the bias gradient is rounded to the storage dtype
+// before it is added, so in 16-bit storage the sum carries one more rounding of the gradient's own
+// size, which cancellation against a large start value would magnify past act_tol.
 void matmul_backward(OpRun& r, zo::dev::MatmulArgs a) {
-  const std::size_t N = a.N, C = a.C, OC = a.OC;
-  const Tensor dout = r.rand(N * OC), inp = r.rand(N * C);
+  const std::size_t N = a.N, C = a.C, OC = a.OC, ld = row_stride(a);
+  const Tensor dout = r.act(padded_rows(r, N, OC, ld)), inp = r.rand(N * C);
   const Tensor w = r.rand(OC * C, 1.0f / std::sqrt(float(C)));
-  const Tensor dinp = r.rand(N * C), dw = r.rand(OC * C), db = r.rand(OC);
+  const Tensor dinp = r.rand(N * C), dw = r.rand(OC * C), db = r.rand(OC, 0.1f);
   r.dev().matmul_backward(dinp.p, dw.p, db.p, dout.p, inp.p, w.p, a, r.s());
   r.out("dinp", dinp, Check::kAct);
   r.out("dweight", dw, Check::kAct);
   r.out("dbias", db, Check::kAct);
   const std::vector<std::uint8_t> dbias = r.raw(db);
-  r.dev().matmul_backward(dinp.p, dw.p, nullptr, dout.p, inp.p, w.p, a, r.s());
-  r.out("dinp (second call)", dinp, Check::kAct);
+  const Tensor dinp2 = r.rand(N * C);
+  r.dev().matmul_backward(dinp2.p, dw.p, nullptr, dout.p, inp.p, w.p, a, r.s());
+  r.out("dinp (second call)", dinp2, Check::kAct);
+  r.out("dweight (second call)", dw, Check::kAct);
+  EXPECT_EQ(r.raw(db), dbias) << "a null dbias must leave the bias gradient alone";
+}
+
+// pre = inp @ w^T + bias and out = gelu(pre), with and without bias.
+void matmul_gelu_forward(OpRun& r, zo::dev::MatmulArgs a) {
+  const std::size_t N = a.N, C = a.C, OC = a.OC;
+  const Tensor inp = r.rand(N * C), w = r.rand(OC * C, 2.0f / std::sqrt(float(C)));
+  const Tensor bias = r.rand(OC, 0.5f);
+  for (const bool with_bias : {true, false}) {
+    const std::string how = with_bias ? " (bias)" : " (no bias)";
+    const Tensor out = r.rand(N * OC), pre = r.rand(N * OC);
+    r.dev().matmul_gelu_forward(out.p, pre.p, inp.p, w.p, with_bias ? bias.p : nullptr, a, r.s());
+    r.out("pre" + how, pre, Check::kAct);
+    r.out("out" + how, out, Check::kAct);
+  }
+}
+
+// dpre = gelu'(pre) * (dout @ w), dweight += gelu(pre)^T dout, dbias += colsum(dout).
+void matmul_dgelu_backward(OpRun& r, zo::dev::MatmulArgs a) {
+  const std::size_t N = a.N, C = a.C, OC = a.OC;
+  const Tensor dout = r.rand(N * OC), pre = r.rand(N * C, 2.0f), inp = r.rand(N * C);
+  const Tensor w = r.rand(OC * C, 1.0f / std::sqrt(float(C)));
+  const Tensor dpre = r.rand(N * C), dw = r.rand(OC * C), db = r.rand(OC, 0.1f);
+  r.dev().matmul_dgelu_backward(dpre.p, dw.p, db.p, dout.p, inp.p, w.p, pre.p, a, r.s());
+  r.out("dpre", dpre, Check::kAct);
+  r.out("dweight", dw, Check::kAct);
+  r.out("dbias", db, Check::kAct);
+  const std::vector<std::uint8_t> dbias = r.raw(db);
+  const Tensor dpre2 = r.rand(N * C);
+  r.dev().matmul_dgelu_backward(dpre2.p, dw.p, nullptr, dout.p, inp.p, w.p, pre.p, a, r.s());
+  r.out("dpre (second call)", dpre2, Check::kAct);
   r.out("dweight (second call)", dw, Check::kAct);
   EXPECT_EQ(r.raw(db), dbias) << "a null dbias must leave the bias gradient alone";
 }
@@ -130,6 +237,13 @@ void accumulate(OpRun& r, std::size_t n) {
   r.out("dst", dst, Check::kAct);
 }
 
+// fp32 sums of act-dtype gradients: the sum is exact in fp32 for inputs rounded to the dtype.
+void accumulate_f32(OpRun& r, std::size_t n) {
+  const Tensor dst = r.f32(r.normal_f32(n)), src = r.rand(n);
+  r.dev().accumulate_f32(dst.f(), src.p, n, r.s());
+  r.out("dst", dst, Check::kStats);
+}
+
 // ---- attention: the backward reads the reference's out and lse
 // ------------------------------------
 
@@ -150,22 +264,28 @@ void attention(OpRun& r, zo::dev::AttentionArgs a) {
 // ---- cross-entropy: no dlogits, separate dlogits, dlogits in place of the logits
 // -------------------
 
-void cross_entropy(OpRun& r, int N, int V) {
-  const std::size_t NV = std::size_t(N) * V;
-  const std::vector<float> logits = r.normal(NV, 2.0f);
+void cross_entropy(OpRun& r, int N, int V, int ld) {
+  const std::size_t NV = std::size_t(N) * ld;
+  std::vector<float> logits = padded_rows(r, std::size_t(N), std::size_t(V), std::size_t(ld));
+  for (float& v : logits)
+    v *= 2.0f;
+  logits = round_to(logits, r.t());
   const Tensor x = r.act(logits), targets = r.i32(r.ids(std::size_t(N), V)), dx = r.rand(NV);
+  const std::vector<float> dx_before = r.get(dx);
   const float scale = 1.0f / float(N);
   auto losses = [&] { return r.f32(std::vector<float>(std::size_t(N), -1.0f)); };
   const Tensor only = losses(), separate = losses(), aliased = losses();
-  r.dev().cross_entropy(only.f(), nullptr, x.p, targets.i(), N, V, scale, r.s());
+  r.dev().cross_entropy(only.f(), nullptr, x.p, targets.i(), N, V, ld, scale, r.s());
   r.out("losses (no dlogits)", only, Check::kStats);
-  EXPECT_EQ(r.get(x), logits) << "a null dlogits must leave the logits alone";
-  r.dev().cross_entropy(separate.f(), dx.p, x.p, targets.i(), N, V, scale, r.s());
+  EXPECT_EQ(r.raw(x), encode(logits, x.t)) << "a null dlogits must leave the logits alone";
+  r.dev().cross_entropy(separate.f(), dx.p, x.p, targets.i(), N, V, ld, scale, r.s());
   r.out("losses", separate, Check::kStats);
   r.out("dlogits", dx, Check::kAct);
-  r.dev().cross_entropy(aliased.f(), x.p, x.p, targets.i(), N, V, scale, r.s());
+  expect_padding_kept(r, dx, dx_before, std::size_t(V), std::size_t(ld), "dlogits");
+  r.dev().cross_entropy(aliased.f(), x.p, x.p, targets.i(), N, V, ld, scale, r.s());
   r.out("losses (aliased)", aliased, Check::kStats);
-  r.out("dlogits (aliased)", x, Check::kAct);
+  r.out("dlogits (aliased)", packed(r, x, std::size_t(V), std::size_t(ld)), Check::kAct);
+  expect_padding_kept(r, x, logits, std::size_t(V), std::size_t(ld), "dlogits (aliased)");
 }
 
 // ---- reductions --------------------------------------------------------------------------------
@@ -257,14 +377,30 @@ std::vector<OpCase> make_cases() {
   for (const Rows s : {Rows{26, 48}, Rows{26, 37}, Rows{300, 200}}) {
     add("LayerNorm" + dim("N", s.N) + dim("C", s.C), [s](OpRun& r) { layernorm(r, s.N, s.C); });
   }
+  for (const Rows s : {Rows{26, 48}, Rows{26, 37}}) {
+    add("ResidualLayerNorm" + dim("N", s.N) + dim("C", s.C),
+        [s](OpRun& r) { residual_layernorm(r, s.N, s.C); });
+  }
   // Odd sizes; 1000 rows: the bias gradient in 4 row chunks; 208 x 160 x 288: the largest;
-  // 200 x 150: several host row and channel blocks.
+  // 200 x 150: several host row and channel blocks; OC 101 in rows of 128: the LM head's padding.
   using zo::dev::MatmulArgs;
-  for (const MatmulArgs a : {MatmulArgs{26, 48, 37}, MatmulArgs{1000, 64, 96},
-                             MatmulArgs{208, 160, 288}, MatmulArgs{200, 80, 150}}) {
-    const std::string shape = dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC);
+  for (const MatmulArgs a :
+       {MatmulArgs{26, 48, 37}, MatmulArgs{1000, 64, 96}, MatmulArgs{208, 160, 288},
+        MatmulArgs{200, 80, 150}, MatmulArgs{26, 48, 101, 128}}) {
+    std::string shape = dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC);
+    if (a.ld_out != 0) shape += dim("ld", a.ld_out);
     add("MatmulForward" + shape, [a](OpRun& r) { matmul_forward(r, a); });
     add_repeatable("MatmulBackward" + shape, [a](OpRun& r) { matmul_backward(r, a); });
+  }
+  // The GELU epilogues need a multiple of 8 for the GELU matrix's columns (OC forward, C
+  // backward): 40 takes them, 37 the fallback kernels.
+  for (const MatmulArgs a : {MatmulArgs{26, 48, 40}, MatmulArgs{26, 48, 37}}) {
+    add("MatmulGeluForward" + dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC),
+        [a](OpRun& r) { matmul_gelu_forward(r, a); });
+  }
+  for (const MatmulArgs a : {MatmulArgs{26, 40, 48}, MatmulArgs{26, 37, 48}}) {
+    add_repeatable("MatmulDgeluBackward" + dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC),
+                   [a](OpRun& r) { matmul_dgelu_backward(r, a); });
   }
   // The bias gradient sums 256-row chunks: N 1 and 37 in one pass, 1000 in 4 chunks, 5000 in
   // 20; OC 1, 96 and 301 against its 32-column blocks.
@@ -280,22 +416,31 @@ std::vector<OpCase> make_cases() {
   add("GeluBackward" + dim("n", n), [n](OpRun& r) { gelu_backward(r, n); });
   add("ResidualForward" + dim("n", n), [n](OpRun& r) { residual_forward(r, n); });
   add("Accumulate" + dim("n", n), [n](OpRun& r) { accumulate(r, n); });
+  add("AccumulateF32" + dim("n", n), [n](OpRun& r) { accumulate_f32(r, n); });
   // Head sizes 16 with odd T, GPT-2's 64 past one 64-row tile, 100 (32-row tiles, two chunks),
   // 10 (not a multiple of 4: the scalar loads); a single token; T 150 (several host query blocks).
+  // Heads of 64 and 128 take the tensor-core kernels in bf16 and fp16: 128 with T 1 and 77 (3
+  // loop tiles of 32 rows in the backward), 64 with B 2 and T 200 (4 tiles of 64, the last with
+  // 8 rows: double buffers refilled). Every case runs twice for the same bits.
   using zo::dev::AttentionArgs;
   for (const AttentionArgs a :
        {AttentionArgs{2, 13, 48, 3}, AttentionArgs{1, 77, 128, 2}, AttentionArgs{1, 40, 200, 2},
-        AttentionArgs{2, 9, 30, 3}, AttentionArgs{1, 1, 16, 1}, AttentionArgs{2, 150, 32, 2}}) {
-    add("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
-        [a](OpRun& r) { attention(r, a); });
+        AttentionArgs{2, 9, 30, 3}, AttentionArgs{1, 1, 16, 1}, AttentionArgs{2, 150, 32, 2},
+        AttentionArgs{1, 1, 128, 1}, AttentionArgs{1, 77, 256, 2}, AttentionArgs{2, 200, 64, 1}}) {
+    add_repeatable("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
+                   [a](OpRun& r) { attention(r, a); });
   }
-  // GPT-2's vocabulary (odd rows: unaligned); 40 x 1999 splits into several host blocks.
+  // GPT-2's vocabulary packed (odd rows: unaligned) and in the CUDA backend's padded rows;
+  // 40 x 1999 splits into several host blocks.
   struct Logits {
-    int N, V;
+    int N, V, ld;
   };
-  for (const Logits s : {Logits{26, 101}, Logits{5, 256}, Logits{3, 50257}, Logits{40, 1999}}) {
-    add("CrossEntropy" + dim("N", s.N) + dim("V", s.V),
-        [s](OpRun& r) { cross_entropy(r, s.N, s.V); });
+  for (const Logits s :
+       {Logits{26, 101, 101}, Logits{26, 101, 128}, Logits{5, 256, 256}, Logits{3, 50257, 50257},
+        Logits{3, 50257, 50304}, Logits{40, 1999, 1999}}) {
+    std::string name = "CrossEntropy" + dim("N", s.N) + dim("V", s.V);
+    if (s.ld != s.V) name += dim("ld", s.ld);
+    add(name, [s](OpRun& r) { cross_entropy(r, s.N, s.V, s.ld); });
   }
   for (const std::size_t k : {1, 7, 1251, 100003, 200003}) {
     add_repeatable("SumSquares" + dim("n", k), [k](OpRun& r) { sum_squares(r, k); });

@@ -33,6 +33,13 @@
 #include "op_cases.h"
 #include "op_compare.h"
 
+// Test hooks of the SIMT emulator's cuBLASLt (tests/simt/cublaslt_fake.cpp). Weak: a GPU build
+// has none, and what needs them is skipped there.
+namespace zo::simt {
+[[gnu::weak]] void cublaslt_refuse_epilogues(bool refuse);
+[[gnu::weak]] void cublaslt_offer_algorithms(int count);
+}  // namespace zo::simt
+
 namespace {
 
 using zo::DType;
@@ -65,6 +72,14 @@ std::unique_ptr<Device> cuda_device(DType t, std::size_t capacity = 0) {
 
 using zo::test::contains;
 using zo::test::encode;
+
+std::vector<float> normal_values(std::mt19937& rng, std::size_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x)
+    v = normal(rng);
+  return x;
+}
 
 // ---- the op-case table ----------------------------------------------------------------------
 
@@ -118,10 +133,10 @@ TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
   struct Out {
     std::vector<float> losses, grads;
   };
-  auto run = [&](Device& dev) {
+  auto run = [&](Device& dev, bool recompute) {
     OpRun d(dev, t(), 0);
     const Tensor p = d.act(params), g = d.act(std::vector<float>(layout.size(), 0.0f));
-    zo::model::Gpt gpt(dev, layout, {B, T, false});
+    zo::model::Gpt gpt(dev, layout, {B, T, recompute});
     gpt.set_batch(tok, tgt, d.s());
     // dloss_scale 1 (the gradient of the summed loss) keeps fp16 gradients out of subnormals.
     gpt.forward(p.p, T, true, 1.0f, d.s());
@@ -129,25 +144,31 @@ TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
     const Tensor losses{const_cast<float*>(gpt.losses()), BT, DType::kF32, false};
     return Out{d.get(losses), d.get(g)};
   };
-  const Out got = run(*cuda_device(t())), want = run(*zo::dev::make_host_device({}));
+  const Out want = run(*zo::dev::make_host_device({}), false);
   const bool f32 = t() == DType::kF32;
-  const double mean_got = std::accumulate(got.losses.begin(), got.losses.end(), 0.0) / double(BT);
-  const double mean_want =
-      std::accumulate(want.losses.begin(), want.losses.end(), 0.0) / double(BT);
-  EXPECT_NEAR(mean_got, mean_want, (f32 ? 1e-5 : 2e-2) * mean_want) << "mean loss";
-  zo::test::expect_close(got.losses, want.losses,
-                         f32 ? zo::test::Tol{1e-5, 1e-4} : zo::test::Tol{2e-2, 1e-1}, "losses");
-  // Per tensor, by norm: 16-bit activations compound over the layers.
-  for (const auto& ti : layout.tensors()) {
-    SCOPED_TRACE(ti.name);
-    double diff2 = 0.0, want2 = 0.0;
-    for (std::size_t i = ti.offset; i < ti.offset + ti.numel; ++i) {
-      const double d = double(got.grads[i]) - double(want.grads[i]);
-      diff2 += d * d;
-      want2 += double(want.grads[i]) * double(want.grads[i]);
+  // V = 101: the CUDA backend pads the logits rows to 128. With recompute, each block's first
+  // LayerNorm is recomputed on its own instead of with the residual add before it.
+  for (const bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    const Out got = run(*cuda_device(t()), recompute);
+    const double mean_got = std::accumulate(got.losses.begin(), got.losses.end(), 0.0) / double(BT);
+    const double mean_want =
+        std::accumulate(want.losses.begin(), want.losses.end(), 0.0) / double(BT);
+    EXPECT_NEAR(mean_got, mean_want, (f32 ? 1e-5 : 2e-2) * mean_want) << "mean loss";
+    zo::test::expect_close(got.losses, want.losses,
+                           f32 ? zo::test::Tol{1e-5, 1e-4} : zo::test::Tol{2e-2, 1e-1}, "losses");
+    // Per tensor, by norm: 16-bit activations compound over the layers.
+    for (const auto& ti : layout.tensors()) {
+      SCOPED_TRACE(ti.name);
+      double diff2 = 0.0, want2 = 0.0;
+      for (std::size_t i = ti.offset; i < ti.offset + ti.numel; ++i) {
+        const double d = double(got.grads[i]) - double(want.grads[i]);
+        diff2 += d * d;
+        want2 += double(want.grads[i]) * double(want.grads[i]);
+      }
+      ASSERT_GT(want2, 0.0) << "zero reference gradient";
+      EXPECT_LE(std::sqrt(diff2 / want2), f32 ? 1e-4 : 5e-2) << "relative gradient error norm";
     }
-    ASSERT_GT(want2, 0.0) << "zero reference gradient";
-    EXPECT_LE(std::sqrt(diff2 / want2), f32 ? 1e-4 : 5e-2) << "relative gradient error norm";
   }
 }
 
@@ -335,12 +356,8 @@ TEST(CudaDevice, MatmulOnTwoStreamsMatchesOneStream) {
   const auto s1 = dev->create_stream(), s2 = dev->create_stream();
   const int N = 512, C = 256, OC = 768;
   std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto upload = [&](std::size_t n) {
-    std::vector<float> x(n);
-    for (float& v : x)
-      v = normal(rng);
-    const auto bytes = encode(x, DType::kBF16);
+    const auto bytes = encode(normal_values(rng, n), DType::kBF16);
     Buffer b = dev->alloc(bytes.size(), "x");
     dev->copy_to_device(b.data(), bytes.data(), bytes.size(), *s1);
     s1->synchronize();
@@ -384,20 +401,134 @@ TEST(CudaMatmul, PlansAreCachedPerShapeAndAlignment) {
   inp.copy_from_host(ones.data(), std::size_t(N) * C * 4);
   w.copy_from_host(ones.data(), std::size_t(OC) * C * 4);
   for (int k = 0; k < 3; ++k) {
-    zo::gpu::launch_matmul_forward(ctx, out.data(), inp.data(), w.data(), nullptr, N, C, OC,
+    zo::gpu::launch_matmul_forward(ctx, out.data(), inp.data(), w.data(), nullptr, N, C, OC, 0,
                                    DType::kF32, nullptr);
   }
   EXPECT_EQ(zo::gpu::matmul_plan_count(ctx), 1u);
   zo::gpu::launch_matmul_forward(ctx, out.as<float>() + 1, inp.data(), w.data(), nullptr, N, C, OC,
-                                 DType::kF32, nullptr);
+                                 0, DType::kF32, nullptr);
   EXPECT_EQ(zo::gpu::matmul_plan_count(ctx), 2u) << "a 4-byte aligned output needs its own plan";
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> host(std::size_t(N) * OC);
   out.copy_to_host(host.data(), host.size() * 4);
   EXPECT_FLOAT_EQ(host[0], 48 * 0.25f);
   EXPECT_THROW(zo::gpu::launch_matmul_forward(ctx, out.data(), inp.data(), w.data(), nullptr, 0, C,
-                                              OC, DType::kF32, nullptr),
+                                              OC, 0, DType::kF32, nullptr),
                std::invalid_argument);
+}
+
+// ---- epilogue fallbacks and the timed choice of algorithm
+// ----------------------------------------
+
+// Runs the op cases whose names start with "Matmul" against the host backend, each on a new device
+// (a new plan cache); with_bias_chunks: also the bias-gradient shapes (C = 5), which only test the
+// fallback's column-sum kernel.
+void run_matmul_cases(DType t, bool with_bias_chunks) {
+  const auto host = zo::dev::make_host_device({});
+  for (const zo::test::OpCase& c : zo::test::op_cases()) {
+    if (c.name.rfind("Matmul", 0) != 0) continue;
+    if (!with_bias_chunks && contains(c.name, "_C5_")) continue;
+    SCOPED_TRACE(c.name);
+    const auto gpu = cuda_device(t);
+    zo::test::run_op_case(c, t, *gpu, *host, zo::test::Compare::kTolerance);
+  }
+}
+
+// Without any epilogue (cuBLASLt has none for some shapes and alignments), every matmul op takes
+// its fallback kernels: the broadcast bias under an accumulating GEMM, the GELU kernel, the GELU
+// gradient in place and the bias-gradient column sums.
+TEST(CudaMatmul, FallbacksWithoutEpiloguesMatchHost) {
+  ZO_REQUIRE_GPU();
+  if (zo::simt::cublaslt_refuse_epilogues == nullptr) {
+    GTEST_SKIP() << "needs the SIMT emulator's cuBLASLt, whose heuristic can refuse epilogues";
+  }
+  struct Refuse {
+    Refuse() { zo::simt::cublaslt_refuse_epilogues(true); }
+    ~Refuse() { zo::simt::cublaslt_refuse_epilogues(false); }
+  } refuse;
+  run_matmul_cases(DType::kBF16, true);
+}
+
+// Several candidates: the first call of each plan key times them on the stream (an accumulating
+// GEMM into scratch) and keeps the fastest. Results must be those of one candidate: on a GPU
+// against the host backend; on the emulator, whose candidates compute the same bits, bit for bit.
+TEST(CudaMatmul, TimedChoiceKeepsEveryResult) {
+  ZO_REQUIRE_GPU();
+  const bool emulated = zo::simt::cublaslt_offer_algorithms != nullptr;
+  struct Offer {
+    bool on;
+    explicit Offer(bool o) : on(o) {
+      if (on) zo::simt::cublaslt_offer_algorithms(3);
+    }
+    ~Offer() {
+      if (on) zo::simt::cublaslt_offer_algorithms(1);
+    }
+  };
+  {
+    const Offer offer(emulated);
+    run_matmul_cases(DType::kBF16, false);
+  }
+
+  if (!emulated) return;
+  zo::gpu::require_device(usable_device());
+  struct Destroy {
+    void operator()(zo::gpu::MatmulContext* c) const noexcept {
+      zo::gpu::destroy_matmul_context(c);
+    }
+  };
+  const int N = 26, C = 48, OC = 40;
+  std::mt19937 rng(9);
+  auto buffer = [&](std::size_t n) {
+    const std::vector<float> x = normal_values(rng, n);
+    auto b = std::make_unique<zo::test::GpuBuffer>(n * 4);
+    b->copy_from_host(x.data(), n * 4);
+    return b;
+  };
+  const auto inp = buffer(std::size_t(N) * C), w = buffer(std::size_t(OC) * C), bias = buffer(OC),
+             dout = buffer(std::size_t(N) * OC), pre = buffer(std::size_t(N) * C);
+  // Every matmul op once, the backward twice (accumulating): the outputs, plans made and timed.
+  struct Result {
+    std::vector<float> values;
+    std::size_t plans, timed;
+  };
+  auto run = [&](int candidates) {
+    zo::simt::cublaslt_offer_algorithms(candidates);
+    const std::unique_ptr<zo::gpu::MatmulContext, Destroy> ctx(zo::gpu::create_matmul_context());
+    const std::size_t no = std::size_t(N) * OC, nc = std::size_t(N) * C;
+    std::vector<std::unique_ptr<zo::test::GpuBuffer>> outs;
+    for (const std::size_t n : {no, no, no, nc, nc, std::size_t(OC) * C, std::size_t(OC)}) {
+      outs.push_back(std::make_unique<zo::test::GpuBuffer>(n * 4));
+      const std::vector<float> zeros(n, 0.0f);
+      outs.back()->copy_from_host(zeros.data(), n * 4);
+    }
+    auto o = [&](int i) { return outs[std::size_t(i)]->data(); };
+    zo::gpu::launch_matmul_forward(ctx.get(), o(0), inp->data(), w->data(), bias->data(), N, C, OC,
+                                   0, DType::kF32, nullptr);
+    zo::gpu::launch_matmul_gelu_forward(ctx.get(), o(1), o(2), inp->data(), w->data(), bias->data(),
+                                        N, C, OC, DType::kF32, nullptr);
+    for (int k = 0; k < 2; ++k) {
+      zo::gpu::launch_matmul_backward(ctx.get(), o(3), o(5), o(6), dout->data(), inp->data(),
+                                      w->data(), N, C, OC, 0, DType::kF32, nullptr);
+    }
+    zo::gpu::launch_matmul_dgelu_backward(ctx.get(), o(4), o(5), o(6), dout->data(), inp->data(),
+                                          w->data(), pre->data(), N, C, OC, DType::kF32, nullptr);
+    Result r{
+        {}, zo::gpu::matmul_plan_count(ctx.get()), zo::gpu::matmul_timed_plan_count(ctx.get())};
+    for (const auto& b : outs) {
+      std::vector<float> host(b->size() / 4);
+      b->copy_to_host(host.data(), b->size());
+      r.values.insert(r.values.end(), host.begin(), host.end());
+    }
+    zo::simt::cublaslt_offer_algorithms(1);
+    return r;
+  };
+  const Result one = run(1), several = run(3);
+  EXPECT_EQ(one.timed, 0u) << "one candidate is taken without timing";
+  EXPECT_EQ(several.plans, one.plans);
+  EXPECT_EQ(several.timed, several.plans) << "every plan with several candidates is timed";
+  ASSERT_EQ(several.values.size(), one.values.size());
+  EXPECT_EQ(std::memcmp(several.values.data(), one.values.data(), one.values.size() * 4), 0)
+      << "timing changed a result";
 }
 
 }  // namespace

@@ -674,7 +674,7 @@ TEST(HostStreams, TaskErrorSurfacesAtSynchronizeOnce) {
   const std::vector<std::int32_t> targets{0, 5};
   Buffer d_tgt = env.up(targets), logits = env.up(uniform(10, 4)), losses = env.empty(2);
   env.dev->cross_entropy(losses.as<float>(), nullptr, logits.data(), d_tgt.as<std::int32_t>(), 2, 5,
-                         1.0f, env.s());
+                         5, 1.0f, env.s());
   EXPECT_THROW(env.stream->synchronize(), std::out_of_range);
 }
 
@@ -707,7 +707,13 @@ TEST(HostDeviceArgs, InvalidArgumentsThrowAtTheCall) {
   }
   EXPECT_THROW(env.dev->layernorm_forward(f, f, f, f, f, f, 3, -1, s), std::invalid_argument);
   EXPECT_THROW(env.dev->embedding_forward(f, nullptr, f, f, 1, 1, 1, s), std::invalid_argument);
-  EXPECT_THROW(env.dev->cross_entropy(f, nullptr, f, nullptr, 1, 3, 1.0f, s),
+  EXPECT_THROW(env.dev->cross_entropy(f, nullptr, f, nullptr, 1, 3, 3, 1.0f, s),
+               std::invalid_argument);
+  const auto* ids = reinterpret_cast<const std::int32_t*>(f);
+  EXPECT_THROW(env.dev->cross_entropy(f, nullptr, f, ids, 1, 3, 2, 1.0f, s), std::invalid_argument);
+  EXPECT_THROW(env.dev->matmul_forward(f, f, f, nullptr, MatmulArgs{2, 4, 4, 3}, s),
+               std::invalid_argument);
+  EXPECT_THROW(env.dev->matmul_gelu_forward(f, f, f, f, nullptr, MatmulArgs{2, 4, 4, 8}, s),
                std::invalid_argument);
   EXPECT_THROW(env.dev->gelu_forward(nullptr, f, 3, s), std::invalid_argument);
   EXPECT_THROW(env.dev->cast(f, static_cast<DType>(9), f, DType::kF32, 3, s),
@@ -807,7 +813,7 @@ TEST(HostOps, LayerNormBackward) {
   env.dev->layernorm_forward(out.data(), mean.as<float>(), rstd.as<float>(), d_x.data(), d_w.data(),
                              d_b.data(), N, C, env.s());
   Buffer dx = env.up(dx0), dw = env.up(dw0), db = env.up(db0);
-  env.dev->layernorm_backward(dx.data(), dw.data(), db.data(), d_dout.data(), d_x.data(),
+  env.dev->layernorm_backward(dx.data(), dx.data(), dw.data(), db.data(), d_dout.data(), d_x.data(),
                               d_w.data(), mean.as<float>(), rstd.as<float>(), N, C, env.s());
   const Vec got_x = minus(env.down(dx), dx0), got_w = minus(env.down(dw), dw0),
             got_b = minus(env.down(db), db0);
@@ -859,7 +865,7 @@ void check_matmul_backward(int N, int C, int OC, bool with_bias, bool with_fd, i
   Buffer dx = env.up(dx0), dw = env.up(dw0), db = env.up(db0);
   env.dev->matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, d_dout.data(),
                            d_x.data(), d_w.data(), MatmulArgs{N, C, OC}, env.s());
-  const Vec got_x = minus(env.down(dx), dx0), got_w = minus(env.down(dw), dw0),
+  const Vec got_x = to_double(env.down(dx)), got_w = minus(env.down(dw), dw0),
             got_b = minus(env.down(db), db0);
 
   const Vec xd = to_double(x), wd = to_double(w), bd = to_double(b), g = to_double(dout);
@@ -979,7 +985,7 @@ TEST(HostOps, CrossEntropy) {
   Buffer d_logits = env.up(logits), d_tgt = env.up(tgt), losses = env.empty(N),
          dlogits = env.empty(N * V);
   env.dev->cross_entropy(losses.as<float>(), dlogits.data(), d_logits.data(),
-                         d_tgt.as<std::int32_t>(), N, V, kScale, env.s());
+                         d_tgt.as<std::int32_t>(), N, V, V, kScale, env.s());
   const Vec ld = to_double(logits);
   Vec probs(N * V);
   const Vec want_loss = ref_cross_entropy(ld, tgt, N, V, &probs);
@@ -1001,11 +1007,11 @@ TEST(HostOps, CrossEntropy) {
   // dlogits aliasing logits gives the same bits; losses alone leave nothing else written.
   Buffer in_place = env.up(logits), losses2 = env.empty(N), losses3 = env.empty(N);
   env.dev->cross_entropy(losses2.as<float>(), in_place.data(), in_place.data(),
-                         d_tgt.as<std::int32_t>(), N, V, kScale, env.s());
+                         d_tgt.as<std::int32_t>(), N, V, V, kScale, env.s());
   EXPECT_TRUE(same_bits(env.down(in_place), got_d));
   EXPECT_TRUE(same_bits(env.down(losses2), got_loss));
   env.dev->cross_entropy(losses3.as<float>(), nullptr, d_logits.data(), d_tgt.as<std::int32_t>(), N,
-                         V, kScale, env.s());
+                         V, V, kScale, env.s());
   EXPECT_TRUE(same_bits(env.down(losses3), got_loss));
   EXPECT_TRUE(same_bits(env.down(d_logits), logits));
 }
@@ -1023,7 +1029,7 @@ TEST(HostOps, CrossEntropyIsStableForLargeLogits) {
   Buffer d_logits = env.up(logits), d_tgt = env.up(tgt), losses = env.empty(N),
          dlogits = env.empty(N * V);
   env.dev->cross_entropy(losses.as<float>(), dlogits.data(), d_logits.data(),
-                         d_tgt.as<std::int32_t>(), N, V, 1.0f, env.s());
+                         d_tgt.as<std::int32_t>(), N, V, V, 1.0f, env.s());
   const std::vector<float> got = env.down(losses), d = env.down(dlogits);
   for (float x : got)
     EXPECT_TRUE(std::isfinite(x));
@@ -1190,6 +1196,135 @@ TEST(HostOps, AdamWMatchesFloat64Reference) {
   EXPECT_THROW(dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n, a,
                           1, grad_mult, *s),
                std::invalid_argument);
+}
+
+// ---- fused ops and padded rows: the unfused host sequence, bit for bit -------------------------
+
+// What the model computed before the fusions (and before activation gradients were written
+// instead of accumulated into zero-filled buffers), against the fused ops: the same bits, which is
+// what keeps the pinned trainer losses (test_train, test_data_parallel) unchanged.
+TEST(HostOps, FusedOpsEqualTheUnfusedSequenceBitForBit) {
+  constexpr int N = 70, C = 24, OC = 40;  // two host GEMM row blocks
+  constexpr std::size_t NC = std::size_t(N) * C, NO = std::size_t(N) * OC;
+  Env env(3);
+  auto down = [&](const Buffer& b) { return env.down(b); };
+  auto zeroed = [&](std::size_t n) {
+    Buffer b = env.empty(n);
+    env.dev->fill_zero(b.data(), n * 4, env.s());
+    return b;
+  };
+  // residual_layernorm_forward = residual_forward, then layernorm_forward.
+  Buffer a = env.up(uniform(NC, 120, -2.0f, 2.0f)), b = env.up(uniform(NC, 121));
+  Buffer w = env.up(uniform(C, 122, 0.5f, 1.5f)), bias = env.up(uniform(C, 123));
+  Buffer res = env.empty(NC), out = env.empty(NC), mean = env.empty(N), rstd = env.empty(N);
+  Buffer res2 = env.empty(NC), out2 = env.empty(NC), mean2 = env.empty(N), rstd2 = env.empty(N);
+  env.dev->residual_layernorm_forward(res.data(), out.data(), mean.as<float>(), rstd.as<float>(),
+                                      a.data(), b.data(), w.data(), bias.data(), N, C, env.s());
+  env.dev->residual_forward(res2.data(), a.data(), b.data(), NC, env.s());
+  env.dev->layernorm_forward(out2.data(), mean2.as<float>(), rstd2.as<float>(), res2.data(),
+                             w.data(), bias.data(), N, C, env.s());
+  EXPECT_TRUE(same_bits(down(res), down(res2)));
+  EXPECT_TRUE(same_bits(down(out), down(out2)));
+  EXPECT_TRUE(same_bits(down(mean), down(mean2)));
+  EXPECT_TRUE(same_bits(down(rstd), down(rstd2)));
+
+  // matmul_gelu_forward = matmul_forward, then gelu_forward.
+  Buffer x = env.up(uniform(NC, 124)), wf = env.up(uniform(std::size_t(OC) * C, 125)),
+         bf = env.up(uniform(OC, 126));
+  Buffer act = env.empty(NO), pre = env.empty(NO), act2 = env.empty(NO), pre2 = env.empty(NO);
+  env.dev->matmul_gelu_forward(act.data(), pre.data(), x.data(), wf.data(), bf.data(), {N, C, OC},
+                               env.s());
+  env.dev->matmul_forward(pre2.data(), x.data(), wf.data(), bf.data(), {N, C, OC}, env.s());
+  env.dev->gelu_forward(act2.data(), pre2.data(), NO, env.s());
+  EXPECT_TRUE(same_bits(down(pre), down(pre2)));
+  EXPECT_TRUE(same_bits(down(act), down(act2)));
+
+  // matmul_dgelu_backward = the input gradient accumulated into zeros, then gelu_backward into
+  // zeros; the parameter gradients accumulate as before.
+  const std::vector<float> dw0 = uniform(std::size_t(OC) * C, 127), db0 = uniform(OC, 128);
+  Buffer dout = env.up(uniform(NO, 129)), inp = env.up(uniform(NC, 130));
+  Buffer gpre = env.up(uniform(NC, 131, -4.0f, 4.0f));
+  Buffer dpre = env.up(uniform(NC, 132)), dw = env.up(dw0), db = env.up(db0);
+  Buffer tmp = zeroed(NC), dpre2 = zeroed(NC), dw2 = env.up(dw0), db2 = env.up(db0);
+  env.dev->matmul_dgelu_backward(dpre.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                                 wf.data(), gpre.data(), {N, C, OC}, env.s());
+  env.dev->matmul_backward(tmp.data(), dw2.data(), db2.data(), dout.data(), inp.data(), wf.data(),
+                           {N, C, OC}, env.s());
+  env.dev->gelu_backward(dpre2.data(), gpre.data(), tmp.data(), NC, env.s());
+  EXPECT_TRUE(same_bits(down(dpre), down(dpre2)));
+  EXPECT_TRUE(same_bits(down(dw), down(dw2)));
+  EXPECT_TRUE(same_bits(down(db), down(db2)));
+
+  // layernorm_backward written = accumulated in place into a zero-filled buffer.
+  Buffer lw = env.up(uniform(C, 133)), lb = env.up(uniform(C, 134)), lout = env.empty(NC);
+  env.dev->layernorm_forward(lout.data(), mean.as<float>(), rstd.as<float>(), x.data(), w.data(),
+                             bias.data(), N, C, env.s());
+  Buffer dx = env.up(uniform(NC, 135)), dx2 = zeroed(NC), lw2 = env.up(down(lw)),
+         lb2 = env.up(down(lb));
+  env.dev->layernorm_backward(dx.data(), nullptr, lw.data(), lb.data(), a.data(), x.data(),
+                              w.data(), mean.as<float>(), rstd.as<float>(), N, C, env.s());
+  env.dev->layernorm_backward(dx2.data(), dx2.data(), lw2.data(), lb2.data(), a.data(), x.data(),
+                              w.data(), mean.as<float>(), rstd.as<float>(), N, C, env.s());
+  EXPECT_TRUE(same_bits(down(dx), down(dx2)));
+  EXPECT_TRUE(same_bits(down(lw), down(lw2)));
+  EXPECT_TRUE(same_bits(down(lb), down(lb2)));
+}
+
+// Rows `ld` apart (the LM head's padding on CUDA): the results of packed rows, bit for bit; the
+// padding (NaN in inputs) never read, and left as it was in outputs.
+TEST(HostOps, PaddedRowsAreNeitherReadNorWritten) {
+  constexpr int N = 9, C = 16, V = 21, ld = 32;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Env env;
+  auto pad = [&](const std::vector<float>& packed, float fill) {
+    std::vector<float> v(std::size_t(N) * ld, fill);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(packed.begin() + n * V, V, v.begin() + n * ld);
+    return v;
+  };
+  auto unpad = [&](const std::vector<float>& padded) {
+    std::vector<float> v(std::size_t(N) * V);
+    for (int n = 0; n < N; ++n)
+      std::copy_n(padded.begin() + n * ld, V, v.begin() + n * V);
+    return v;
+  };
+  auto padding_is = [&](const std::vector<float>& padded, float fill) {
+    for (std::size_t i = 0; i < padded.size(); ++i) {
+      if (int(i % ld) >= V && std::memcmp(&padded[i], &fill, 4) != 0) return false;
+    }
+    return true;
+  };
+  Buffer x = env.up(uniform(std::size_t(N) * C, 140)), w = env.up(uniform(std::size_t(V) * C, 141));
+  Buffer out = env.empty(std::size_t(N) * V), out_p = env.up(pad(uniform(N * V, 142), 7.0f));
+  env.dev->matmul_forward(out.data(), x.data(), w.data(), nullptr, {N, C, V}, env.s());
+  env.dev->matmul_forward(out_p.data(), x.data(), w.data(), nullptr, {N, C, V, ld}, env.s());
+  EXPECT_TRUE(same_bits(unpad(env.down(out_p)), env.down(out)));
+  EXPECT_TRUE(padding_is(env.down(out_p), 7.0f)) << "matmul_forward wrote past OC";
+
+  const std::vector<float> dout = uniform(std::size_t(N) * V, 143);
+  Buffer d = env.up(dout), d_p = env.up(pad(dout, nan));
+  Buffer dx = env.empty(std::size_t(N) * C), dw = env.up(std::vector<float>(V * C, 0.0f)),
+         db = env.up(std::vector<float>(V, 0.0f));
+  Buffer dx_p = env.empty(std::size_t(N) * C), dw_p = env.up(std::vector<float>(V * C, 0.0f)),
+         db_p = env.up(std::vector<float>(V, 0.0f));
+  env.dev->matmul_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), {N, C, V},
+                           env.s());
+  env.dev->matmul_backward(dx_p.data(), dw_p.data(), db_p.data(), d_p.data(), x.data(), w.data(),
+                           {N, C, V, ld}, env.s());
+  EXPECT_TRUE(same_bits(env.down(dx_p), env.down(dx)));
+  EXPECT_TRUE(same_bits(env.down(dw_p), env.down(dw)));
+  EXPECT_TRUE(same_bits(env.down(db_p), env.down(db)));
+
+  const std::vector<std::int32_t> tgt = random_ids(N, V, 144);
+  Buffer t = env.up(tgt), losses = env.empty(N), losses_p = env.empty(N);
+  Buffer dl = env.empty(std::size_t(N) * V), dl_p = env.up(std::vector<float>(N * ld, 5.0f));
+  env.dev->cross_entropy(losses.as<float>(), dl.data(), d.data(), t.as<std::int32_t>(), N, V, V,
+                         0.5f, env.s());
+  env.dev->cross_entropy(losses_p.as<float>(), dl_p.data(), d_p.data(), t.as<std::int32_t>(), N, V,
+                         ld, 0.5f, env.s());
+  EXPECT_TRUE(same_bits(env.down(losses_p), env.down(losses)));
+  EXPECT_TRUE(same_bits(unpad(env.down(dl_p)), env.down(dl)));
+  EXPECT_TRUE(padding_is(env.down(dl_p), 5.0f)) << "cross_entropy wrote past V";
 }
 
 }  // namespace

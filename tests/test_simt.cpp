@@ -19,6 +19,7 @@
 
 #include "block_reduce.cuh"
 #include "core/dtype.h"
+#include "expect_simt_error.h"
 #include "gpu/check.h"
 #include "gpu/ops.h"
 #include "matmul_bias.h"
@@ -28,23 +29,13 @@
 namespace {
 
 using zo::DType;
+using zo::simt::expect_simt_error;
 using zo::simt::SimtError;
 using zo::test::contains;
 using zo::test::decode;
 using zo::test::dtype_param_name;
 using zo::test::encode;
 using zo::test::expect_close;
-
-// Runs `f`, expecting a SimtError whose message contains `part`.
-template <typename F>
-void expect_simt_error(F&& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "no SimtError; expected one mentioning \"" << part << "\"";
-  } catch (const SimtError& e) {
-    EXPECT_TRUE(contains(e.what(), part)) << e.what();
-  }
-}
 
 // ---- the emulator itself ---------------------------------------------------------------------
 
@@ -260,6 +251,31 @@ TEST(SimtLaunchers, BadArgumentsThrowBeforeAnyLaunch) {
   EXPECT_THROW(zo::gpu::launch_cast(&x, static_cast<DType>(99), &x, DType::kF32, 1, nullptr),
                std::invalid_argument);
   EXPECT_EQ(zo::simt::stats().launches, before.launches);
+}
+
+// The launchers send bf16/fp16 heads of 64 and 128 to the tensor-core kernels (attention_tc.cuh)
+// and everything else to the FMA ones; the op-case table checks both against the host backend.
+TEST(SimtLaunchers, AttentionTakesTensorCoresForBf16AndFp16Heads64And128) {
+  const int T = 5;
+  for (const DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int hs : {32, 64, 100, 128}) {
+      const std::size_t es = zo::dtype_size(t);
+      std::vector<std::uint8_t> qkv(T * 3 * hs * es), out(T * hs * es), dout(T * hs * es),
+          dqkv(T * 3 * hs * es);
+      std::vector<float> lse(T), scratch(zo::gpu::attention_backward_scratch_floats(1, T, hs, 1));
+      const zo::simt::Stats before = zo::simt::stats();
+      zo::gpu::launch_attention_forward(out.data(), lse.data(), qkv.data(), 1, T, hs, 1, t,
+                                        nullptr);
+      zo::gpu::launch_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                         lse.data(), scratch.data(), 1, T, hs, 1, t, nullptr);
+      const bool tensor_cores = t != DType::kF32 && (hs == 64 || hs == 128);
+      EXPECT_EQ(zo::simt::stats().warp_collectives > before.warp_collectives, tensor_cores)
+          << zo::dtype_name(t) << " hs " << hs;
+      for (int q = 0; q < T; ++q)  // zero scores: row q averages its q + 1 keys
+        EXPECT_NEAR(lse[q], std::log(static_cast<float>(q + 1)), 1e-6f)
+            << zo::dtype_name(t) << " hs " << hs;
+    }
+  }
 }
 
 }  // namespace

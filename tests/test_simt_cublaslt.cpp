@@ -1,6 +1,7 @@
-// Tests of the SIMT emulator's cuBLASLt (tests/simt/cublaslt_fake.cpp) through the cublasLt API
+// Tests of the SIMT emulator's cuBLASLt (tests/simt/cublaslt_fake*.cpp) through the cublasLt API
 // alone: GEMMs in every dtype and transpose against a float64 reference computed here from the
-// stored inputs, the epilogue, in-place and beta = 0 rules, and the statuses of refused calls.
+// stored inputs, the epilogues (BIAS, GELU_AUX(_BIAS), DGELU, BGRADB), in-place and beta = 0
+// rules, the test hooks, and the statuses of refused calls.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -19,8 +20,10 @@
 #include <tuple>
 #include <vector>
 
-namespace zo::simt {
-void cublaslt_refuse_bias_epilogue(bool refuse);  // defined in cublaslt_fake.cpp
+namespace zo::simt {  // test hooks, defined in cublaslt_fake.cpp
+void cublaslt_refuse_bias_epilogue(bool refuse);
+void cublaslt_refuse_epilogues(bool refuse);
+void cublaslt_offer_algorithms(int count);
 }  // namespace zo::simt
 
 namespace {
@@ -689,9 +692,13 @@ TEST_F(Refusals, Descriptors) {
             CUBLAS_STATUS_INVALID_VALUE);
   EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU),
             CUBLAS_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_BIAS),
-            CUBLAS_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BGRADB),
+  for (cublasLtEpilogue_t e :
+       {CUBLASLT_EPILOGUE_DRELU_BGRAD, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADA}) {
+    EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_EPILOGUE, e), CUBLAS_STATUS_NOT_SUPPORTED) << e;
+  }
+  EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, std::int32_t{8}),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, std::int32_t{CUDA_R_8I}),
             CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_C), CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(set_attr(x, CUBLASLT_MATMUL_DESC_POINTER_MODE, std::int32_t{0}),
@@ -789,6 +796,243 @@ TEST_F(Refusals, MatmulEmulatorChecks) {
   // Without an algorithm, any alignment will do.
   EXPECT_EQ(matmul(desc.get(), a_off, la.get(), c.get(), lc.get(), nullptr, &one),
             CUBLAS_STATUS_SUCCESS);
+}
+
+// ---- epilogues against the float64 reference ----------------------------------------------------
+
+double gelu_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad_ref(double x) {
+  const double s = std::sqrt(2.0 / M_PI), u = s * (x + 0.044715 * x * x * x), th = std::tanh(u);
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// One GEMM with an epilogue, in place (C == D) when beta != 0, as gpu/src/matmul*.cpp uses them;
+// alpha 1, operands with a padding row. The aux matrix (m x n) has a leading dimension of m
+// rounded up to 8, plus 8.
+struct EpilogueCase : Case {
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+};
+
+struct EpilogueRun {
+  Inputs in;
+  HostMatrix aux, bias_out, d;  // aux as given (DGELU) or as written (GELU_AUX); BGRADB's output
+};
+
+bool has(cublasLtEpilogue_t e, cublasLtEpilogue_t part) {
+  return (static_cast<unsigned>(e) & static_cast<unsigned>(part)) == static_cast<unsigned>(part);
+}
+
+EpilogueRun run_epilogue(const EpilogueCase& cs) {
+  EpilogueRun r{make_inputs(cs), {}, {}, {}};
+  std::mt19937 rng(11);
+  const bool dgelu = cs.epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const auto aux_pad = static_cast<std::int64_t>((cs.m + 7) / 8 * 8 + 8 - cs.m);
+  r.aux = dgelu ? random_matrix(cs.type, cs.m, cs.n, aux_pad, rng)
+                : filled(cs.type, cs.m, cs.n, aux_pad, nan_bits(cs.type));
+  r.bias_out = filled(cs.type, cs.n, 1, 0, nan_bits(cs.type));
+  Handle h = make_handle();
+  DeviceBuffer a(r.in.a), b(r.in.b), c(r.in.c), bias(r.in.bias), aux(r.aux), bias_out(r.bias_out);
+  r.d = cs.beta != 0.0f ? r.in.c : filled(cs.type, cs.m, cs.n, cs.pad, nan_bits(cs.type));
+  DeviceBuffer d_out(r.d);
+  DeviceBuffer& d_buf = cs.beta != 0.0f ? c : d_out;
+  Desc desc = make_desc(cs.ta, cs.tb);
+  lt_check(set_attr(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, cs.epilogue), "EPILOGUE");
+  void* bias_ptr = cs.epilogue == CUBLASLT_EPILOGUE_BGRADB ? bias_out.get() : bias.get();
+  lt_check(set_attr(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr), "BIAS_POINTER");
+  lt_check(set_attr(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.get()), "AUX");
+  lt_check(set_attr(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, r.aux.ld), "AUX_LD");
+  Layout la = make_layout(r.in.a), lb = make_layout(r.in.b), ld = make_layout(r.d);
+  Pref pref = make_pref();
+  cublasLtMatmulAlgo_t algo{};
+  lt_check(heuristic(h.get(), desc.get(), la.get(), lb.get(), ld.get(), ld.get(), pref.get(), algo),
+           "heuristic");
+  DeviceBuffer workspace(kWorkspaceBytes);
+  const float alpha = 1.0f;
+  lt_check(cublasLtMatmul(h.get(), desc.get(), &alpha, a.get(), la.get(), b.get(), lb.get(),
+                          &cs.beta, d_buf.get(), ld.get(), d_buf.get(), ld.get(), &algo,
+                          workspace.get(), kWorkspaceBytes, nullptr),
+           "cublasLtMatmul");
+  d_buf.download(r.d);
+  aux.download(r.aux);
+  bias_out.download(r.bias_out);
+  return r;
+}
+
+// Every output element within the GEMM's bound (as expect_matches_reference) carried through the
+// epilogue's slope, one rounding to its type, and 1e-5 * (1 + |x|) for fp32 tanh / cosh.
+void expect_epilogue_matches_reference(const EpilogueCase& cs, const EpilogueRun& r) {
+  const bool ta = cs.ta == CUBLAS_OP_T, tb = cs.tb == CUBLAS_OP_T;
+  const double u = unit_roundoff(cs.type), tiny = half_min_subnormal(cs.type);
+  const cublasLtEpilogue_t e = cs.epilogue;
+  const bool bias = has(e, CUBLASLT_EPILOGUE_BIAS) && e != CUBLASLT_EPILOGUE_BGRADB;
+  const bool gelu = has(e, CUBLASLT_EPILOGUE_GELU), dgelu = e == CUBLASLT_EPILOGUE_DGELU;
+  const bool aux_out = has(e, CUBLASLT_EPILOGUE_GELU_AUX);
+  int bad = 0;
+  auto check = [&](const char* what, std::uint64_t i, std::uint64_t j, double got, double want,
+                   double tol) {
+    if (!(std::fabs(got - want) <= tol) && ++bad <= 5) {
+      ADD_FAILURE() << type_name(cs.type) << " epilogue " << e << ": " << what << "(" << i << ','
+                    << j << ") = " << got << ", reference " << want << ", tolerance " << tol;
+    }
+  };
+  for (std::uint64_t j = 0; j < cs.n; ++j) {
+    for (std::uint64_t i = 0; i < cs.m; ++i) {
+      double x = 0.0, size = 0.0;
+      for (std::uint64_t p = 0; p < cs.k; ++p) {
+        const double t = op_at(r.in.a, ta, i, p) * op_at(r.in.b, tb, p, j);
+        x += t;
+        size += std::fabs(t);
+      }
+      if (cs.beta != 0.0f) {
+        x += cs.beta * r.in.c.at(i, j);
+        size += std::fabs(cs.beta * r.in.c.at(i, j));
+      }
+      if (bias) {
+        x += r.in.bias.at(i, 0);
+        size += std::fabs(r.in.bias.at(i, 0));
+      }
+      const double tol_x = 2.0 * static_cast<double>(cs.k + 3) * 0x1p-24 * size + tiny;
+      const double slack = 1e-5 * (1.0 + std::fabs(x));
+      if (aux_out) check("aux", i, j, r.aux.at(i, j), x, u * std::fabs(x) + tol_x);
+      double want = x, slope = 1.0;
+      if (gelu) want = gelu_ref(x), slope = 1.2;  // |gelu'| < 1.13
+      if (dgelu) {
+        const double g = gelu_grad_ref(r.aux.at(i, j));
+        want = x * g;
+        slope = std::fabs(g);
+      }
+      check("D", i, j, r.d.at(i, j), want,
+            u * std::fabs(want) + slope * tol_x + ((gelu || dgelu) ? slack : 0.0) + tiny);
+    }
+  }
+  if (e == CUBLASLT_EPILOGUE_BGRADB) {
+    for (std::uint64_t j = 0; j < cs.n; ++j) {
+      double sum = 0.0, size = 0.0;
+      for (std::uint64_t p = 0; p < cs.k; ++p) {
+        sum += op_at(r.in.b, tb, p, j);
+        size += std::fabs(op_at(r.in.b, tb, p, j));
+      }
+      check("bias gradient", j, 0, r.bias_out.at(j, 0), sum,
+            u * std::fabs(sum) + 2.0 * static_cast<double>(cs.k + 1) * 0x1p-24 * size + tiny);
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CublasLtFakeEpilogues, MatchTheReference) {
+  for (cudaDataType_t type : {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF}) {
+    for (cublasLtEpilogue_t e :
+         {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_BIAS,
+          CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_BGRADB}) {
+      EpilogueCase cs;
+      cs.type = type;
+      cs.epilogue = e;
+      cs.m = 37, cs.n = 29, cs.k = 53, cs.pad = 1;
+      // As gpu/src/matmul*.cpp: forward op_T(A) . B; DGELU A . B; BGRADB A . op_T(B), beta 1.
+      cs.ta = has(e, CUBLASLT_EPILOGUE_GELU) ? CUBLAS_OP_T : CUBLAS_OP_N;
+      cs.tb = e == CUBLASLT_EPILOGUE_BGRADB ? CUBLAS_OP_T : CUBLAS_OP_N;
+      cs.beta = e == CUBLASLT_EPILOGUE_BGRADB ? 1.0f : 0.0f;
+      SCOPED_TRACE(std::string(type_name(type)) + " epilogue " + std::to_string(e));
+      expect_epilogue_matches_reference(cs, run_epilogue(cs));
+    }
+  }
+}
+
+// The heuristic's candidates with the test hook: as many as offered (capped by the request), and
+// every one computes the same bits.
+TEST(CublasLtFakeEpilogues, OfferedAlgorithmsComputeTheSameBits) {
+  zo::simt::cublaslt_offer_algorithms(3);
+  Handle h = make_handle();
+  Case cs;
+  cs.m = 9;
+  cs.n = 7;
+  cs.k = 5;
+  const Inputs in = make_inputs(cs);
+  DeviceBuffer a(in.a), b(in.b);
+  HostMatrix d = filled(cs.type, cs.m, cs.n, 0, nan_bits(cs.type));
+  Desc desc = make_desc(cs.ta, cs.tb);
+  Layout la = make_layout(in.a), lb = make_layout(in.b), ld = make_layout(d);
+  Pref pref = make_pref();
+  cublasLtMatmulHeuristicResult_t results[4] = {};
+  int returned = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(h.get(), desc.get(), la.get(), lb.get(), ld.get(), ld.get(),
+                                     pref.get(), 4, results, &returned);
+  int two = 0;
+  cublasLtMatmulHeuristicResult_t capped[2] = {};
+  (void)cublasLtMatmulAlgoGetHeuristic(h.get(), desc.get(), la.get(), lb.get(), ld.get(), ld.get(),
+                                       pref.get(), 2, capped, &two);
+  zo::simt::cublaslt_offer_algorithms(1);
+  ASSERT_EQ(s, CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(returned, 3);
+  EXPECT_EQ(two, 2);
+  std::vector<Bits> first;
+  for (int i = 0; i < returned; ++i) {
+    DeviceBuffer out(d);
+    const float one = 1.0f, zero = 0.0f;
+    ASSERT_EQ(cublasLtMatmul(h.get(), desc.get(), &one, a.get(), la.get(), b.get(), lb.get(), &zero,
+                             nullptr, ld.get(), out.get(), ld.get(), &results[i].algo, nullptr, 0,
+                             nullptr),
+              CUBLAS_STATUS_SUCCESS);
+    HostMatrix got = d;
+    out.download(got);
+    if (i == 0) first = got.bits;
+    EXPECT_EQ(got.bits, first) << "candidate " << i;
+  }
+}
+
+TEST_F(Refusals, EpilogueArgumentsAndHooks) {
+  DeviceBuffer aux(8 * 3 * 4);
+  auto with = [&](cublasLtEpilogue_t e, std::int64_t aux_ld) {
+    Desc x = make_desc(CUBLAS_OP_N, CUBLAS_OP_N);
+    lt_check(set_attr(x.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, e), "EPILOGUE");
+    lt_check(set_attr(x.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.get()), "BIAS_POINTER");
+    lt_check(set_attr(x.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.get()), "AUX");
+    lt_check(set_attr(x.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld), "AUX_LD");
+    return x;
+  };
+  cublasLtMatmulAlgo_t chosen{};
+  auto heuristic_for = [&](const Desc& x) {
+    return heuristic(h.get(), x.get(), la.get(), lb.get(), lc.get(), lc.get(), pref.get(), chosen);
+  };
+  // The aux leading dimension: a multiple of 8, at least m (4).
+  EXPECT_EQ(heuristic_for(with(CUBLASLT_EPILOGUE_DGELU, 4)), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(heuristic_for(with(CUBLASLT_EPILOGUE_GELU_AUX, 0)), CUBLAS_STATUS_INVALID_VALUE);
+  Desc dgelu = with(CUBLASLT_EPILOGUE_DGELU, 8);
+  ASSERT_EQ(heuristic_for(dgelu), CUBLAS_STATUS_SUCCESS);
+  // Arithmetic cublasLt.h leaves open is not guessed: DGELU with beta != 0 (matmul() uses 1).
+  EXPECT_EQ(matmul(dgelu.get(), a.get(), la.get(), c.get(), lc.get(), &chosen, &one),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  Desc bgrad = with(CUBLASLT_EPILOGUE_BGRADB, 8);
+  ASSERT_EQ(heuristic_for(bgrad), CUBLAS_STATUS_SUCCESS);
+  const float two = 2.0f;
+  EXPECT_EQ(matmul(bgrad.get(), a.get(), la.get(), c.get(), lc.get(), &chosen, &two),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(matmul(bgrad.get(), a.get(), la.get(), c.get(), lc.get(), &chosen, &one),
+            CUBLAS_STATUS_SUCCESS);
+  // A missing aux matrix; a bias of another type than D.
+  Desc no_aux = with(CUBLASLT_EPILOGUE_GELU_AUX, 8);
+  lt_check(set_attr(no_aux.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                    static_cast<void*>(nullptr)),
+           "AUX");
+  const float zero = 0.0f;
+  EXPECT_EQ(cublasLtMatmul(h.get(), no_aux.get(), &one, a.get(), la.get(), b.get(), lb.get(), &zero,
+                           nullptr, lc.get(), c.get(), lc.get(), nullptr, nullptr, 0, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);
+  Desc half_bias = with(CUBLASLT_EPILOGUE_BGRADB, 8);
+  lt_check(set_attr(half_bias.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    static_cast<std::int32_t>(CUDA_R_16F)),
+           "BIAS_DATA_TYPE");
+  EXPECT_EQ(heuristic_for(half_bias), CUBLAS_STATUS_NOT_SUPPORTED);
+  // The hook refuses every epilogue but DEFAULT.
+  zo::simt::cublaslt_refuse_epilogues(true);
+  const cublasStatus_t refused = heuristic_for(with(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 8));
+  const cublasStatus_t plain = heuristic_for(desc);
+  zo::simt::cublaslt_refuse_epilogues(false);
+  EXPECT_EQ(refused, CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(plain, CUBLAS_STATUS_SUCCESS);
 }
 
 TEST(CublasLtFake, StatusNamesAndStrings) {

@@ -92,6 +92,10 @@ TEST_F(SimtTrain, ResidentBf16MatchesTheHostBackend) {
   const std::string args = "--steps 5 --mode resident";
   expect_matches_host(emulated(args + " --precision bf16", dir_.path, "gpu"),
                       host(args, dir_.path, "host"), 2e-2, 1e-1, "bf16 resident");
+  // Several micro-batches: their bf16 gradients summed in fp32 on the device.
+  const std::string accum = args + " --grad-accum 3";
+  expect_matches_host(emulated(accum + " --precision bf16", dir_.path, "gpu"),
+                      host(accum, dir_.path, "host"), 2e-2, 1e-1, "bf16 resident, accumulation");
 }
 
 TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) {

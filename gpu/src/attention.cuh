@@ -13,6 +13,10 @@
 // Storage type T is float, __half or __nv_bfloat16; every product and sum is fp32. Exponentials
 // use exp2f on scores pre-multiplied by log2(e)/sqrt(hs); lse is converted back to natural log.
 //
+// Two implementations: bf16/fp16 heads of 64 and 128 (GPT-2's) run on tensor cores
+// (attention_tc.cuh: mma.sync, ldmatrix, cp.async, its own tiling and predicted speed); fp32 and
+// every other head size run on the fp32 FMA kernels described below. The launchers choose.
+//
 // Tiling. Every kernel works on one (batch, head) pair and one tile of kTile query or key rows,
 // with kTile*4 threads: thread (ty, tx) = (tid / 16, tid % 16).
 //   - Score tiles (kTile x kTile, reduction over hs): the thread computes 4 contiguous rows
@@ -83,6 +87,7 @@ struct AttentionShape {
   float scale;       // 1 / sqrt(hs)
   float scale_log2;  // log2(e) / sqrt(hs)
   bool vec;          // 4-element global accesses are aligned (hs % 4 == 0, aligned pointers)
+  bool async16;      // 16-byte chunks of head rows are aligned (attention_tc.cuh: cp.async)
 };
 
 namespace attention_detail {
@@ -343,8 +348,11 @@ inline AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DT
   sh.scale_log2 = sh.scale * 1.4426950408889634f;
   const std::size_t vec_bytes = 4 * dtype_size(t);
   sh.vec = hs % 4 == 0;
-  for (const detail::Named& p : ptrs)
+  sh.async16 = (hs * dtype_size(t)) % 16 == 0;
+  for (const detail::Named& p : ptrs) {
     sh.vec = sh.vec && detail::aligned(p.p, vec_bytes);
+    sh.async16 = sh.async16 && detail::aligned(p.p, 16);
+  }
   return sh;
 }
 
@@ -371,14 +379,14 @@ inline std::size_t smem_bytes(const AttentionShape& sh, int tile, int tiles, int
           rows);
 }
 
-// Launches `kernel` on one block of kTile * 4 threads per (b, h, tile), with `smem` bytes of
-// dynamic shared memory (opted into when above the default).
-template <int kTile, typename Kernel, typename... Args>
-void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, const AttentionShape& sh,
-                  cudaStream_t s, Args... args) {
+// Launches `kernel` on one block of `threads` per (b, h, tile of sh.n_tiles), with `smem` bytes
+// of dynamic shared memory (opted into when above the default).
+template <typename Kernel, typename... Args>
+void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, int threads,
+                  const AttentionShape& sh, cudaStream_t s, Args... args) {
   set_smem(op, kernel, smem);
   const std::size_t blocks = static_cast<std::size_t>(sh.B) * sh.NH * sh.n_tiles;
-  ZO_LAUNCH(static_cast<unsigned>(blocks), kTile * 4, smem, s, kernel)(args..., sh);
+  ZO_LAUNCH(static_cast<unsigned>(blocks), threads, smem, s, kernel)(args..., sh);
   ZO_CUDA_CHECK_LAUNCH();
 }
 

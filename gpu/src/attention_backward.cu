@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "attention.cuh"
+#include "attention_tc.cuh"
 #include "dispatch.cuh"
 #include "gpu/check.h"
 #include "gpu/ops.h"
@@ -190,7 +191,8 @@ namespace {
 
 template <typename T, int kTile, int kChunks>
 void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* out,
-                    const float* lse, float* scratch, const AttentionShape& sh, cudaStream_t s) {
+                    const float* lse, float* scratch, const AttentionShape& sh, DType t,
+                    cudaStream_t s) {
   constexpr const char* op = "launch_attention_backward";
   const auto* dout_t = static_cast<const T*>(dout);
   const auto* qkv_t = static_cast<const T*>(qkv);
@@ -203,11 +205,16 @@ void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* o
   (scratch, dout_t, static_cast<const T*>(out), sh);
   ZO_CUDA_CHECK_LAUNCH();
 
+  if (attention_tc::eligible(sh.hs, t)) {
+    attention_tc::backward(dqkv, dout, qkv, lse, scratch, sh, t, s);
+    return;
+  }
   // dk/dv and dq write disjoint thirds of dqkv, so their order does not matter.
-  launch_tiles<kTile>(op, &attention_backward_dkv_kernel<T, kTile, kChunks>,
-                      smem_bytes(sh, kTile, 4, 2, 2), sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
-  launch_tiles<kTile>(op, &attention_backward_dq_kernel<T, kTile, kChunks>,
-                      smem_bytes(sh, kTile, 4, 1, 2), sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
+  launch_tiles(op, &attention_backward_dkv_kernel<T, kTile, kChunks>,
+               smem_bytes(sh, kTile, 4, 2, 2), kTile * 4, sh, s, dqkv_t, dout_t, qkv_t, lse,
+               scratch);
+  launch_tiles(op, &attention_backward_dq_kernel<T, kTile, kChunks>, smem_bytes(sh, kTile, 4, 1, 2),
+               kTile * 4, sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
 }
 
 }  // namespace
@@ -227,9 +234,9 @@ void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, co
   detail::check_not_null("launch_attention_backward", {{lse, "lse"}, {scratch, "scratch"}});
   ZO_DISPATCH_DTYPE(t, T_, {
     if (tile_for(sh.hs) == 64) {
-      backward_typed<T_, 64, 1>(dqkv, dout, qkv, out, lse, scratch, sh, s);
+      backward_typed<T_, 64, 1>(dqkv, dout, qkv, out, lse, scratch, sh, t, s);
     } else {
-      backward_typed<T_, 32, 2>(dqkv, dout, qkv, out, lse, scratch, sh, s);
+      backward_typed<T_, 32, 2>(dqkv, dout, qkv, out, lse, scratch, sh, t, s);
     }
   });
 }

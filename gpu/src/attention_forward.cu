@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "attention.cuh"
+#include "attention_tc.cuh"
 #include "dispatch.cuh"
 #include "gpu/check.h"
 #include "gpu/ops.h"
@@ -102,9 +103,9 @@ namespace {
 template <typename T, int kTile, int kChunks>
 void forward_typed(void* out, float* lse, const void* qkv, const AttentionShape& sh,
                    cudaStream_t s) {
-  launch_tiles<kTile>("launch_attention_forward", &attention_forward_kernel<T, kTile, kChunks>,
-                      smem_bytes(sh, kTile, 3, 1, 0), sh, s, static_cast<T*>(out), lse,
-                      static_cast<const T*>(qkv));
+  launch_tiles("launch_attention_forward", &attention_forward_kernel<T, kTile, kChunks>,
+               smem_bytes(sh, kTile, 3, 1, 0), kTile * 4, sh, s, static_cast<T*>(out), lse,
+               static_cast<const T*>(qkv));
 }
 
 }  // namespace
@@ -114,6 +115,10 @@ void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int
   const AttentionShape sh =
       make_shape("launch_attention_forward", B, T, C, NH, t, {{out, "out"}, {qkv, "qkv"}});
   detail::check_not_null("launch_attention_forward", {{lse, "lse"}});
+  if (attention_tc::eligible(sh.hs, t)) {
+    attention_tc::forward(out, lse, qkv, sh, t, s);
+    return;
+  }
   ZO_DISPATCH_DTYPE(t, T_, {
     if (tile_for(sh.hs) == 64) {
       forward_typed<T_, 64, 1>(out, lse, qkv, sh, s);

@@ -1,5 +1,7 @@
 // Softmax cross-entropy over V classes per row, fused with its gradient. Shapes: logits and
-// dlogits (N,V), targets (N) int32, losses (N) fp32. Formulas as the host reference
+// dlogits (N,V) with rows ld >= V elements apart (the LM head pads them to a multiple of 128, so
+// that they start 16-byte aligned; the columns past V are neither read nor written), targets (N)
+// int32, losses (N) fp32. Formulas as the host reference
 // (src/device/host_ops_loss_reduce_cast.cpp): loss = logsumexp(x) - x[target];
 // dlogits = dloss_scale * (softmax(x) - onehot(target)).
 //
@@ -9,9 +11,9 @@
 //   the row's log-sum-exp. Pass 2 (only when dlogits is non-null): each thread re-reads its own
 //   elements and writes dloss_scale * (exp(x - lse) - onehot).
 //   The row is walked as a scalar head up to the first 16-byte boundary, whole packs of kVec
-//   (16 B), then a scalar tail, so odd V (e.g. GPT-2's 50257, rows not 16-byte aligned) still
-//   moves most bytes in packs. kVec == 1 when dlogits and logits are not at the same offset
-//   modulo 16 bytes.
+//   (16 B), then a scalar tail, so odd V (e.g. GPT-2's 50257) still moves most bytes in packs
+//   when its rows are not 16-byte aligned. kVec == 1 when dlogits and logits are not at the same
+//   offset modulo 16 bytes.
 //
 // Aliasing: dlogits may equal logits. Every read of pass 1 (and of logits[target]) happens before
 // the block-wide barriers of the reduction, and in pass 2 each thread writes only the elements
@@ -76,11 +78,12 @@ struct RowSplit {
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kCrossEntropyThreads)
     cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits,
-                         const std::int32_t* __restrict__ targets, int V, float dloss_scale) {
+                         const std::int32_t* __restrict__ targets, int V, std::size_t ld,
+                         float dloss_scale) {
   __shared__ float shared_m[32];
   __shared__ float shared_s[32];
   const std::size_t row = blockIdx.x;
-  const T* x = logits + row * V;
+  const T* x = logits + row * ld;
   const RowSplit<T, kVec> split(x, V);
   const auto* x_packs = reinterpret_cast<const Pack<T, kVec>*>(x + split.head);
 
@@ -131,7 +134,7 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   if (dlogits == nullptr) return;
 
   // Pass 2: each thread rewrites exactly the elements it read in pass 1.
-  T* d = dlogits + row * V;
+  T* d = dlogits + row * ld;
   auto* d_packs = reinterpret_cast<Pack<T, kVec>*>(d + split.head);
   auto grad = [&](int j, float xj) {
     return from_float<T>(dloss_scale * (expf(xj - lse) - (j == target ? 1.0f : 0.0f)));
@@ -154,17 +157,17 @@ namespace {
 
 template <typename T>
 void launch_typed(float* losses, T* dlogits, const T* logits, const std::int32_t* targets, int N,
-                  int V, float dloss_scale, cudaStream_t s) {
+                  int V, std::size_t ld, float dloss_scale, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(T);
   // Packs need dlogits at the same offset as logits modulo 16 B (always true when they alias).
   const auto gap =
       reinterpret_cast<std::uintptr_t>(dlogits) - reinterpret_cast<std::uintptr_t>(logits);
   if (dlogits == nullptr || gap % 16 == 0) {
     ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, kVec>)
-    (losses, dlogits, logits, targets, V, dloss_scale);
+    (losses, dlogits, logits, targets, V, ld, dloss_scale);
   } else {
     ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, 1>)
-    (losses, dlogits, logits, targets, V, dloss_scale);
+    (losses, dlogits, logits, targets, V, ld, dloss_scale);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }
@@ -172,17 +175,19 @@ void launch_typed(float* losses, T* dlogits, const T* logits, const std::int32_t
 }  // namespace
 
 void launch_cross_entropy(float* losses, void* dlogits, const void* logits,
-                          const std::int32_t* targets, int N, int V, float dloss_scale, DType t,
-                          cudaStream_t s) {
+                          const std::int32_t* targets, int N, int V, int ld, float dloss_scale,
+                          DType t, cudaStream_t s) {
   constexpr const char* op = "launch_cross_entropy";
   detail::check_dtype(op, t);
-  const std::string shape = "N = " + std::to_string(N) + ", V = " + std::to_string(V);
+  const std::string shape =
+      "N = " + std::to_string(N) + ", V = " + std::to_string(V) + ", ld = " + std::to_string(ld);
   if (!detail::check_rows(op, N, V, "V", "a softmax needs classes", shape)) return;
+  if (ld < V) detail::bad_arg(op, "the row stride is less than V (" + shape + ")");
   detail::check_not_null(op, {{losses, "losses"}, {logits, "logits"}, {targets, "targets"}},
                          [&] { return shape; });
   ZO_DISPATCH_DTYPE(t, T,
                     launch_typed<T>(losses, static_cast<T*>(dlogits), static_cast<const T*>(logits),
-                                    targets, N, V, dloss_scale, s));
+                                    targets, N, V, static_cast<std::size_t>(ld), dloss_scale, s));
 }
 
 }  // namespace zo::gpu

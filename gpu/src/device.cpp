@@ -93,6 +93,13 @@ DeviceInfo describe(int index, Probe probe) {
   int previous = 0;
   const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
   cudaError_t status = cudaSetDevice(index);
+  if (status == cudaSuccess && probe == Probe::kOpenAndStay) {
+    // Host threads that wait for the device (stream and event synchronisation) sleep instead
+    // of spinning: the cores are CPU Adam's. Best effort: an already active context may keep its
+    // flags.
+    (void)cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    (void)cudaGetLastError();
+  }
   if (status == cudaSuccess) status = cudaMemGetInfo(&info.free_bytes, &info.total_bytes);
   if (status != cudaSuccess) {
     info.free_bytes = 0;

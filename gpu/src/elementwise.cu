@@ -1,5 +1,6 @@
 // Elementwise ops of the GPT block: GELU forward and backward, the residual add and gradient
-// accumulation. One kernel template, elementwise_kernel<T, kVec, Op>, computes
+// accumulation, and the GELU gradient applied in place (the fallback of the matmul's DGELU
+// epilogue, matmul_bias.h). One kernel template, elementwise_kernel<T, kVec, Op>, computes
 //     dst[i] = Op::apply(dst[i] (if Op::kReadsDst), a[i], b[i] (if Op::kUsesB))
 // in fp32 with T loads and stores.
 //
@@ -18,6 +19,7 @@
 #include "gpu/check.h"
 #include "gpu/ops.h"
 #include "launch_util.h"
+#include "matmul_bias.h"
 
 namespace zo::gpu {
 
@@ -37,18 +39,31 @@ struct GeluForwardOp {
   }
 };
 
-// dinp += gelu'(x) * dout, with sech^2 = 1 / cosh^2 as the host (precise where tanh -> +-1;
-// cosh overflows to inf for |u| > ~89, giving the correct limit 0).
+// gelu'(x), with sech^2 = 1 / cosh^2 as the host (precise where tanh -> +-1; cosh overflows to
+// inf for |u| > ~89, giving the correct limit 0).
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = kGeluScale * (x + kGeluCube * x * x * x);
+  const float th = tanhf(u);
+  const float ch = coshf(u);
+  return 0.5f * (1.0f + th) +
+         0.5f * x * (1.0f / (ch * ch)) * kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+}
+
+// dinp += gelu'(x) * dout
 struct GeluBackwardOp {
   static constexpr bool kReadsDst = true;
   static constexpr bool kUsesB = true;
   __device__ __forceinline__ static float apply(float dinp, float x, float dout) {
-    const float u = kGeluScale * (x + kGeluCube * x * x * x);
-    const float th = tanhf(u);
-    const float ch = coshf(u);
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f / (ch * ch)) * kGeluScale *
-                                                (1.0f + 3.0f * kGeluCube * x * x);
-    return dinp + grad * dout;
+    return dinp + gelu_grad(x) * dout;
+  }
+};
+
+// d = gelu'(x) * d, in place
+struct GeluGradScaleOp {
+  static constexpr bool kReadsDst = true;
+  static constexpr bool kUsesB = false;
+  __device__ __forceinline__ static float apply(float d, float x, float) {
+    return gelu_grad(x) * d;
   }
 };
 
@@ -132,6 +147,17 @@ void launch(void* dst, const void* a, const void* b, std::size_t n, DType t, cud
   ZO_DISPATCH_DTYPE(t, T, launch_typed<T, Op>(dst, a, b, n, s));
 }
 
+// dst (fp32) += src (T): one element per thread, grid-stride; memory-bound and run once per
+// micro-batch, so no vector path.
+template <typename T>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    accumulate_f32_kernel(float* __restrict__ dst, const T* __restrict__ src, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    dst[i] += to_float(src[i]);
+}
+
 }  // namespace
 
 void launch_gelu_forward(void* out, const void* inp, std::size_t n, DType t, cudaStream_t s) {
@@ -148,6 +174,11 @@ void launch_gelu_backward(void* dinp, const void* inp, const void* dout, std::si
   launch<GeluBackwardOp>(dinp, inp, dout, n, t, s);
 }
 
+void launch_gelu_grad_in_place(void* d, const void* pre, std::size_t n, DType t, cudaStream_t s) {
+  if (!check_flat_args("launch_gelu_grad_in_place", n, t, {{d, "d"}, {pre, "pre"}})) return;
+  launch<GeluGradScaleOp>(d, pre, nullptr, n, t, s);
+}
+
 void launch_residual_forward(void* out, const void* a, const void* b, std::size_t n, DType t,
                              cudaStream_t s) {
   if (!check_flat_args("launch_residual_forward", n, t, {{out, "out"}, {a, "a"}, {b, "b"}})) return;
@@ -157,6 +188,15 @@ void launch_residual_forward(void* out, const void* a, const void* b, std::size_
 void launch_accumulate(void* dst, const void* src, std::size_t n, DType t, cudaStream_t s) {
   if (!check_flat_args("launch_accumulate", n, t, {{dst, "dst"}, {src, "src"}})) return;
   launch<AccumulateOp>(dst, src, nullptr, n, t, s);
+}
+
+void launch_accumulate_f32(float* dst, const void* src, std::size_t n, DType t, cudaStream_t s) {
+  if (!check_flat_args("launch_accumulate_f32", n, t, {{dst, "dst"}, {src, "src"}})) return;
+  ZO_DISPATCH_DTYPE(t, T, {
+    ZO_LAUNCH(fill_grid(n), kElementwiseThreads, 0, s, accumulate_f32_kernel<T>)
+    (dst, static_cast<const T*>(src), n);
+  });
+  ZO_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace zo::gpu

@@ -8,11 +8,16 @@
 // C or a pointer does not allow packs). Three passes over the row (sum; sum of squared
 // deviations, the two-pass variance; output), all fp32; the second and third re-read the row,
 // which L1/L2 serve. mean and rstd are written as the fp32 values the output was computed with.
+// The residual form (residual_layernorm_forward) first writes res = a + b, rounded to T, in pass
+// 1 and normalises those rounded values: the bits of residual_forward then layernorm_forward,
+// with one read of the row from memory instead of three (each lane re-reads only what it wrote).
 //
-// Backward (dinp +=, dweight +=, dbias +=), deterministic without atomics, in three kernels:
+// Backward (dinp = dresidual + d(LN)/d(inp), dweight +=, dbias +=), deterministic without
+// atomics, in three kernels:
 //   1. layernorm_backward_dinp_kernel: warp per row as the forward. Pass 1 reduces
-//      g = weight * dout and g * norm over the row; pass 2 does
-//      dinp += (g - mean(g) - norm * mean(g * norm)) * rstd.
+//      g = weight * dout and g * norm over the row; pass 2 writes
+//      dinp = dresidual (0 when null) + (g - mean(g) - norm * mean(g * norm)) * rstd; dresidual
+//      may be dinp itself (the residual stream's gradient, accumulated in place).
 //   2. layernorm_backward_partials_kernel: the column sums over N rows. Block (32, 8): x over
 //      32 consecutive channels (coalesced), y over 8 interleaved rows; grid (ceil(C/32), chunks),
 //      each blockIdx.y a contiguous chunk of rows. Every thread adds norm*dout and dout over its
@@ -71,23 +76,36 @@ __device__ __forceinline__ void store_floats(T* p, const float (&x)[kVec]) {
   *reinterpret_cast<Pack<T, kVec>*>(p) = v;
 }
 
-// out (N,C) written; mean, rstd (N) written.
-template <typename T, int kVec>
+// out (N,C) written; mean, rstd (N) written. kResidual: res (N,C) written = inp + inp2, the row
+// normalised; otherwise the row is inp (res and inp2 unused).
+template <typename T, int kVec, bool kResidual>
 __global__ void __launch_bounds__(kLayerNormThreads)
     layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean,
-                             float* __restrict__ rstd, const T* __restrict__ inp,
+                             float* __restrict__ rstd, T* __restrict__ res,
+                             const T* __restrict__ inp, const T* __restrict__ inp2,
                              const T* __restrict__ weight, const T* __restrict__ bias, int N,
                              int C) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kLayerNormRowsPerBlock + threadIdx.x / 32;
   if (row >= N) return;  // whole warps only: no block-level barrier below
-  const T* x = inp + static_cast<std::size_t>(row) * C;
-  T* o = out + static_cast<std::size_t>(row) * C;
+  const std::size_t offset = static_cast<std::size_t>(row) * C;
+  const T* x = (kResidual ? res : inp) + offset;
+  T* o = out + offset;
 
   float sum = 0.0f;
   for (int c = lane * kVec; c < C; c += 32 * kVec) {
     float v[kVec];
-    load_floats<T, kVec>(x + c, v);
+    if constexpr (kResidual) {
+      float w[kVec];
+      load_floats<T, kVec>(inp + offset + c, v);
+      load_floats<T, kVec>(inp2 + offset + c, w);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k)
+        v[k] = to_float(from_float<T>(v[k] + w[k]));
+      store_floats<T, kVec>(res + offset + c, v);
+    } else {
+      load_floats<T, kVec>(x + c, v);
+    }
 #pragma unroll
     for (int k = 0; k < kVec; ++k)
       sum += v[k];
@@ -123,10 +141,10 @@ __global__ void __launch_bounds__(kLayerNormThreads)
   }
 }
 
-// dinp (N,C) += the input gradient of each row.
-template <typename T, int kVec>
+// dinp (N,C) written = dres (kResidual; may alias dinp) + the input gradient of each row.
+template <typename T, int kVec, bool kResidual>
 __global__ void __launch_bounds__(kLayerNormThreads)
-    layernorm_backward_dinp_kernel(T* __restrict__ dinp, const T* __restrict__ dout,
+    layernorm_backward_dinp_kernel(T* dinp, const T* dres, const T* __restrict__ dout,
                                    const T* __restrict__ inp, const T* __restrict__ weight,
                                    const float* __restrict__ mean, const float* __restrict__ rstd,
                                    int N, int C) {
@@ -137,6 +155,7 @@ __global__ void __launch_bounds__(kLayerNormThreads)
   const T* x = inp + offset;
   const T* dy = dout + offset;
   T* dx = dinp + offset;
+  const T* dr = kResidual ? dres + offset : nullptr;
   const float m = mean[row];
   const float rs = rstd[row];
 
@@ -158,11 +177,11 @@ __global__ void __launch_bounds__(kLayerNormThreads)
   const float g_norm_mean = warp_sum(g_norm_sum) / static_cast<float>(C);
 
   for (int c = lane * kVec; c < C; c += 32 * kVec) {
-    float v[kVec], d[kVec], w[kVec], acc[kVec];
+    float v[kVec], d[kVec], w[kVec], acc[kVec] = {};
     load_floats<T, kVec>(x + c, v);
     load_floats<T, kVec>(dy + c, d);
     load_floats<T, kVec>(weight + c, w);
-    load_floats<T, kVec>(dx + c, acc);
+    if constexpr (kResidual) load_floats<T, kVec>(dr + c, acc);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float norm = (v[k] - m) * rs;
@@ -252,35 +271,49 @@ int row_blocks(int N) {
   return detail::ceil_div(N, kLayerNormRowsPerBlock);
 }
 
-template <typename T>
-void forward_typed(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
-                   int N, int C, cudaStream_t s) {
+// kResidual: res = inp + inp2 is normalised (residual_layernorm_forward).
+template <typename T, bool kResidual>
+void forward_typed(T* out, float* mean, float* rstd, T* res, const T* inp, const T* inp2,
+                   const T* weight, const T* bias, int N, int C, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(T);
   if (C % kVec == 0 && aligned(out, 16) && aligned(inp, 16) && aligned(weight, 16) &&
-      aligned(bias, 16)) {
-    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_forward_kernel<T, kVec>)
-    (out, mean, rstd, inp, weight, bias, N, C);
+      aligned(bias, 16) && (!kResidual || (aligned(res, 16) && aligned(inp2, 16)))) {
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_forward_kernel<T, kVec, kResidual>)
+    (out, mean, rstd, res, inp, inp2, weight, bias, N, C);
   } else {
-    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_forward_kernel<T, 1>)
-    (out, mean, rstd, inp, weight, bias, N, C);
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_forward_kernel<T, 1, kResidual>)
+    (out, mean, rstd, res, inp, inp2, weight, bias, N, C);
+  }
+  ZO_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, bool kResidual>
+void backward_dinp(T* dinp, const T* dres, const T* dout, const T* inp, const T* weight,
+                   const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (C % kVec == 0 && aligned(dinp, 16) && aligned(dout, 16) && aligned(inp, 16) &&
+      aligned(weight, 16) && (!kResidual || aligned(dres, 16))) {
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s,
+              layernorm_backward_dinp_kernel<T, kVec, kResidual>)
+    (dinp, dres, dout, inp, weight, mean, rstd, N, C);
+  } else {
+    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s,
+              layernorm_backward_dinp_kernel<T, 1, kResidual>)
+    (dinp, dres, dout, inp, weight, mean, rstd, N, C);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void backward_typed(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                    const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
-  constexpr int kVec = 16 / sizeof(T);
+void backward_typed(T* dinp, const T* dres, T* dweight, T* dbias, const T* dout, const T* inp,
+                    const T* weight, const float* mean, const float* rstd, int N, int C,
+                    cudaStream_t s) {
   // 1. dinp, row by row.
-  if (C % kVec == 0 && aligned(dinp, 16) && aligned(dout, 16) && aligned(inp, 16) &&
-      aligned(weight, 16)) {
-    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_backward_dinp_kernel<T, kVec>)
-    (dinp, dout, inp, weight, mean, rstd, N, C);
+  if (dres != nullptr) {
+    backward_dinp<T, true>(dinp, dres, dout, inp, weight, mean, rstd, N, C, s);
   } else {
-    ZO_LAUNCH(row_blocks(N), kLayerNormThreads, 0, s, layernorm_backward_dinp_kernel<T, 1>)
-    (dinp, dout, inp, weight, mean, rstd, N, C);
+    backward_dinp<T, false>(dinp, dres, dout, inp, weight, mean, rstd, N, C, s);
   }
-  ZO_CUDA_CHECK_LAUNCH();
 
   // 2. Column partial sums per chunk of rows, 3. their fixed-order sum into dweight/dbias.
   const int rows_per_chunk = layernorm_backward_rows_per_chunk(N, C);
@@ -316,13 +349,36 @@ void launch_layernorm_forward(void* out, float* mean, float* rstd, const void* i
   }
   ZO_DISPATCH_DTYPE(
       t, T,
-      forward_typed<T>(static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp),
-                       static_cast<const T*>(weight), static_cast<const T*>(bias), N, C, s));
+      forward_typed<T, false>(static_cast<T*>(out), mean, rstd, nullptr, static_cast<const T*>(inp),
+                              nullptr, static_cast<const T*>(weight), static_cast<const T*>(bias),
+                              N, C, s));
 }
 
-void launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
-                               const void* inp, const void* weight, const float* mean,
-                               const float* rstd, int N, int C, DType t, cudaStream_t s) {
+void launch_residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
+                                       const void* a, const void* b, const void* weight,
+                                       const void* bias, int N, int C, DType t, cudaStream_t s) {
+  if (!check_args("launch_residual_layernorm_forward", N, C, t,
+                  {{res, "res"},
+                   {out, "out"},
+                   {mean, "mean"},
+                   {rstd, "rstd"},
+                   {a, "a"},
+                   {b, "b"},
+                   {weight, "weight"},
+                   {bias, "bias"}})) {
+    return;
+  }
+  ZO_DISPATCH_DTYPE(
+      t, T,
+      forward_typed<T, true>(static_cast<T*>(out), mean, rstd, static_cast<T*>(res),
+                             static_cast<const T*>(a), static_cast<const T*>(b),
+                             static_cast<const T*>(weight), static_cast<const T*>(bias), N, C, s));
+}
+
+void launch_layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
+                               const void* dout, const void* inp, const void* weight,
+                               const float* mean, const float* rstd, int N, int C, DType t,
+                               cudaStream_t s) {
   if (!check_args("launch_layernorm_backward", N, C, t,
                   {{dinp, "dinp"},
                    {dweight, "dweight"},
@@ -334,11 +390,11 @@ void launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const voi
                    {rstd, "rstd"}})) {
     return;
   }
-  ZO_DISPATCH_DTYPE(
-      t, T,
-      backward_typed<T>(static_cast<T*>(dinp), static_cast<T*>(dweight), static_cast<T*>(dbias),
-                        static_cast<const T*>(dout), static_cast<const T*>(inp),
-                        static_cast<const T*>(weight), mean, rstd, N, C, s));
+  ZO_DISPATCH_DTYPE(t, T,
+                    backward_typed<T>(static_cast<T*>(dinp), static_cast<const T*>(dresidual),
+                                      static_cast<T*>(dweight), static_cast<T*>(dbias),
+                                      static_cast<const T*>(dout), static_cast<const T*>(inp),
+                                      static_cast<const T*>(weight), mean, rstd, N, C, s));
 }
 
 }  // namespace zo::gpu

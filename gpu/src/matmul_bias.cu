@@ -28,7 +28,7 @@ constexpr std::size_t kMaxBroadcastBlocks = 4096;  // grid-stride beyond that
 template <typename T, bool kDirect>
 __global__ void __launch_bounds__(kCols* kLanes)
     bias_partial_kernel(float* __restrict__ partial, T* __restrict__ dbias,
-                        const T* __restrict__ dout, int N, int OC, int rows_per_chunk) {
+                        const T* __restrict__ dout, int N, int OC, int ld, int rows_per_chunk) {
   __shared__ float sums[kLanes][kCols];
   const int col = blockIdx.x * kCols + threadIdx.x;
   const int row_begin = blockIdx.y * rows_per_chunk;
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kCols* kLanes)
   float acc = 0.0f;
   if (col < OC) {
     for (int r = row_begin + static_cast<int>(threadIdx.y); r < row_end; r += kLanes)
-      acc += to_float(dout[static_cast<std::size_t>(r) * OC + col]);
+      acc += to_float(dout[static_cast<std::size_t>(r) * ld + col]);
   }
   sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -64,29 +64,36 @@ __global__ void bias_finish_kernel(T* __restrict__ dbias, const float* __restric
   dbias[col] = from_float<T>(to_float(dbias[col]) + total);
 }
 
+// Element i of the N * OC is column i % OC of row i / OC.
 template <typename T>
 __global__ void bias_broadcast_kernel(T* __restrict__ out, const T* __restrict__ bias,
-                                      std::size_t n, int OC) {
+                                      std::size_t n, int OC, int ld) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const auto oc = static_cast<std::size_t>(OC);
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride)
-    out[i] = bias[i % static_cast<std::size_t>(OC)];
+    out[i / oc * static_cast<std::size_t>(ld) + i % oc] = bias[i % oc];
 }
 
 using detail::ceil_div;
 
-void check_shape(const char* op, int N, int OC) {
+void check_shape(const char* op, int N, int OC, int ld) {
   if (N <= 0 || OC <= 0) {
     detail::bad_arg(
         op, "N = " + std::to_string(N) + " and OC = " + std::to_string(OC) + " must both be > 0");
+  }
+  if (ld < OC) {
+    detail::bad_arg(op, "the row stride ld = " + std::to_string(ld) +
+                            " is less than OC = " + std::to_string(OC));
   }
 }
 
 }  // namespace
 
-void launch_bias_broadcast(void* out, const void* bias, int N, int OC, DType t, cudaStream_t s) {
+void launch_bias_broadcast(void* out, const void* bias, int N, int OC, int ld, DType t,
+                           cudaStream_t s) {
   constexpr const char* op = "launch_bias_broadcast";
-  check_shape(op, N, OC);
+  check_shape(op, N, OC, ld);
   if (out == nullptr || bias == nullptr) {
     detail::bad_arg(op, "out and bias must not be null");
   }
@@ -95,15 +102,15 @@ void launch_bias_broadcast(void* out, const void* bias, int N, int OC, DType t, 
       std::min<std::size_t>((n + kBroadcastThreads - 1) / kBroadcastThreads, kMaxBroadcastBlocks);
   ZO_DISPATCH_DTYPE(t, T, {
     ZO_LAUNCH(static_cast<unsigned>(blocks), kBroadcastThreads, 0, s, bias_broadcast_kernel<T>)
-    (static_cast<T*>(out), static_cast<const T*>(bias), n, OC);
+    (static_cast<T*>(out), static_cast<const T*>(bias), n, OC, ld);
   });
   ZO_CUDA_CHECK_LAUNCH();
 }
 
-void launch_bias_backward(void* dbias, const void* dout, int N, int OC, DType t, float* scratch,
-                          std::size_t scratch_bytes, cudaStream_t s) {
+void launch_bias_backward(void* dbias, const void* dout, int N, int OC, int ld, DType t,
+                          float* scratch, std::size_t scratch_bytes, cudaStream_t s) {
   constexpr const char* op = "launch_bias_backward";
-  check_shape(op, N, OC);
+  check_shape(op, N, OC, ld);
   if (dbias == nullptr || dout == nullptr) {
     detail::bad_arg(op, "dbias and dout must not be null");
   }
@@ -119,7 +126,7 @@ void launch_bias_backward(void* dbias, const void* dout, int N, int OC, DType t,
     const T* dy = static_cast<const T*>(dout);
     if (chunks < 2) {
       const dim3 grid(static_cast<unsigned>(ceil_div(OC, kCols)), 1);
-      ZO_LAUNCH(grid, block, 0, s, bias_partial_kernel<T, true>)(nullptr, db, dy, N, OC, N);
+      ZO_LAUNCH(grid, block, 0, s, bias_partial_kernel<T, true>)(nullptr, db, dy, N, OC, ld, N);
       ZO_CUDA_CHECK_LAUNCH();
     } else {
       // Equal chunks with none empty: rows_per_chunk first, then the chunks it takes.
@@ -128,7 +135,7 @@ void launch_bias_backward(void* dbias, const void* dout, int N, int OC, DType t,
       const dim3 grid(static_cast<unsigned>(ceil_div(OC, kCols)),
                       static_cast<unsigned>(used_chunks));
       ZO_LAUNCH(grid, block, 0, s, bias_partial_kernel<T, false>)
-      (scratch, nullptr, dy, N, OC, rows_per_chunk);
+      (scratch, nullptr, dy, N, OC, ld, rows_per_chunk);
       ZO_CUDA_CHECK_LAUNCH();
       ZO_LAUNCH(static_cast<unsigned>(ceil_div(OC, kFinishThreads)), kFinishThreads, 0, s,
                 bias_finish_kernel<T>)

@@ -68,10 +68,13 @@ QuietDeviceGuard::~QuietDeviceGuard() {
 // ---- streams
 // -------------------------------------------------------------------------------------
 
-Stream::Stream(int device, std::shared_ptr<MemoryPool> pool)
+Stream::Stream(int device, std::shared_ptr<MemoryPool> pool, bool high_priority)
     : device_(device), pool_(std::move(pool)), scratch_(std::make_unique<Scratch>()) {
   const DeviceGuard guard(device_);
-  ZO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  if (high_priority) ZO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  ZO_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking,
+                                             high_priority ? greatest : least));
 }
 
 Stream::~Stream() {
@@ -188,7 +191,9 @@ float* Stream::grow_scratch(std::size_t floats, const char* what) {
 
 Event::Event(int device) : device_(device) {
   const DeviceGuard guard(device_);
-  ZO_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDefault));  // timing enabled
+  // Timing enabled; a host thread waiting on it sleeps instead of spinning on a core that CPU
+  // Adam needs.
+  ZO_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync));
 }
 
 Event::~Event() {

@@ -92,7 +92,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
       ->capture_default_str();
   t->add_option("--adam-threads", c.adam_threads,
-                "CPU Adam threads; 0 = all cores (this rank's share with mpirun)");
+                "CPU Adam threads; 0 = all cores (this rank's share with mpirun), less two "
+                "with a GPU");
   t->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
       ->capture_default_str();
   t->add_option("--mode", c.mode,

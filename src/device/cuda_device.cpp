@@ -83,6 +83,9 @@ class CudaDevice final : public Device {
   Backend backend() const override { return Backend::kCuda; }
   std::string name() const override { return name_; }
   int cuda_ordinal() const override { return index_; }
+  int gemm_row_stride(int cols) const override {
+    return (cols + kGemmRowAlign - 1) / kGemmRowAlign * kGemmRowAlign;
+  }
   DType act_dtype() const override { return act_; }
 
   Buffer alloc(std::size_t bytes, const char* what) override {
@@ -91,8 +94,8 @@ class CudaDevice final : public Device {
   std::size_t capacity_bytes() const override { return pool_->capacity(); }
   std::size_t used_bytes() const override { return pool_->in_use(); }
 
-  std::unique_ptr<Stream> create_stream() override {
-    return std::make_unique<CudaStream>(gpu::Stream(index_, pool_));
+  std::unique_ptr<Stream> create_stream(bool high_priority) override {
+    return std::make_unique<CudaStream>(gpu::Stream(index_, pool_, high_priority));
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(index_); }
   void record(Event& e, Stream& s) override {
@@ -132,25 +135,51 @@ class CudaDevice final : public Device {
       gpu::launch_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, act_, cs);
     });
   }
-  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                          const void* weight, const float* mean, const float* rstd, int N, int C,
-                          Stream& s) override {
+  void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
+                                  const void* b, const void* weight, const void* bias, int N, int C,
+                                  Stream& s) override {
+    launch(s, "residual_layernorm_forward", [&](cudaStream_t cs) {
+      gpu::launch_residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, N, C, act_,
+                                             cs);
+    });
+  }
+  void layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
+                          const void* dout, const void* inp, const void* weight, const float* mean,
+                          const float* rstd, int N, int C, Stream& s) override {
     launch(s, "layernorm_backward", [&](cudaStream_t cs) {
-      gpu::launch_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
-                                     act_, cs);
+      gpu::launch_layernorm_backward(dinp, dresidual, dweight, dbias, dout, inp, weight, mean, rstd,
+                                     N, C, act_, cs);
     });
   }
   void matmul_forward(void* out, const void* inp, const void* weight, const void* bias,
                       const MatmulArgs& m, Stream& s) override {
     launch(s, "matmul_forward", [&](cudaStream_t cs) {
-      gpu::launch_matmul_forward(matmul_.get(), out, inp, weight, bias, m.N, m.C, m.OC, act_, cs);
+      gpu::launch_matmul_forward(matmul_.get(), out, inp, weight, bias, m.N, m.C, m.OC, m.ld_out,
+                                 act_, cs);
+    });
+  }
+  void matmul_gelu_forward(void* out, void* pre, const void* inp, const void* weight,
+                           const void* bias, const MatmulArgs& m, Stream& s) override {
+    launch(s, "matmul_gelu_forward", [&](cudaStream_t cs) {
+      require_packed("matmul_gelu_forward", m);
+      gpu::launch_matmul_gelu_forward(matmul_.get(), out, pre, inp, weight, bias, m.N, m.C, m.OC,
+                                      act_, cs);
     });
   }
   void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                        const void* weight, const MatmulArgs& m, Stream& s) override {
     launch(s, "matmul_backward", [&](cudaStream_t cs) {
       gpu::launch_matmul_backward(matmul_.get(), dinp, dweight, dbias, dout, inp, weight, m.N, m.C,
-                                  m.OC, act_, cs);
+                                  m.OC, m.ld_out, act_, cs);
+    });
+  }
+  void matmul_dgelu_backward(void* dpre, void* dweight, void* dbias, const void* dout,
+                             const void* inp, const void* weight, const void* pre,
+                             const MatmulArgs& m, Stream& s) override {
+    launch(s, "matmul_dgelu_backward", [&](cudaStream_t cs) {
+      require_packed("matmul_dgelu_backward", m);
+      gpu::launch_matmul_dgelu_backward(matmul_.get(), dpre, dweight, dbias, dout, inp, weight, pre,
+                                        m.N, m.C, m.OC, act_, cs);
     });
   }
   void gelu_forward(void* out, const void* inp, std::size_t n, Stream& s) override {
@@ -171,6 +200,10 @@ class CudaDevice final : public Device {
     launch(s, "accumulate",
            [&](cudaStream_t cs) { gpu::launch_accumulate(dst, src, n, act_, cs); });
   }
+  void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) override {
+    launch(s, "accumulate_f32",
+           [&](cudaStream_t cs) { gpu::launch_accumulate_f32(dst, src, n, act_, cs); });
+  }
   void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                          Stream& s) override {
     launch(s, "attention_forward", [&](cudaStream_t cs) {
@@ -189,9 +222,9 @@ class CudaDevice final : public Device {
     });
   }
   void cross_entropy(float* losses, void* dlogits, const void* logits, const std::int32_t* targets,
-                     int N, int V, float dloss_scale, Stream& s) override {
+                     int N, int V, int ld, float dloss_scale, Stream& s) override {
     launch(s, "cross_entropy", [&](cudaStream_t cs) {
-      gpu::launch_cross_entropy(losses, dlogits, logits, targets, N, V, dloss_scale, act_, cs);
+      gpu::launch_cross_entropy(losses, dlogits, logits, targets, N, V, ld, dloss_scale, act_, cs);
     });
   }
   void sum_squares(float* out, const void* data, std::size_t n, Stream& s) override {
@@ -230,6 +263,13 @@ class CudaDevice final : public Device {
   template <class Fn>
   void launch(Stream& s, const char* op, Fn&& fn) {
     run(s, op, [&](gpu::Stream& cs) { fn(cs.get()); });
+  }
+  // The GELU matmuls take packed rows (the Device contract), which gpu/ does not see.
+  static void require_packed(const char* op, const MatmulArgs& m) {
+    if (m.ld_out != 0 && m.ld_out != m.OC) {
+      bad_arg(op, "the row stride ld_out = " + std::to_string(m.ld_out) +
+                      " must be 0 or OC = " + std::to_string(m.OC));
+    }
   }
   void copy(const char* op, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
             Stream& s) {

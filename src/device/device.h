@@ -9,8 +9,10 @@
 //   act_dtype() (fp32 on the host backend, fp16/bf16 on CUDA); statistics (layernorm mean/rstd,
 //   attention log-sum-exp, losses) are always fp32.
 // - Parameter gradients are accumulated (+=), so micro-batches and shared weights (tied
-//   embedding) add up; activation gradients named `dinp` are accumulated too unless the op's
-//   comment says "written".
+//   embedding) add up. Activation gradients are written (the matmul's dinp: a GEMM with beta = 0
+//   needs no zero-filled buffer and does not read one) where the model consumes each once, and
+//   accumulated only where it sums several (attention_backward's dqkv, layernorm_backward's
+//   residual); each op's comment says which.
 // - Shapes are in the comment next to each pointer; B batch, T sequence, C channels, NH heads,
 //   V vocabulary, OC output channels, N = B*T rows.
 #pragma once
@@ -81,7 +83,14 @@ class Event {
 // ---- op parameters --------------------------------------------------------------------------
 struct MatmulArgs {  // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
   int N, C, OC;
+  // Row stride (elements, >= OC) of out in the forward and of dout in the backward; 0: OC. The
+  // columns past OC are neither read nor written. The LM head pads its logits rows to
+  // gemm_row_stride(V) (model/gpt.h).
+  int ld_out = 0;
 };
+
+// Columns the CUDA backend rounds a padded row up to a multiple of (Device::gemm_row_stride).
+inline constexpr int kGemmRowAlign = 128;
 struct AttentionArgs {
   int B, T, C, NH;  // head size C / NH; causal
 };
@@ -99,6 +108,12 @@ class Device {
   virtual DType act_dtype() const = 0;
   // The CUDA runtime ordinal (for NUMA placement of pinned staging near the GPU); -1 on the host.
   virtual int cuda_ordinal() const { return -1; }
+  // The row stride (elements) to give an activation of `cols` columns that GEMMs take as a
+  // leading dimension (the logits): `cols` on the host backend, whose results stay as they were
+  // and whose logits the sampler reads packed; on CUDA rounded up to kGemmRowAlign, so that every
+  // row starts 16-byte aligned (256 B in 16-bit storage) and cuBLASLt can use its TMA / tensor-core
+  // kernels, which an odd stride like GPT-2's 50257 rules out.
+  virtual int gemm_row_stride(int cols) const { return cols; }
 
   // ---- memory -------------------------------------------------------------------------------
   // Throws OutOfMemoryError naming `what` when the capacity would be exceeded.
@@ -107,7 +122,9 @@ class Device {
   virtual std::size_t used_bytes() const = 0;
 
   // ---- streams, events, copies ----------------------------------------------------------------
-  virtual std::unique_ptr<Stream> create_stream() = 0;
+  // high_priority: work on it goes before work of normal streams where the backend can order
+  // them (the offload engine's copy streams; ignored by the host backend).
+  virtual std::unique_ptr<Stream> create_stream(bool high_priority = false) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
   virtual void record(Event& e, Stream& s) = 0;  // e completes when work enqueued so far on s does
   virtual void wait(Stream& s, Event& e) = 0;    // later work on s waits for e
@@ -129,18 +146,37 @@ class Device {
   // out (N,C) written; mean, rstd (N) fp32 written; weight, bias (C); eps 1e-5 as GPT-2
   virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
                                  const void* weight, const void* bias, int N, int C, Stream& s) = 0;
-  // dinp (N,C) +=, dweight, dbias (C) +=
-  virtual void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
-                                  const void* inp, const void* weight, const float* mean,
-                                  const float* rstd, int N, int C, Stream& s) = 0;
+  // The residual add and the LayerNorm after it, fused: res (N,C) written = a + b, then
+  // layernorm_forward(out, mean, rstd, res, ...), with exactly the results of those two ops.
+  virtual void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
+                                          const void* a, const void* b, const void* weight,
+                                          const void* bias, int N, int C, Stream& s) = 0;
+  // dinp (N,C) written = dresidual + d(LN)/d(inp); dweight, dbias (C) +=. dresidual (N,C) may be
+  // null (nothing to add) or dinp itself: the residual stream's gradient, accumulated in place
+  // (the backward of residual_layernorm_forward, whose res feeds the next residual add too).
+  virtual void layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
+                                  const void* dout, const void* inp, const void* weight,
+                                  const float* mean, const float* rstd, int N, int C,
+                                  Stream& s) = 0;
 
-  // out (N,OC) written; bias may be null
+  // out (N,OC; row stride a.ld_out) written; bias may be null
   virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias,
                               const MatmulArgs& a, Stream& s) = 0;
-  // dinp (N,C) +=; dweight (OC,C) +=; dbias (OC) += (skipped when null)
+  // The MLP's first layer: pre (N,OC) written = inp @ weight^T + bias (kept for the backward), out
+  // (N,OC) written = gelu(pre) (cuBLASLt's GELU_AUX_BIAS epilogue on CUDA). Packed rows
+  // (a.ld_out 0 or OC).
+  virtual void matmul_gelu_forward(void* out, void* pre, const void* inp, const void* weight,
+                                   const void* bias, const MatmulArgs& a, Stream& s) = 0;
+  // dinp (N,C) written; dweight (OC,C) +=; dbias (OC) += (skipped when null); dout row stride
+  // a.ld_out.
   virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout,
                                const void* inp, const void* weight, const MatmulArgs& a,
                                Stream& s) = 0;
+  // matmul_backward for inp = gelu(pre): dpre (N,C) written = gelu'(pre) * (dout @ weight) in place
+  // of dinp (the DGELU epilogue on CUDA); pre (N,C). Packed rows (a.ld_out 0 or OC).
+  virtual void matmul_dgelu_backward(void* dpre, void* dweight, void* dbias, const void* dout,
+                                     const void* inp, const void* weight, const void* pre,
+                                     const MatmulArgs& a, Stream& s) = 0;
 
   // out (N) written = gelu(inp), tanh approximation (GPT-2)
   virtual void gelu_forward(void* out, const void* inp, std::size_t n, Stream& s) = 0;
@@ -153,21 +189,24 @@ class Device {
                                 Stream& s) = 0;
   // dst (N) += src
   virtual void accumulate(void* dst, const void* src, std::size_t n, Stream& s) = 0;
+  // dst (N, fp32) += src (N, act dtype): gradients summed over micro-batches in fp32
+  virtual void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) = 0;
 
   // Causal self-attention. qkv (B,T,3C) as [q | k | v], head h uses channels [h*hs, (h+1)*hs).
   // out (B,T,C) written; lse (B,NH,T) fp32 written: per-row log-sum-exp of the scaled scores,
   // kept for the backward pass instead of the (B,NH,T,T) probability matrix.
   virtual void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                                  Stream& s) = 0;
-  // dqkv (B,T,3C) +=
+  // dqkv (B,T,3C) += (the model zero-fills it: an accumulate the attention kernels still own)
   virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, const AttentionArgs& a, Stream& s) = 0;
 
-  // Softmax cross-entropy over V classes per row. logits (N,V); targets (N) int32.
-  // losses (N) fp32 written. When dlogits is non-null it is written (may alias logits) with
+  // Softmax cross-entropy over V classes per row. logits (N,V), rows ld >= V elements apart (the
+  // columns past V are neither read nor written); targets (N) int32. losses (N) fp32 written.
+  // When dlogits is non-null it is written (same row stride; may alias logits) with
   // dloss_scale * (softmax - onehot): the gradient of dloss_scale * sum(losses).
   virtual void cross_entropy(float* losses, void* dlogits, const void* logits,
-                             const std::int32_t* targets, int N, int V, float dloss_scale,
+                             const std::int32_t* targets, int N, int V, int ld, float dloss_scale,
                              Stream& s) = 0;
 
   // *out (fp32, device) += sum of squares of data (n, act_dtype); for the global grad norm.

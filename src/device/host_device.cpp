@@ -97,7 +97,7 @@ class HostDevice final : public Device {
   std::size_t used_bytes() const override { return used_.load(std::memory_order_relaxed); }
 
   // ---- streams, events, copies ------------------------------------------------------------------
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<HostStream>(); }
+  std::unique_ptr<Stream> create_stream(bool) override { return std::make_unique<HostStream>(); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<HostEvent>(); }
 
   void record(Event& e, Stream& s) override {
@@ -166,9 +166,29 @@ class HostDevice final : public Device {
       host::layernorm_forward(a, f32(out), mean, rstd, f32(inp), f32(weight), f32(bias), N, C);
     });
   }
-  void layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                          const void* weight, const float* mean, const float* rstd, int N, int C,
-                          Stream& s) override {
+  void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a_in,
+                                  const void* b_in, const void* weight, const void* bias, int N,
+                                  int C, Stream& s) override {
+    constexpr const char* op = "residual_layernorm_forward";
+    require_positive(N, op, "N");
+    require_positive(C, op, "C");
+    require_ptrs(op, {{res, "res"},
+                      {out, "out"},
+                      {mean, "mean"},
+                      {rstd, "rstd"},
+                      {a_in, "a"},
+                      {b_in, "b"},
+                      {weight, "weight"},
+                      {bias, "bias"}});
+    launch(s, op, [=](host::Arena& a) {
+      const std::size_t n = std::size_t(N) * C;
+      host::residual_forward(a, f32(res), f32(a_in), f32(b_in), n);
+      host::layernorm_forward(a, f32(out), mean, rstd, f32(res), f32(weight), f32(bias), N, C);
+    });
+  }
+  void layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
+                          const void* dout, const void* inp, const void* weight, const float* mean,
+                          const float* rstd, int N, int C, Stream& s) override {
     constexpr const char* op = "layernorm_backward";
     require_positive(N, op, "N");
     require_positive(C, op, "C");
@@ -181,8 +201,8 @@ class HostDevice final : public Device {
                       {mean, "mean"},
                       {rstd, "rstd"}});
     launch(s, op, [=](host::Arena& a) {
-      host::layernorm_backward(a, f32(dinp), f32(dweight), f32(dbias), f32(dout), f32(inp),
-                               f32(weight), mean, rstd, N, C);
+      host::layernorm_backward(a, f32(dinp), f32(dresidual), f32(dweight), f32(dbias), f32(dout),
+                               f32(inp), f32(weight), mean, rstd, N, C);
     });
   }
 
@@ -192,7 +212,18 @@ class HostDevice final : public Device {
     require_matmul(op, m);
     require_ptrs(op, {{out, "out"}, {inp, "inp"}, {weight, "weight"}});
     launch(s, op, [=](host::Arena& a) {
-      host::matmul_forward(a, f32(out), f32(inp), f32(weight), f32(bias), m.N, m.C, m.OC);
+      host::matmul_forward(a, f32(out), f32(inp), f32(weight), f32(bias), m.N, m.C, m.OC,
+                           ld_out(m));
+    });
+  }
+  void matmul_gelu_forward(void* out, void* pre, const void* inp, const void* weight,
+                           const void* bias, const MatmulArgs& m, Stream& s) override {
+    constexpr const char* op = "matmul_gelu_forward";
+    require_matmul(op, m, true);
+    require_ptrs(op, {{out, "out"}, {pre, "pre"}, {inp, "inp"}, {weight, "weight"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::matmul_forward(a, f32(pre), f32(inp), f32(weight), f32(bias), m.N, m.C, m.OC, m.OC);
+      host::gelu_forward(a, f32(out), f32(pre), std::size_t(m.N) * m.OC);
     });
   }
   void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
@@ -204,7 +235,24 @@ class HostDevice final : public Device {
         {{dinp, "dinp"}, {dweight, "dweight"}, {dout, "dout"}, {inp, "inp"}, {weight, "weight"}});
     launch(s, op, [=](host::Arena& a) {
       host::matmul_backward(a, f32(dinp), f32(dweight), f32(dbias), f32(dout), f32(inp),
-                            f32(weight), m.N, m.C, m.OC);
+                            f32(weight), m.N, m.C, m.OC, ld_out(m));
+    });
+  }
+  void matmul_dgelu_backward(void* dpre, void* dweight, void* dbias, const void* dout,
+                             const void* inp, const void* weight, const void* pre,
+                             const MatmulArgs& m, Stream& s) override {
+    constexpr const char* op = "matmul_dgelu_backward";
+    require_matmul(op, m, true);
+    require_ptrs(op, {{dpre, "dpre"},
+                      {dweight, "dweight"},
+                      {dout, "dout"},
+                      {inp, "inp"},
+                      {weight, "weight"},
+                      {pre, "pre"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::matmul_backward(a, f32(dpre), f32(dweight), f32(dbias), f32(dout), f32(inp),
+                            f32(weight), m.N, m.C, m.OC, m.OC);
+      host::gelu_grad_in_place(a, f32(dpre), f32(pre), std::size_t(m.N) * m.C);
     });
   }
 
@@ -233,6 +281,10 @@ class HostDevice final : public Device {
     launch(s, op, [=](host::Arena& a) { host::accumulate(a, f32(dst), f32(src), n); });
   }
 
+  void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) override {
+    accumulate(dst, src, n, s);  // the act dtype is fp32 here
+  }
+
   void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& at,
                          Stream& s) override {
     constexpr const char* op = "attention_forward";
@@ -254,13 +306,17 @@ class HostDevice final : public Device {
   }
 
   void cross_entropy(float* losses, void* dlogits, const void* logits, const std::int32_t* targets,
-                     int N, int V, float dloss_scale, Stream& s) override {
+                     int N, int V, int ld, float dloss_scale, Stream& s) override {
     constexpr const char* op = "cross_entropy";
     require_positive(N, op, "N");
     require_positive(V, op, "V");
+    if (ld < V) {
+      bad_arg(op, "the row stride ld = " + std::to_string(ld) +
+                      " is less than V = " + std::to_string(V));
+    }
     require_ptrs(op, {{losses, "losses"}, {logits, "logits"}, {targets, "targets"}});
     launch(s, op, [=](host::Arena& a) {
-      host::cross_entropy(a, losses, f32(dlogits), f32(logits), targets, N, V, dloss_scale);
+      host::cross_entropy(a, losses, f32(dlogits), f32(logits), targets, N, V, ld, dloss_scale);
     });
   }
 
@@ -341,11 +397,18 @@ class HostDevice final : public Device {
     require_positive(T, op, "T");
     require_positive(C, op, "C");
   }
-  static void require_matmul(const char* op, const MatmulArgs& m) {
+  // packed: the op takes no row stride (ld_out must be 0 or OC).
+  static void require_matmul(const char* op, const MatmulArgs& m, bool packed = false) {
     require_positive(m.N, op, "N");
     require_positive(m.C, op, "C");
     require_positive(m.OC, op, "OC");
+    if (m.ld_out != 0 && (m.ld_out < m.OC || (packed && m.ld_out != m.OC))) {
+      bad_arg(op, "the row stride ld_out = " + std::to_string(m.ld_out) +
+                      (packed ? " must be 0 or OC = " : " is less than OC = ") +
+                      std::to_string(m.OC));
+    }
   }
+  static int ld_out(const MatmulArgs& m) { return m.ld_out != 0 ? m.ld_out : m.OC; }
   static void require_attention(const char* op, const AttentionArgs& a) {
     require_btc(op, a.B, a.T, a.C);
     require_positive(a.NH, op, "NH");

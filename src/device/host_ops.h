@@ -29,17 +29,22 @@ void embedding_backward(Arena& arena, float* dwte, float* dwpe, const float* dou
 
 void layernorm_forward(Arena& arena, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C);
-void layernorm_backward(Arena& arena, float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
+void layernorm_backward(Arena& arena, float* dinp, const float* dresidual, float* dweight,
+                        float* dbias, const float* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, int N, int C);
 
+// ld: the row stride of out / dout (>= OC). The fused Device ops (matmul_gelu_forward,
+// matmul_dgelu_backward, residual_layernorm_forward) are these functions in sequence, so they
+// give exactly the unfused sequence's results.
 void matmul_forward(Arena& arena, float* out, const float* inp, const float* weight,
-                    const float* bias, int N, int C, int OC);
+                    const float* bias, int N, int C, int OC, int ld);
 void matmul_backward(Arena& arena, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC);
+                     const float* inp, const float* weight, int N, int C, int OC, int ld);
 
 void gelu_forward(Arena& arena, float* out, const float* inp, std::size_t n);
 void gelu_backward(Arena& arena, float* dinp, const float* inp, const float* dout, std::size_t n);
+// d = gelu'(pre) * d: gelu_backward into a zeroed dinp, without the zeros.
+void gelu_grad_in_place(Arena& arena, float* d, const float* pre, std::size_t n);
 void residual_forward(Arena& arena, float* out, const float* a, const float* b, std::size_t n);
 void accumulate(Arena& arena, float* dst, const float* src, std::size_t n);
 
@@ -49,7 +54,7 @@ void attention_backward(Arena& arena, float* dqkv, const float* dout, const floa
                         const float* out, const float* lse, int B, int T, int C, int NH);
 
 void cross_entropy(Arena& arena, float* losses, float* dlogits, const float* logits,
-                   const std::int32_t* targets, int N, int V, float dloss_scale);
+                   const std::int32_t* targets, int N, int V, int ld, float dloss_scale);
 
 void sum_squares(Arena& arena, float* out, const float* data, std::size_t n);
 void nonfinite_flag(Arena& arena, float* flag, const float* data, std::size_t n);

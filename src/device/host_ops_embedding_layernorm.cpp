@@ -81,11 +81,12 @@ void layernorm_forward(Arena& arena, float* out, float* mean, float* rstd, const
   });
 }
 
-void layernorm_backward(Arena& arena, float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C) {
+void layernorm_backward(Arena& arena, float* dinp, const float* dresidual, float* dweight,
+                        float* dbias, const float* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, int N, int C) {
   const std::size_t n_rows = std::size_t(N), c = C;
-  // dinp = rstd * (g - mean(g) - norm * mean(g * norm)), g = weight * dout: rows are independent.
+  // dinp = dresidual + rstd * (g - mean(g) - norm * mean(g * norm)), g = weight * dout: rows are
+  // independent. dresidual may be dinp (each element is read before it is written).
   const std::size_t rows = rows_per_block(c);
   for_blocks(arena, ceil_div(n_rows, rows), [&](std::size_t blk) {
     const Range r = block_range(blk, rows, n_rows);
@@ -102,9 +103,11 @@ void layernorm_backward(Arena& arena, float* dinp, float* dweight, float* dbias,
       const float g_mean = static_cast<float>(g_sum / double(c));
       const float g_norm_mean = static_cast<float>(g_norm_sum / double(c));
       float* dx = dinp + n * c;
+      const float* dr = dresidual != nullptr ? dresidual + n * c : nullptr;
       for (std::size_t i = 0; i < c; ++i) {
         const float norm = (x[i] - m) * rs;
-        dx[i] += (weight[i] * dy[i] - g_mean - norm * g_norm_mean) * rs;
+        const float d = (weight[i] * dy[i] - g_mean - norm * g_norm_mean) * rs;
+        dx[i] = dr != nullptr ? dr[i] + d : d;
       }
     }
   });

@@ -18,15 +18,15 @@ namespace zo::dev::host {
 // ---- loss and reductions ----------------------------------------------------------------------
 
 void cross_entropy(Arena& arena, float* losses, float* dlogits, const float* logits,
-                   const std::int32_t* targets, int N, int V, float dloss_scale) {
-  const std::size_t n_rows = std::size_t(N), v = V;
+                   const std::int32_t* targets, int N, int V, int ld, float dloss_scale) {
+  const std::size_t n_rows = std::size_t(N), v = V, lv = ld;
   const std::size_t rows = rows_per_block(v);
   for_blocks(arena, ceil_div(n_rows, rows), [&](std::size_t blk) {
     const Range r = block_range(blk, rows, n_rows);
     for (std::size_t n = r.begin; n < r.end; ++n) {
       const std::int32_t target = targets[n];
       if (target < 0 || target >= V) bad_id("cross_entropy", "target", n, target, V);
-      const float* x = logits + n * v;  // (V)
+      const float* x = logits + n * lv;  // (V)
       float m = x[0];
       for (std::size_t j = 1; j < v; ++j)
         m = std::max(m, x[j]);
@@ -36,7 +36,7 @@ void cross_entropy(Arena& arena, float* losses, float* dlogits, const float* log
       const double row_lse = double{m} + std::log(sum);  // log-softmax_j = x_j - lse
       losses[n] = static_cast<float>(row_lse - x[target]);
       if (dlogits == nullptr) continue;
-      float* d = dlogits + n * v;  // may alias x: each x[j] is read before d[j] is written
+      float* d = dlogits + n * lv;  // may alias x: each x[j] is read before d[j] is written
       for (std::size_t j = 0; j < v; ++j) {
         const float prob = std::exp(static_cast<float>(x[j] - row_lse));
         d[j] = dloss_scale * (prob - (j == std::size_t(target) ? 1.0f : 0.0f));

@@ -13,10 +13,11 @@ std::size_t align_up(std::size_t x) {
 }
 
 // Walks the activation layout once; `place(bytes)` either counts or hands out memory, so that
-// the size estimate and the real allocation cannot disagree.
+// the size estimate and the real allocation cannot disagree. Vp: the logits' row stride.
 template <class Place>
-void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esize, Place&& place) {
-  const std::size_t BT = std::size_t(sh.B) * sh.T, C = spec.n_embd, V = spec.vocab_size;
+void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esize, std::size_t Vp,
+                      Place&& place) {
+  const std::size_t BT = std::size_t(sh.B) * sh.T, C = spec.n_embd;
   const std::size_t L = spec.n_layer, NH = spec.n_head;
   const std::size_t sets = sh.recompute ? 1 : L;
   place(BT * 4);  // tokens
@@ -34,24 +35,33 @@ void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esi
   place(BT * C * esize);  // fcproj scratch
   place(BT * C * esize);  // lnf
   place(BT * 4);
-  place(BT * 4);          // lnf mean, rstd
-  place(BT * V * esize);  // logits / dlogits
-  place(BT * 4);          // losses
-  for (std::size_t n : {C, 4 * C, 4 * C, C, C, 3 * C, C})
+  place(BT * 4);           // lnf mean, rstd
+  place(BT * Vp * esize);  // logits / dlogits
+  place(BT * 4);           // losses
+  for (std::size_t n : {C, 4 * C, C, C, 3 * C, C})
     place(BT * n * esize);  // backward
 }
 
 }  // namespace
 
 std::size_t gpt_activation_bytes(const ModelSpec& spec, const GptShape& shape,
-                                 std::size_t act_elem_bytes) {
+                                 std::size_t act_elem_bytes, int logits_stride) {
+  const int V = spec.vocab_size;
+  const int Vp = logits_stride != 0
+                     ? logits_stride
+                     : (V + dev::kGemmRowAlign - 1) / dev::kGemmRowAlign * dev::kGemmRowAlign;
   std::size_t total = 0;
-  walk_activations(spec, shape, act_elem_bytes, [&](std::size_t b) { total += align_up(b); });
+  walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp),
+                   [&](std::size_t b) { total += align_up(b); });
   return total;
 }
 
 Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& shape)
-    : device_(device), layout_(layout), shape_(shape), esize_(dtype_size(device.act_dtype())) {
+    : device_(device),
+      layout_(layout),
+      shape_(shape),
+      esize_(dtype_size(device.act_dtype())),
+      Vp_(device.gemm_row_stride(layout.spec().vocab_size)) {
   const ModelSpec& spec = layout.spec();
   if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
     throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +
@@ -60,9 +70,13 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
                                 "block_size = " +
                                 std::to_string(spec.block_size));
   }
-  arena_ = device.alloc(gpt_activation_bytes(spec, shape, esize_), "activations");
+  if (Vp_ < spec.vocab_size) {
+    throw std::logic_error("the device's GEMM row stride " + std::to_string(Vp_) +
+                           " is less than the vocabulary " + std::to_string(spec.vocab_size));
+  }
+  arena_ = device.alloc(gpt_activation_bytes(spec, shape, esize_, Vp_), "activations");
   std::vector<void*> ptrs;
-  walk_activations(spec, shape, esize_, [&](std::size_t b) {
+  walk_activations(spec, shape, esize_, std::size_t(Vp_), [&](std::size_t b) {
     ptrs.push_back(static_cast<char*>(arena_.data()) + arena_used_);
     arena_used_ += align_up(b);
   });
@@ -84,8 +98,8 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
   lnf_mean_ = next_f32(), lnf_rstd_ = next_f32();
   logits_ = next();
   losses_ = next_f32();
-  dres_ = next(), dfch_gelu_ = next(), dfch_ = next(), dln2_ = next(), datty_ = next();
-  dqkv_ = next(), dln1_ = next();
+  dres_ = next(), dfch_ = next(), dln2_ = next(), datty_ = next(), dqkv_ = next();
+  dln1_ = next();
   for (auto& e : staged_done_)
     e = device.create_event();
 }
@@ -125,26 +139,29 @@ void Gpt::set_batch(const std::vector<std::int32_t>& tokens,
   device_.record(*staged_done_[k], s);
 }
 
-void Gpt::block_forward(const void* params, int l, int t, dev::Stream& s) {
+// Block l from its first LayerNorm to the MLP's projection into fcproj_. In forward, the LayerNorm
+// comes from the residual add that ends the previous block (forward() fuses the two); recomputing
+// for backward, the block computes it itself and stops after the GELU: backward reads nothing
+// later, and residuals_[l + 1] still holds the block's output (and acts(l + 1), shared with this
+// block under recompute, must not be written).
+void Gpt::block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const int N = shape_.B * t, C = spec.n_embd;
-  const std::size_t NC = std::size_t(N) * C;
   const BlockParams& bp = layout_.block(l);
   auto p = [&](std::size_t off) { return at(params, off); };
   LayerActs& a = acts(l);
   const void* in = residuals_[static_cast<std::size_t>(l)];
-  void* out = residuals_[static_cast<std::size_t>(l) + 1];
-  device_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+  if (recomputing) {
+    device_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+  }
   device_.matmul_forward(a.qkv, a.ln1, p(bp.qkv_w), p(bp.qkv_b), {N, C, 3 * C}, s);
   device_.attention_forward(a.atty, a.lse, a.qkv, {shape_.B, t, C, spec.n_head}, s);
   device_.matmul_forward(attproj_, a.atty, p(bp.attproj_w), p(bp.attproj_b), {N, C, C}, s);
-  device_.residual_forward(a.res2, in, attproj_, NC, s);
-  device_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p(bp.ln2_w), p(bp.ln2_b), N, C,
-                            s);
-  device_.matmul_forward(a.fch, a.ln2, p(bp.fc_w), p(bp.fc_b), {N, C, 4 * C}, s);
-  device_.gelu_forward(a.fch_gelu, a.fch, 4 * NC, s);
+  device_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, in, attproj_,
+                                     p(bp.ln2_w), p(bp.ln2_b), N, C, s);
+  device_.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, p(bp.fc_w), p(bp.fc_b), {N, C, 4 * C}, s);
+  if (recomputing) return;
   device_.matmul_forward(fcproj_, a.fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
-  device_.residual_forward(out, a.res2, fcproj_, NC, s);
 }
 
 void* FlatParameters::grad(std::size_t offset) {
@@ -166,21 +183,36 @@ void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_s
   }
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
-  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
+  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
   const void* params = store.params();
+  auto p = [&](std::size_t off) { return at(params, off); };
   store.before_read(0);
-  device_.embedding_forward(residuals_[0], tokens_, at(params, layout_.wte()),
-                            at(params, layout_.wpe()), shape_.B, t, C, s);
-  for (int l = 0; l < spec.n_layer; ++l) {
-    store.before_read(std::size_t(l) + 1);
-    block_forward(params, l, t, s);
+  device_.embedding_forward(residuals_[0], tokens_, p(layout_.wte()), p(layout_.wpe()), shape_.B, t,
+                            C, s);
+  store.before_read(1);
+  const BlockParams& first = layout_.block(0);
+  device_.layernorm_forward(acts(0).ln1, acts(0).ln1_mean, acts(0).ln1_rstd, residuals_[0],
+                            p(first.ln1_w), p(first.ln1_b), N, C, s);
+  for (int l = 0; l < L; ++l) {
+    block_forward(params, l, t, false, s);
+    // The residual add that ends block l, fused with the LayerNorm that reads its output: block
+    // l + 1's first, or the final one.
+    store.before_read(std::size_t(l) + 2);
+    const std::size_t out = std::size_t(l) + 1;
+    if (l + 1 < L) {
+      LayerActs& next = acts(l + 1);
+      const BlockParams& bp = layout_.block(l + 1);
+      device_.residual_layernorm_forward(residuals_[out], next.ln1, next.ln1_mean, next.ln1_rstd,
+                                         acts(l).res2, fcproj_, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+    } else {
+      device_.residual_layernorm_forward(residuals_[out], lnf_, lnf_mean_, lnf_rstd_, acts(l).res2,
+                                         fcproj_, p(layout_.lnf_w()), p(layout_.lnf_b()), N, C, s);
+    }
   }
-  store.before_read(std::size_t(spec.n_layer) + 1);
-  device_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residuals_.back(),
-                            at(params, layout_.lnf_w()), at(params, layout_.lnf_b()), N, C, s);
-  device_.matmul_forward(logits_, lnf_, at(params, layout_.wte()), nullptr, {N, C, V}, s);
+  // The LM head; logits rows Vp_ apart (the device's GEMM stride), only the first V columns used.
+  device_.matmul_forward(logits_, lnf_, p(layout_.wte()), nullptr, {N, C, V, Vp_}, s);
   if (with_targets) {
-    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_, N, V,
+    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_, N, V, Vp_,
                           dloss_scale, s);
   }
 }
@@ -206,34 +238,29 @@ void Gpt::backward(ParameterStore& store, dev::Stream& s) {
   auto done = [&](std::size_t off) { store.complete_from(off); };
   auto zero = [&](void* x, std::size_t elements) { device_.fill_zero(x, elements * esize_, s); };
 
-  // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf).
-  zero(dln1_, NC);
+  // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf). Activation gradients
+  // are written, not accumulated into zeroed buffers (device.h).
   device_.matmul_backward(dln1_, g(layout_.wte()), nullptr, logits_, lnf_, p(layout_.wte()),
-                          {N, C, V}, s);
-  zero(dres_, NC);
-  device_.layernorm_backward(dres_, g(layout_.lnf_w()), g(layout_.lnf_b()), dln1_,
+                          {N, C, V, Vp_}, s);
+  device_.layernorm_backward(dres_, nullptr, g(layout_.lnf_w()), g(layout_.lnf_b()), dln1_,
                              residuals_.back(), p(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, s);
   done(layout_.lnf_w());
 
-  // dres_ carries dL/d(residual stream) down through the blocks.
+  // dres_ carries dL/d(residual stream) down through the blocks: each LayerNorm backward adds its
+  // input gradient to it in place.
   for (int l = spec.n_layer - 1; l >= 0; --l) {
-    if (shape_.recompute) block_forward(params, l, t, s);
+    if (shape_.recompute) block_forward(params, l, t, true, s);
     const BlockParams& bp = layout_.block(l);
     LayerActs& a = acts(l);
     const void* in = residuals_[static_cast<std::size_t>(l)];
-    for (void* d : {dfch_gelu_, dfch_})
-      zero(d, 4 * NC);
-    for (void* d : {dln2_, datty_, dln1_})
-      zero(d, NC);
-    zero(dqkv_, 3 * NC);
-    device_.matmul_backward(dfch_gelu_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
-                            p(bp.fcproj_w), {N, 4 * C, C}, s);
+    zero(dqkv_, 3 * NC);  // attention_backward accumulates
+    device_.matmul_dgelu_backward(dfch_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
+                                  p(bp.fcproj_w), a.fch, {N, 4 * C, C}, s);
     done(bp.fcproj_w);
-    device_.gelu_backward(dfch_, a.fch, dfch_gelu_, 4 * NC, s);
     device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w), {N, C, 4 * C},
                             s);
     done(bp.fc_w);
-    device_.layernorm_backward(dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
+    device_.layernorm_backward(dres_, dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
                                a.ln2_mean, a.ln2_rstd, N, C, s);
     done(bp.ln2_w);
     device_.matmul_backward(datty_, g(bp.attproj_w), g(bp.attproj_b), dres_, a.atty,
@@ -244,8 +271,8 @@ void Gpt::backward(ParameterStore& store, dev::Stream& s) {
     device_.matmul_backward(dln1_, g(bp.qkv_w), g(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
                             {N, C, 3 * C}, s);
     done(bp.qkv_w);
-    device_.layernorm_backward(dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w), a.ln1_mean,
-                               a.ln1_rstd, N, C, s);
+    device_.layernorm_backward(dres_, dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w),
+                               a.ln1_mean, a.ln1_rstd, N, C, s);
     done(bp.ln1_w);
   }
   device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens_, shape_.B, t, C, s);

@@ -1,6 +1,24 @@
 // GPT-2 forward and backward, written once against the device interface (device/device.h). The
 // model owns its activations and token buffers on the device; parameters and gradients belong to
 // a ParameterStore (flat buffers, or the offload engine's uploads and gradient buckets).
+//
+// The LM head's padding. GPT-2's vocabulary, V = 50257, is odd: as a leading dimension of the
+// three LM-head GEMMs (logits, their input gradient, wte's gradient) it leaves rows 2-byte
+// aligned, which rules out cuBLASLt's TMA / tensor-core kernels (docs/performance.md). llm.c pads
+// wte itself to Vp rows; here the flat parameter layout is shared with the host optimizer,
+// checkpoints, exports and the Hugging Face import, and must keep V rows. So only the logits
+// buffer is padded: its rows are Vp = device.gemm_row_stride(V) elements apart (50304 on CUDA; V
+// on the host backend, whose results and packed logits stay as they were). The GEMMs see
+// 16-byte-aligned leading dimensions while their M/N/K stay V; the columns [V, Vp) are never
+// written, never read as classes by cross_entropy, and never read by the backward GEMMs (their K
+// or N is V), so nothing there reaches a loss or a gradient.
+//
+// Fusions (device.h): each residual add runs with the LayerNorm that reads its output
+// (residual_layernorm_forward; the add ending block l carries block l + 1's first LayerNorm, or
+// the final one); the MLP's first layer runs with its GELU (matmul_gelu_forward) and its
+// projection's input gradient with the GELU gradient (matmul_dgelu_backward). Activation
+// gradients are written instead of accumulated into zero-filled buffers, except dqkv, which
+// attention_backward accumulates.
 #pragma once
 
 #include <cstddef>
@@ -55,9 +73,11 @@ struct GptShape {
   bool recompute = false;  // keep only each block's input; recompute the block in backward
 };
 
-// Bytes of device memory Gpt allocates for activations, scratch and token buffers.
+// Bytes of device memory Gpt allocates for activations, scratch and token buffers, with the
+// logits rows logits_stride elements apart; 0: the CUDA backend's padded stride, which bounds
+// every device's.
 std::size_t gpt_activation_bytes(const ModelSpec& spec, const GptShape& shape,
-                                 std::size_t act_elem_bytes);
+                                 std::size_t act_elem_bytes, int logits_stride = 0);
 
 class Gpt {
  public:
@@ -82,10 +102,12 @@ class Gpt {
   // The same into one flat buffer (layout.size(), act dtype).
   void backward(const void* params, void* grads, dev::Stream& s);
 
-  // Device pointers for the last forward: losses (B*T fp32), logits (B*T*V act dtype; holds
-  // dlogits after a training forward).
+  // Device pointers for the last forward: losses (B*T fp32), logits (B*T rows of V act dtype,
+  // logits_stride() elements apart; hold dlogits after a training forward).
   const float* losses() const { return losses_; }
   const void* logits() const { return logits_; }
+  // The logits' row stride: V on the host backend, V rounded up to a multiple of 128 on CUDA.
+  int logits_stride() const { return Vp_; }
 
  private:
   struct LayerActs {
@@ -93,13 +115,14 @@ class Gpt {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
   };
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
-  void block_forward(const void* params, int l, int t, dev::Stream& s);
+  void block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s);
   void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
 
   dev::Device& device_;
   const ParameterLayout& layout_;
   GptShape shape_;
   std::size_t esize_;  // bytes per activation element
+  int Vp_;             // row stride of the logits
   dev::Buffer arena_;
   std::size_t arena_used_ = 0;
   int t_ = 0;                 // positions used by the last forward
@@ -115,11 +138,11 @@ class Gpt {
   void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch
   void* lnf_ = nullptr;                          // (B,T,C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  void* logits_ = nullptr;   // (B,T,V)
+  void* logits_ = nullptr;   // (B,T) rows of Vp_
   float* losses_ = nullptr;  // (B,T)
   // Backward scratch, reused by every block.
-  void *dres_ = nullptr, *dfch_gelu_ = nullptr, *dfch_ = nullptr, *dln2_ = nullptr,
-       *datty_ = nullptr, *dqkv_ = nullptr, *dln1_ = nullptr;
+  void *dres_ = nullptr, *dfch_ = nullptr, *dln2_ = nullptr, *datty_ = nullptr, *dqkv_ = nullptr,
+       *dln1_ = nullptr;
 };
 
 }  // namespace zo::model

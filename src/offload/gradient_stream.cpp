@@ -36,7 +36,7 @@ GradientStream::GradientStream(dev::Device& device, dev::Stream& compute, const 
       act_(device.act_dtype()),
       esize_(dtype_size(act_)),
       local_size_(local_elements(shards_)),
-      d2h_(device.create_stream()) {
+      d2h_(device.create_stream(/*high_priority=*/true)) {
   const std::size_t nb = plan_.buckets().size(), R = std::size_t(cfg_.ranks);
   stats_ = dev_.alloc(nb * 2 * sizeof(float), "bucket norms and overflow flags");
   for (const Bucket& b : plan_.buckets()) {

@@ -25,7 +25,7 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
       trace_(trace),
       act_(device.act_dtype()),
       esize_(dtype_size(act_)),
-      h2d_(device.create_stream()) {
+      h2d_(device.create_stream(/*high_priority=*/true)) {
   params_ = dev_.alloc(layout.size() * esize_, "parameters");
   if (gather_ != nullptr) {
     const std::size_t count = max_shard(shards_);

@@ -4,6 +4,7 @@
 
 #include "core/bytes.h"
 #include "train/config.h"
+#include "train/updater.h"
 
 namespace zo::train {
 
@@ -16,6 +17,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ")", n * esize});
   if (in.resident) {
     p.device.push_back({"gradients", n * esize});
+    if (resident_accumulates_in_f32(in.act_dtype, in.engine.grad_accum))
+      p.device.push_back({"fp32 gradient accumulator", n * 4});
   } else {
     p.device.push_back(
         {"gradient buckets (embeddings + " + std::to_string(in.engine.device_slots) + " slots)",

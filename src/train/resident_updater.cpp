@@ -1,6 +1,8 @@
 // GPU-resident mode: the whole training state on the device. Gradients go to one flat buffer;
 // the step's norm is one device reduction; AdamW runs on the device run by run (weight decay
-// differs between runs of tensors), writing the new parameters in act dtype.
+// differs between runs of tensors), writing the new parameters in act dtype. With several 16-bit
+// micro-batches per step, each micro-batch's gradient is added into an fp32 buffer and the sum is
+// rounded once (adding in bf16 would round after every micro-batch).
 #include <chrono>
 #include <string>
 
@@ -18,7 +20,7 @@ double ms_since(Clock::time_point t0) {
 class ResidentUpdater final : public Updater {
  public:
   ResidentUpdater(dev::Device& device, dev::Stream& stream, const model::ParameterLayout& layout,
-                  optim::HostOptimizer& state)
+                  optim::HostOptimizer& state, int grad_accum)
       : dev_(device),
         stream_(stream),
         state_(state),
@@ -32,6 +34,8 @@ class ResidentUpdater final : public Updater {
         v_(device.alloc(n_ * 4, "Adam v")),
         flat_(params_.data(), grads_.data(), act_) {
     if (act_ != DType::kF32) params_out_ = pinned::HostBuffer(n_ * dtype_size(act_));
+    if (resident_accumulates_in_f32(act_, grad_accum))
+      sum_ = device.alloc(n_ * 4, "fp32 gradient accumulator");
   }
   // Work still queued on the stream reads and writes the buffers: finish it first.
   ~ResidentUpdater() override {
@@ -58,11 +62,23 @@ class ResidentUpdater final : public Updater {
     stream_.synchronize();  // the host arrays may change right after
   }
 
-  void begin_step(bool) override { dev_.fill_zero(grads_.data(), grads_.bytes(), stream_); }
-  void begin_micro_batch(int) override {}
+  void begin_step(bool) override {
+    dev_.fill_zero(grads_.data(), grads_.bytes(), stream_);
+    if (sum_.data()) dev_.fill_zero(sum_.data(), sum_.bytes(), stream_);
+  }
+  // The previous micro-batch's gradient into the fp32 sum, then a fresh one.
+  void begin_micro_batch(int a) override {
+    if (!sum_.data() || a == 0) return;
+    dev_.accumulate_f32(sum_.as<float>(), grads_.data(), n_, stream_);
+    dev_.fill_zero(grads_.data(), grads_.bytes(), stream_);
+  }
 
   GradStats finish_gradients() override {
     const auto t0 = Clock::now();
+    if (sum_.data()) {  // the last micro-batch, then the sum rounded once into the gradient
+      dev_.accumulate_f32(sum_.as<float>(), grads_.data(), n_, stream_);
+      dev_.cast(grads_.data(), act_, sum_.data(), DType::kF32, n_, stream_);
+    }
     float s = 0.0f;
     dev_.fill_zero(norm_.data(), 4, stream_);
     dev_.sum_squares(norm_.as<float>(), grads_.data(), n_, stream_);
@@ -117,6 +133,7 @@ class ResidentUpdater final : public Updater {
   DType act_;
   dev::Buffer params_, grads_, norm_;  // (n) act dtype each; fp32 scratch
   dev::Buffer master_, m_, v_;         // fp32 (n) each
+  dev::Buffer sum_;                    // fp32 (n): the step's gradient over micro-batches, or none
   pinned::HostBuffer params_out_;      // 16-bit staging for the upload
   model::FlatParameters flat_;
   double wait_ms_ = 0.0, apply_ms_ = 0.0;
@@ -126,8 +143,8 @@ class ResidentUpdater final : public Updater {
 
 std::unique_ptr<Updater> make_resident_updater(dev::Device& device, dev::Stream& stream,
                                                const model::ParameterLayout& layout,
-                                               optim::HostOptimizer& state) {
-  return std::make_unique<ResidentUpdater>(device, stream, layout, state);
+                                               optim::HostOptimizer& state, int grad_accum) {
+  return std::make_unique<ResidentUpdater>(device, stream, layout, state, grad_accum);
 }
 
 }  // namespace zo::train

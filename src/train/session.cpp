@@ -206,16 +206,16 @@ void Session::open_device_and_plan() {
   if (ranks > 1) pinned::run_near_node(dev::numa_node_of(*dev));
   const DType act = dev->act_dtype();
   scaler = LossScaler(scaler_config(cfg, act));
-  PlanInput pi{spec,
-               {cfg.micro_batch, T, cfg.recompute},
-               act,
-               cfg.optimizer_state,
-               dev->capacity_bytes(),
-               // Ranks on one machine share its memory.
-               cfg.host_memory ? cfg.host_memory
-                               : pinned::host_available_bytes() / std::size_t(local_ranks),
-               false,
-               engine_config()};
+  PlanInput pi{
+      spec,
+      {cfg.micro_batch, T, cfg.recompute},
+      act,
+      cfg.optimizer_state,
+      dev->capacity_bytes(),
+      // Ranks on one machine share its memory.
+      cfg.host_memory ? cfg.host_memory : pinned::host_available_bytes() / std::size_t(local_ranks),
+      false,
+      engine_config()};
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
   resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
@@ -237,7 +237,7 @@ void Session::make_optimizer_state() {
   oc.decay_policy.embeddings = cfg.decay_embeddings;
   oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
   oc.state_dtype = cfg.optimizer_state;
-  oc.threads = cfg.adam_threads == 0 ? core_share() : cfg.adam_threads;
+  oc.threads = cfg.adam_threads != 0 ? cfg.adam_threads : adam_threads_default();
   if (ranks > 1) {  // every rank's partition (checkpoints gather by them); this rank's own
     for (int r = 0; r < ranks; ++r) {
       offload::EngineConfig e = engine_config();
@@ -258,7 +258,7 @@ void Session::make_optimizer_state() {
 void Session::make_updater_and_model() {
   if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
   stream = dev->create_stream();
-  updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt)
+  updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt, cfg.grad_accum)
                      : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,
                                             comm.get());
   gpt = std::make_unique<model::Gpt>(*dev, *layout,
@@ -315,6 +315,15 @@ void Session::claim_checkpoint_dir() {
   const std::string note =
       move_abandoned(cfg.checkpoint_dir, checkpoint_claim, std::uint64_t(start_step));
   if (!note.empty()) notes.push_back(note);
+}
+
+// With a GPU doing the compute, CPU Adam runs while the main thread enqueues the next step and
+// the copy and accumulate threads move buckets: it leaves them two cores. On the host backend
+// the compute and Adam take turns, so Adam gets them all.
+int Session::adam_threads_default() const {
+  if (dev->backend() != dev::Backend::kCuda) return core_share();
+  const int cores = local_ranks <= 1 ? int(std::thread::hardware_concurrency()) : core_share();
+  return std::max(1, cores - 2);
 }
 
 int Session::core_share() const {

@@ -79,6 +79,7 @@ struct Session {
   void claim_checkpoint_dir();
   // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
   int core_share() const;
+  int adam_threads_default() const;
   offload::EngineConfig engine_config() const;
 };
 

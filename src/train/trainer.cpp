@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "device/event_clock.h"
+#include "device/make_device.h"
+#include "pinned_memory/pinned_buffer.h"
 #include "report/metrics.h"
 #include "report/trace.h"
 #include "train/checkpoint_io.h"
@@ -69,7 +71,11 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     events.push_back(dev.create_event());
   const dev::EventClock clock(dev, stream, [&] { return S.trace.now_us(); });
   std::vector<std::int32_t> inputs, targets;
-  std::vector<float> losses(std::size_t(A) * BT);
+  // Page-locked, so that the loss copies stay asynchronous (a pageable copy would wait for the
+  // step's kernels and serialise the micro-batches).
+  pinned::PinnedBuffer loss_buffer(std::size_t(A) * BT * sizeof(float),
+                                   dev::staging_pin_options(dev, true));
+  const std::span<float> losses = loss_buffer.span<float>();
 
   TrainSummary summary;
   summary.first_step = S.start_step;

@@ -54,10 +54,15 @@ class Updater {
   virtual std::string describe() const = 0;
 };
 
-// AdamW on the device; `state` is the host staging of master, m and v (fp32 state only).
+// AdamW on the device; `state` is the host staging of master, m and v (fp32 state only). With
+// several micro-batches per step and 16-bit gradients, they are summed in an fp32 buffer
+// (resident_accumulates_in_f32; the planner counts it) and rounded once.
 std::unique_ptr<Updater> make_resident_updater(dev::Device& device, dev::Stream& stream,
                                                const model::ParameterLayout& layout,
-                                               optim::HostOptimizer& state);
+                                               optim::HostOptimizer& state, int grad_accum);
+inline bool resident_accumulates_in_f32(DType act, int grad_accum) {
+  return act != DType::kF32 && grad_accum > 1;
+}
 
 // The offload engine over `state` (this rank's partition with several ranks).
 std::unique_ptr<Updater> make_offload_updater(dev::Device& device, dev::Stream& stream,

@@ -1,19 +1,21 @@
-// The cuBLASLt calls gpu/src/matmul.cpp makes, over the emulated device's memory, for the SIMT
+// The cuBLASLt calls gpu/src/matmul*.cpp make, over the emulated device's memory, for the SIMT
 // emulator (tests/simt/simt.h): the emulated build links this instead of libcublasLt. Only
-// column-major fp32/fp16/bf16 GEMMs with equal types, fp32 compute and the DEFAULT or BIAS
-// epilogue are implemented; anything else is refused, and a call not defined here fails to link.
+// column-major fp32/fp16/bf16 GEMMs with equal types, fp32 compute and the epilogues DEFAULT,
+// BIAS, GELU(_AUX)(_BIAS), DGELU and BGRADB are implemented; anything else is refused, and a call
+// not defined here fails to link.
 //
-// The GEMM follows cuBLASLt's contract: D = alpha * op(A) op(B) + beta * C (+ bias broadcast over
-// D's columns), C unread when beta == 0, in place when C == D. It runs on the stream (streams.h)
-// with everything captured at call time, summing in fp32 over k ascending with no FMA (this file
-// is compiled with -ffp-contract=off) and rounding once to D's type, so a result does not depend
-// on the thread count. Misuse the library would reject, or that would fault on a GPU (host memory
-// as an operand, a pointer less aligned than the chosen algorithm assumes), is refused at once,
-// with the status cuBLASLt 13 gives on an H100 where that was checked.
+// The GEMM follows cuBLASLt's contract: D = alpha * op(A) op(B) + beta * C, C unread when
+// beta == 0, in place when C == D; then the epilogue as cublasLt.h documents it (cublaslt_fake.h
+// spells out each): the bias (length m) is added before the GELU, GELU_AUX writes the GELU input
+// to the aux matrix (leading dimension EPILOGUE_AUX_LD: a multiple of 8, at least m), DGELU
+// multiplies by gelu'(aux), BGRADB writes the column sums of op(B) over k (length n) to the bias
+// pointer; bias and aux default to D's type. Where the documentation leaves the arithmetic open
+// (alpha with BGRADB, beta with the GELU epilogues) the call is refused as not implemented. It
+// runs on the stream (streams.h) with everything captured at call time (cublaslt_fake_gemm.cpp
+// has the arithmetic). Misuse the library would reject, or that would fault on a GPU (host
+// memory as an operand, a pointer less aligned than the chosen algorithm assumes), is refused at
+// once, with the status cuBLASLt 13 gives on an H100 where that was checked.
 #include <cublasLt.h>
-#include <tbb/blocked_range.h>
-#include <tbb/blocked_range2d.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,15 +23,18 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
-#include "core/dtype.h"
+#include "cublaslt_fake.h"
 #include "streams.h"
 
 namespace zo::simt {
-// Test hook: while set, the heuristic finds no algorithm for the BIAS epilogue (as cuBLASLt may
-// for some alignments), so that callers' fallback path runs.
+// Test hooks. While set, the heuristic finds no algorithm for the BIAS epilogue (as cuBLASLt may
+// for some alignments), or for any epilogue, so that callers' fallback paths run.
 void cublaslt_refuse_bias_epilogue(bool refuse);
+void cublaslt_refuse_epilogues(bool refuse);
+// The heuristic returns up to `count` algorithms (default 1), all computing the same bits, so
+// that callers' choice between candidates runs.
+void cublaslt_offer_algorithms(int count);
 }  // namespace zo::simt
 
 // Only forward-declared by cublasLt.h: the handle is ours to define.
@@ -40,6 +45,8 @@ struct cublasLtContext {
 namespace {
 
 std::atomic<bool> g_refuse_bias{false};
+std::atomic<bool> g_refuse_epilogues{false};
+std::atomic<int> g_algorithms{1};
 
 // Tags mark live objects of each kind, so that a zeroed, destroyed or mixed-up one is refused.
 constexpr std::uint64_t kHandleTag = 0x7a6f'4c74'4861'6e64;  // "zoLtHand"
@@ -64,7 +71,10 @@ struct Desc {
   cublasOperation_t transa, transb;
   cublasLtEpilogue_t epilogue;
   std::int32_t bias_type;  // -1: D's type
-  const void* bias;
+  void* bias;
+  void* aux;
+  std::int64_t aux_ld;
+  std::int32_t aux_type;  // -1: D's type
 };
 
 struct Pref {
@@ -78,7 +88,8 @@ struct Algo {
   std::uint64_t tag;
   cudaDataType_t type;
   cublasLtEpilogue_t epilogue;
-  std::uint32_t align[5];  // A, B, C, D, bias
+  std::uint32_t align[6];  // A, B, C, D, bias, aux
+  std::int32_t index;      // which of the heuristic's candidates (they compute the same bits)
 };
 
 template <typename State, typename Opaque>
@@ -140,7 +151,8 @@ bool same_layout(const Layout& x, const Layout& y) {
 // The checks the heuristic and the matmul share: op(A) m x k, op(B) k x n, C and D m x n, and one
 // data type throughout. A and B of different types, or C and D, are invalid (as cuBLASLt answers
 // for these types); A and B of another type than C and D, which cuBLASLt has for some pairs, are
-// not implemented. The bias has D's type.
+// not implemented. Bias and aux have D's type. The aux leading dimension must be a multiple of 8
+// and at least m (cublasLt.h, EPILOGUE_AUX_LD).
 cublasStatus_t check_problem(const Desc& d, const Layout& a, const Layout& b, const Layout& c,
                              const Layout& out) {
   if (a.type != b.type || c.type != out.type) return CUBLAS_STATUS_INVALID_VALUE;
@@ -150,9 +162,17 @@ cublasStatus_t check_problem(const Desc& d, const Layout& a, const Layout& b, co
       c.rows != m || c.cols != n) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && d.bias_type != -1 &&
-      d.bias_type != static_cast<std::int32_t>(out.type)) {
+  zo::simt::lt::Epilogue e;
+  if (!zo::simt::lt::decode_epilogue(d.epilogue, e)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const auto type = static_cast<std::int32_t>(out.type);
+  if ((e.bias || e.bgradb) && d.bias_type != -1 && d.bias_type != type) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (e.uses_aux()) {
+    if (d.aux_type != -1 && d.aux_type != type) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (d.aux_ld < static_cast<std::int64_t>(m) || d.aux_ld % 8 != 0) {
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
   }
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -168,100 +188,20 @@ bool on_device(const void* p, const Layout& l) {
          zo::simt::is_device_pointer(bytes + last * es + es - 1);
 }
 
-// One GEMM, captured by value when cublasLtMatmul is called.
-struct Gemm {
-  cudaDataType_t type;
-  bool ta, tb;
-  std::uint64_t m, n, k;
-  const void* a;
-  const void* b;
-  const void* c;
-  void* d;
-  std::uint64_t lda, ldb, ldc, ldd;
-  float alpha, beta;
-  const void* bias;  // null without the BIAS epilogue
-};
-
-float load_elem(cudaDataType_t type, const void* base, std::uint64_t i) {
-  switch (type) {
-    case CUDA_R_16F:
-      return zo::half_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case CUDA_R_16BF:
-      return zo::bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
-void store_elem(cudaDataType_t type, void* base, std::uint64_t i, float v) {
-  switch (type) {
-    case CUDA_R_16F:
-      static_cast<std::uint16_t*>(base)[i] = zo::float_to_half(v);
-      break;
-    case CUDA_R_16BF:
-      static_cast<std::uint16_t*>(base)[i] = zo::float_to_bf16(v);
-      break;
-    default:
-      static_cast<float*>(base)[i] = v;
-  }
-}
-
-// Output columns handled together: each keeps its own accumulator, so the width changes the speed
-// (the compiler vectorises across the panel) and never a result.
-constexpr std::uint64_t kPanel = 8;
-
-void run_gemm(const Gemm& g) {
-  const std::uint64_t m = g.m, n = g.n, k = g.k, panels = (n + kPanel - 1) / kPanel;
-  // op(A) row by row and op(B) in panels of kPanel columns (p-major inside a panel), as fp32,
-  // all read before D is written, so D may even alias A or B.
-  std::vector<float> a(m * k), b(panels * k * kPanel, 0.0f);
-  tbb::parallel_for(tbb::blocked_range<std::uint64_t>(0, m), [&](const auto& rows) {
-    for (std::uint64_t i = rows.begin(); i != rows.end(); ++i) {
-      for (std::uint64_t p = 0; p < k; ++p) {
-        a[i * k + p] = load_elem(g.type, g.a, g.ta ? i * g.lda + p : p * g.lda + i);
-      }
-    }
-  });
-  tbb::parallel_for(tbb::blocked_range<std::uint64_t>(0, n), [&](const auto& cols) {
-    for (std::uint64_t j = cols.begin(); j != cols.end(); ++j) {
-      float* panel = b.data() + (j / kPanel) * k * kPanel + j % kPanel;
-      for (std::uint64_t p = 0; p < k; ++p) {
-        panel[p * kPanel] = load_elem(g.type, g.b, g.tb ? p * g.ldb + j : j * g.ldb + p);
-      }
-    }
-  });
-  using Range = tbb::blocked_range2d<std::uint64_t>;
-  tbb::parallel_for(Range(0, panels, 0, m), [&](const Range& r) {
-    for (std::uint64_t panel = r.rows().begin(); panel != r.rows().end(); ++panel) {
-      const float* bp = b.data() + panel * k * kPanel;
-      for (std::uint64_t i = r.cols().begin(); i != r.cols().end(); ++i) {
-        const float* ai = a.data() + i * k;
-        float acc[kPanel] = {};
-        for (std::uint64_t p = 0; p < k; ++p) {
-          for (std::uint64_t t = 0; t < kPanel; ++t) {
-            acc[t] = acc[t] + ai[p] * bp[p * kPanel + t];
-          }
-        }
-        const std::uint64_t width = std::min(kPanel, n - panel * kPanel);
-        for (std::uint64_t t = 0; t < width; ++t) {
-          const std::uint64_t j = panel * kPanel + t;
-          float v = g.alpha * acc[t];
-          // beta == 0: C is not read (it may hold NaN). In place, C is read just before D.
-          if (g.beta != 0.0f) v = v + g.beta * load_elem(g.type, g.c, j * g.ldc + i);
-          if (g.bias != nullptr) v = v + load_elem(g.type, g.bias, i);
-          store_elem(g.type, g.d, j * g.ldd + i, v);
-        }
-      }
-    }
-  });
-}
-
 }  // namespace
 
 namespace zo::simt {
 
 void cublaslt_refuse_bias_epilogue(bool refuse) {
   g_refuse_bias.store(refuse);
+}
+
+void cublaslt_refuse_epilogues(bool refuse) {
+  g_refuse_epilogues.store(refuse);
+}
+
+void cublaslt_offer_algorithms(int count) {
+  g_algorithms.store(std::max(count, 1));
 }
 
 }  // namespace zo::simt
@@ -374,7 +314,8 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   auto* desc = new cublasLtMatmulDescOpaque_t;
-  store(desc, Desc{kDescTag, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, -1, nullptr});
+  store(desc, Desc{kDescTag, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, -1, nullptr,
+                   nullptr, 0, -1});
   *matmulDesc = desc;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -391,7 +332,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
                                               size_t sizeInBytes) {
   Desc d{};
   if (!load(matmulDesc, kDescTag, d) || buf == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-  std::int32_t i32 = 0;  // TRANSA, TRANSB, BIAS_DATA_TYPE: int32_t; EPILOGUE: uint32_t
+  // TRANSA, TRANSB, BIAS_DATA_TYPE, EPILOGUE_AUX_DATA_TYPE: int32_t; EPILOGUE: uint32_t;
+  // EPILOGUE_AUX_LD: int64_t.
+  std::int32_t i32 = 0;
   switch (attr) {
     case CUBLASLT_MATMUL_DESC_TRANSA:
     case CUBLASLT_MATMUL_DESC_TRANSB:
@@ -406,9 +349,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
       std::uint32_t e = 0;
       if (sizeInBytes != sizeof e) return CUBLAS_STATUS_INVALID_VALUE;
       std::memcpy(&e, buf, sizeof e);
-      if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS) {
-        return CUBLAS_STATUS_NOT_SUPPORTED;
-      }
+      zo::simt::lt::Epilogue unused;
+      if (!zo::simt::lt::decode_epilogue(e, unused)) return CUBLAS_STATUS_NOT_SUPPORTED;
       d.epilogue = static_cast<cublasLtEpilogue_t>(e);
       break;
     }
@@ -421,6 +363,20 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
       std::memcpy(&i32, buf, sizeof i32);
       if (i32 != -1 && !supported_type(i32)) return CUBLAS_STATUS_NOT_SUPPORTED;
       d.bias_type = i32;
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      if (sizeInBytes != sizeof d.aux) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.aux, buf, sizeof d.aux);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      if (sizeInBytes != sizeof d.aux_ld) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.aux_ld, buf, sizeof d.aux_ld);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+      if (sizeInBytes != sizeof i32) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&i32, buf, sizeof i32);
+      if (i32 != -1 && !supported_type(i32)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      d.aux_type = i32;
       break;
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -475,8 +431,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 // ---- heuristic ----------------------------------------------------------------------------------
 
-// One algorithm for every supported problem: it needs no workspace and assumes the operands are
-// as aligned as the preference promises, the bias as aligned as the descriptor's pointer.
+// One algorithm for every supported problem (g_algorithms of them with the test hook): it needs
+// no workspace and assumes the operands are as aligned as the preference promises, the bias and
+// aux as aligned as the descriptor's pointers.
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
     cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
@@ -493,19 +450,25 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   }
   *returnAlgoCount = 0;
   if (const cublasStatus_t s = check_problem(d, a, b, c, out); s != CUBLAS_STATUS_SUCCESS) return s;
-  if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && g_refuse_bias.load()) {
+  const bool refused = d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && g_refuse_epilogues.load();
+  if (refused || (d.epilogue == CUBLASLT_EPILOGUE_BIAS && g_refuse_bias.load())) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  Algo algo{kAlgoTag, out.type, d.epilogue, {}};
+  Algo algo{kAlgoTag, out.type, d.epilogue, {}, 0};
   std::copy(std::begin(p.align), std::end(p.align), algo.align);
   algo.align[4] = alignment_of(d.bias);
-  cublasLtMatmulHeuristicResult_t& r = heuristicResultsArray[0];
-  r = cublasLtMatmulHeuristicResult_t{};
-  store(&r.algo, algo);
-  r.workspaceSize = 0;
-  r.state = CUBLAS_STATUS_SUCCESS;
-  r.wavesCount = 1.0f;
-  *returnAlgoCount = 1;
+  algo.align[5] = alignment_of(d.aux);
+  const int count = std::min(requestedAlgoCount, g_algorithms.load());
+  for (int i = 0; i < count; ++i) {
+    algo.index = i;
+    cublasLtMatmulHeuristicResult_t& r = heuristicResultsArray[i];
+    r = cublasLtMatmulHeuristicResult_t{};
+    store(&r.algo, algo);
+    r.workspaceSize = 0;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+  }
+  *returnAlgoCount = count;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -529,13 +492,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
       zo::simt::is_device_pointer(beta)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  Gemm g{};
+  zo::simt::lt::Gemm g{};
   std::memcpy(&g.alpha, alpha, sizeof g.alpha);
   std::memcpy(&g.beta, beta, sizeof g.beta);
-  const bool with_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS;
+  zo::simt::lt::Epilogue& e = g.epilogue;
+  zo::simt::lt::decode_epilogue(d.epilogue, e);  // check_problem accepted it
+  // Where cublasLt.h leaves the arithmetic open, this stand-in does not guess.
+  if ((e.bgradb && g.alpha != 1.0f) || ((e.gelu || e.dgelu) && g.beta != 0.0f)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const bool with_bias = e.bias || e.bgradb;
   // C is only read when beta != 0, and only then required (cuBLASLt accepts a null C otherwise).
   if (A == nullptr || B == nullptr || D == nullptr || (g.beta != 0.0f && C == nullptr) ||
-      (with_bias && d.bias == nullptr)) {
+      (with_bias && d.bias == nullptr) || (e.uses_aux() && d.aux == nullptr)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   // In place needs C's layout to be D's; otherwise C and D are separate matrices.
@@ -546,19 +515,28 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
       return CUBLAS_STATUS_NOT_SUPPORTED;  // as cuBLASLt answers for an algorithm it did not give
     }
     // A pointer less aligned than the algorithm was chosen for: cuBLASLt refuses it the same way.
-    const bool bias_chosen = chosen.epilogue == CUBLASLT_EPILOGUE_BIAS && with_bias;
-    const void* operands[5] = {A, B, C, D, bias_chosen ? d.bias : nullptr};
-    for (int i = 0; i < 5; ++i) {
+    const bool same_epilogue = chosen.epilogue == d.epilogue;
+    const void* operands[6] = {A,
+                               B,
+                               C,
+                               D,
+                               same_epilogue && with_bias ? d.bias : nullptr,
+                               same_epilogue && e.uses_aux() ? d.aux : nullptr};
+    for (int i = 0; i < 6; ++i) {
       if (!aligned(operands[i], chosen.align[i])) return CUBLAS_STATUS_INVALID_VALUE;
     }
   }
   if (workspaceSizeInBytes > 0 && workspace != nullptr && !zo::simt::is_device_pointer(workspace)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  // On a GPU, host memory as an operand faults in the kernel; here it is refused up front.
-  const Layout bias_layout{kLayoutTag, out.type, out.rows, 1, static_cast<std::int64_t>(out.rows)};
+  // On a GPU, host memory as an operand faults in the kernel; here it is refused up front. The
+  // bias has m elements (BIAS) or n (BGRADB); the aux matrix is m x n.
+  const std::uint64_t bias_n = e.bgradb ? out.cols : out.rows;
+  const Layout bias_layout{kLayoutTag, out.type, bias_n, 1, static_cast<std::int64_t>(bias_n)};
+  const Layout aux_layout{kLayoutTag, out.type, out.rows, out.cols, d.aux_ld};
   if (!on_device(A, a) || !on_device(B, b) || !on_device(D, out) ||
-      (g.beta != 0.0f && !on_device(C, c)) || (with_bias && !on_device(d.bias, bias_layout))) {
+      (g.beta != 0.0f && !on_device(C, c)) || (with_bias && !on_device(d.bias, bias_layout)) ||
+      (e.uses_aux() && !on_device(d.aux, aux_layout))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   g.type = out.type;
@@ -576,8 +554,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   g.ldc = static_cast<std::uint64_t>(c.ld);
   g.ldd = static_cast<std::uint64_t>(out.ld);
   g.bias = with_bias ? d.bias : nullptr;
+  g.bias_type = out.type;
+  g.aux = e.uses_aux() ? d.aux : nullptr;
+  g.aux_ld = static_cast<std::uint64_t>(d.aux_ld);
+  g.aux_type = out.type;
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
-  zo::simt::enqueue(stream, [g] { run_gemm(g); });
+  zo::simt::enqueue(stream, [g] { zo::simt::lt::run_gemm(g); });
   return CUBLAS_STATUS_SUCCESS;
 }
 

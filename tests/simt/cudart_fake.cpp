@@ -518,6 +518,24 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
+// Scheduling flags only change how host threads wait; the emulator's waits always block.
+cudaError_t cudaSetDeviceFlags(unsigned int) {
+  return cudaSuccess;
+}
+
+// Priorities order the work of concurrent streams on a GPU; the emulator runs streams as threads
+// and accepts any priority in the H100's range [-5, 0] (lower is more urgent).
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least != nullptr) *least = 0;
+  if (greatest != nullptr) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+  if (priority > 0 || priority < -5) return record(cudaErrorInvalidValue);
+  return cudaStreamCreateWithFlags(stream, flags);
+}
+
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
   {

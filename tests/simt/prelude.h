@@ -18,6 +18,7 @@
 
 #include "simt.h"
 #include "streams.h"
+#include "warp_matrix.h"
 
 #define ZO_SIMT_EMULATION 1
 

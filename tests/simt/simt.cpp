@@ -1,5 +1,5 @@
 // The SIMT emulator's scheduler (tests/simt/simt.h): blocks in order, a block's threads as
-// fibers (fiber.h), barriers and warp shuffles as scheduling points.
+// fibers (fiber.h), barriers and warp syncs (warp_sync.cpp) as scheduling points.
 #include "simt.h"
 
 #include <algorithm>
@@ -12,53 +12,14 @@
 #include <sstream>
 #include <vector>
 
+#include "block.h"
 #include "fiber.h"
 
 namespace zo::simt {
-namespace {
-
-constexpr std::size_t kStackBytes = 256 * 1024;  // per thread; kernels keep small locals
-constexpr int kWarp = 32;
-
-enum class State { kReady, kBlockBarrier, kWarpSync, kDone };
-
-struct Fiber {
-  FiberContext context;
-  uint3 tid{};
-  int linear = 0;
-  State state = State::kReady;
-  unsigned mask = 0;          // kWarpSync: the lanes that take part
-  std::source_location site;  // where the thread waits
-};
-
-struct Block {
-  const char* name = "";
-  dim3 grid, dim;
-  uint3 idx{};
-  std::vector<Fiber>* fibers = nullptr;
-  FiberContext scheduler;
-  void* dynamic_shared = nullptr;
-  const std::function<void()>* body = nullptr;
-  // Shuffle values per thread: what it offers at its current warp sync, and what it offered at the
-  // last one that completed (copied on release, so a lane that runs ahead to its next shuffle
-  // cannot overwrite a value a later lane of the same round has yet to read).
-  struct Slot {
-    std::array<unsigned char, 16> offered{}, published{};
-  };
-  std::vector<Slot> slots;
-  std::exception_ptr error;
-};
 
 thread_local Block* t_block = nullptr;
 thread_local Fiber* t_fiber = nullptr;
-
-std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0}, g_warp_syncs{0};
-
-std::mutex g_attr_mutex;
-std::map<const void*, int>& smem_limits() {
-  static std::map<const void*, int> limits;
-  return limits;
-}
+std::atomic<std::uint64_t> g_warp_syncs{0}, g_warp_collectives{0};
 
 std::string where(const std::source_location& s) {
   std::string file = s.file_name();
@@ -78,13 +39,14 @@ std::string thread_name(const Block& b, const Fiber& f) {
   throw SimtError(std::string("SIMT emulator, kernel ") + b.name + ": " + what);
 }
 
-// Back to the scheduler until it makes this thread ready again.
-void wait(State s, const std::source_location& site, unsigned mask = 0) {
-  Fiber& f = *t_fiber;
-  f.state = s;
-  f.site = site;
-  f.mask = mask;
-  switch_fiber(f.context, t_block->scheduler);
+namespace {
+
+constexpr std::size_t kStackBytes = 256 * 1024;  // per thread; kernels keep small locals
+std::atomic<std::uint64_t> g_launches{0}, g_threads{0}, g_block_barriers{0};
+std::mutex g_attr_mutex;
+std::map<const void*, int>& smem_limits() {
+  static std::map<const void*, int> limits;
+  return limits;
 }
 
 void fiber_main() {
@@ -95,6 +57,7 @@ void fiber_main() {
     if (!b.error) b.error = std::current_exception();
   }
   t_fiber->state = State::kDone;
+  ++b.exited[t_fiber->linear / kWarp];
   switch_fiber(t_fiber->context, b.scheduler);  // for good: the scheduler never resumes it
 }
 
@@ -124,46 +87,8 @@ bool release(Block& b) {
     return true;
   }
   bool released = false;
-  const int n = static_cast<int>(fibers.size());
-  for (int warp_base = 0; warp_base < n; warp_base += kWarp) {
-    Fiber* first = nullptr;
-    for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
-      if (fibers[i].state == State::kWarpSync) {
-        first = &fibers[i];
-        break;
-      }
-    }
-    if (first == nullptr) continue;
-    const unsigned mask = first->mask;
-    bool complete = true;
-    for (int lane = 0; lane < kWarp; ++lane) {
-      if ((mask >> lane & 1u) == 0) continue;
-      const int i = warp_base + lane;
-      // (lanes past the block and exited lanes were refused when the first lane arrived)
-      if (i >= n || fibers[i].state == State::kDone) {
-        fail(b, "shuffle mask at " + where(first->site) + " names lane " + std::to_string(lane) +
-                    " of warp " + std::to_string(warp_base / kWarp) +
-                    ", which has exited or does not exist");
-      }
-      if (fibers[i].state != State::kWarpSync) {
-        complete = false;
-        continue;
-      }
-      if (fibers[i].mask != mask || fibers[i].site.line() != first->site.line()) {
-        fail(b, "lanes of warp " + std::to_string(warp_base / kWarp) + " meet at different warp " +
-                    "syncs: " + where(first->site) + " (mask " + std::to_string(mask) + ") and " +
-                    where(fibers[i].site) + " (mask " + std::to_string(fibers[i].mask) + ")");
-      }
-    }
-    if (!complete) continue;
-    for (int lane = 0; lane < kWarp; ++lane) {
-      if ((mask >> lane & 1u) == 0) continue;
-      fibers[warp_base + lane].state = State::kReady;
-      b.slots[warp_base + lane].published = b.slots[warp_base + lane].offered;
-    }
-    ++g_warp_syncs;
-    released = true;
-  }
+  for (int warp_base = 0; warp_base < static_cast<int>(fibers.size()); warp_base += kWarp)
+    released = release_warp(b, warp_base) || released;
   return released;
 }
 
@@ -182,17 +107,29 @@ bool release(Block& b) {
   fail(b, out.str());
 }
 
+// Runs the block warp by warp, each as far as its shuffles and collectives take it before the
+// next starts: warps drift apart between barriers as they may on the hardware, so a barrier
+// missing between one warp's write and another warp's read of shared memory shows.
 void run_block(Block& b) {
   std::vector<Fiber>& fibers = *b.fibers;
+  const int n = static_cast<int>(fibers.size());
   for (;;) {
     bool ran = false;
-    for (Fiber& f : fibers) {
-      if (f.state != State::kReady) continue;
-      t_fiber = &f;
-      switch_fiber(b.scheduler, f.context);
-      t_fiber = nullptr;
-      ran = true;
-      if (b.error) std::rethrow_exception(b.error);
+    for (int warp_base = 0; warp_base < n; warp_base += kWarp) {
+      for (;;) {
+        bool any = false;
+        for (int i = warp_base; i < std::min(n, warp_base + kWarp); ++i) {
+          Fiber& f = fibers[i];
+          if (f.state != State::kReady) continue;
+          t_fiber = &f;
+          switch_fiber(b.scheduler, f.context);
+          t_fiber = nullptr;
+          any = true;
+          if (b.error) std::rethrow_exception(b.error);
+        }
+        ran = ran || any;
+        if (!any || !release_warp(b, warp_base)) break;
+      }
     }
     const bool all_done = std::all_of(fibers.begin(), fibers.end(),
                                       [](const Fiber& f) { return f.state == State::kDone; });
@@ -204,7 +141,11 @@ void run_block(Block& b) {
 // Makes thread `i` of block `b` start the kernel body on `stack` (kStackBytes).
 void start_fiber(Block& b, int i, char* stack) {
   Fiber& f = (*b.fibers)[i];
+  AsyncCopies async = std::move(f.async);  // keeps the vectors' capacity from block to block
+  async.copies.clear();
+  async.group_ends.clear();
   f = Fiber{};
+  f.async = std::move(async);
   f.linear = i;
   f.tid = uint3{static_cast<unsigned>(i) % b.dim.x, static_cast<unsigned>(i) / b.dim.x % b.dim.y,
                 static_cast<unsigned>(i) / (b.dim.x * b.dim.y)};
@@ -283,7 +224,9 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
   b.fibers = &fibers;
   b.body = &thread_body;
   b.dynamic_shared = smem.get();
+  b.dynamic_shared_bytes = smem_bytes;
   b.slots.resize(n);
+  b.exited.resize((n + kWarp - 1) / kWarp);
 
   struct Reset {  // t_block is cleared however the launch ends
     ~Reset() {
@@ -297,6 +240,7 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         b.idx = uint3{bx, by, bz};
+        std::fill(b.exited.begin(), b.exited.end(), 0);
         // Uninitialised shared memory reads as NaN (all bits set), so a kernel that reads what
         // it never wrote produces NaN instead of plausible numbers.
         std::memset(smem.get(), 0xff, smem_bytes);
@@ -310,7 +254,8 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes, const void*
 }
 
 Stats stats() {
-  return Stats{g_launches.load(), g_threads.load(), g_block_barriers.load(), g_warp_syncs.load()};
+  return Stats{g_launches.load(), g_threads.load(), g_block_barriers.load(), g_warp_syncs.load(),
+               g_warp_collectives.load()};
 }
 
 const uint3& thread_idx() {
@@ -335,36 +280,19 @@ void* dynamic_shared() {
   return t_block->dynamic_shared;
 }
 
-int lane_id() {
-  return t_fiber->linear % kWarp;
+bool in_dynamic_shared(const void* p, std::size_t bytes) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(t_block->dynamic_shared);
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  return at >= begin && at + bytes <= begin + t_block->dynamic_shared_bytes;
 }
 
-void shuffle_bytes(unsigned mask, const void* in, void* out, std::size_t bytes, int src_lane,
-                   const std::source_location& site) {
-  Block& b = *t_block;
-  Fiber& f = *t_fiber;
-  const int lane = f.linear % kWarp;
-  const int warp_base = f.linear - lane;
-  const int n = static_cast<int>(b.fibers->size());
-  if ((mask >> lane & 1u) == 0) {
-    fail(b, thread_name(b, f) + " calls a shuffle at " + where(site) +
-                " with a mask that leaves out its own lane " + std::to_string(lane));
-  }
-  for (int l = 0; l < kWarp; ++l) {
-    if ((mask >> l & 1u) &&
-        (warp_base + l >= n || (*b.fibers)[warp_base + l].state == State::kDone)) {
-      fail(b, "shuffle at " + where(site) + " by " + thread_name(b, f) + ": its mask names lane " +
-                  std::to_string(l) + ", which has exited or does not exist in this block");
-    }
-  }
-  if ((mask >> src_lane & 1u) == 0) {
-    fail(b, thread_name(b, f) + " reads lane " + std::to_string(src_lane) + " at " + where(site) +
-                ", which is not in the mask (undefined on the hardware)");
-  }
-  std::memcpy(b.slots[f.linear].offered.data(), in, bytes);
-  wait(State::kWarpSync, site, mask);
-  // Every lane released by that sync runs before the scheduler completes another one.
-  std::memcpy(out, b.slots[warp_base + src_lane].published.data(), bytes);
+AsyncCopies& async_copies() {
+  if (t_fiber == nullptr) throw SimtError("SIMT emulator: cp.async outside a kernel");
+  return t_fiber->async;
+}
+
+void thread_error(const std::string& what, const std::source_location& site) {
+  fail(*t_block, thread_name(*t_block, *t_fiber) + " at " + where(site) + ": " + what);
 }
 
 }  // namespace zo::simt

@@ -2,15 +2,17 @@
 // every kernel and launcher in gpu/ against the host backend (tests/test_simt.cpp).
 //
 // Model: a launch runs its blocks one after another on one OS thread (its stream's worker, see
-// streams.h, or the caller's for the default stream); the threads of a block are fibers (fiber.h)
-// scheduled round-robin, each running until it reaches a barrier or returns. Memory is host
-// memory, so "device pointers" are plain pointers.
+// streams.h, or the caller's for the default stream); the threads of a block are fibers (fiber.h),
+// each running until it reaches a barrier, a warp sync or its end, scheduled warp by warp: one
+// warp runs through its shuffles and warp collectives until it reaches a barrier before the next
+// warp starts. Memory is host memory, so "device pointers" are plain pointers.
 //
 // What it checks, beyond the results (each violation throws zo::simt::SimtError naming the block,
 // the threads and the call site):
 //   - __syncthreads() that not every live thread of the block reaches (divergent barrier),
 //   - __shfl_*_sync whose mask names a lane that does not exist, has exited, or is at another
-//     call site, and lanes that read a lane outside the mask,
+//     call site, and lanes that read a lane outside the mask; the same for the warp-wide matrix
+//     instructions (warp_matrix.h), which need all 32 lanes,
 //   - launch configurations the hardware refuses: empty or oversized blocks and grids, and dynamic
 //     shared memory above 48 KiB unless cudaFuncSetAttribute raised the kernel's limit (at most
 //     the emulated H100's 227 KiB).
@@ -28,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace zo::simt {
 
@@ -64,7 +67,8 @@ struct Stats {
   std::uint64_t launches = 0;
   std::uint64_t threads = 0;
   std::uint64_t block_barriers = 0;
-  std::uint64_t warp_syncs = 0;
+  std::uint64_t warp_syncs = 0;        // shuffles and warp collectives
+  std::uint64_t warp_collectives = 0;  // mma.sync and ldmatrix
 };
 Stats stats();
 
@@ -94,5 +98,37 @@ T shfl_xor(unsigned mask, T v, int lane_mask, int width, const std::source_locat
   shuffle_bytes(mask, &v, &out, sizeof(T), src, where);
   return out;
 }
+
+// ---- warp-wide collectives: mma.sync and ldmatrix (warp_matrix.h)
+// Runs once per warp when all 32 lanes have arrived: in[l] holds lane l's operands, out[l] takes
+// its result; `variant` carries the instruction's qualifiers. It may throw SimtError.
+constexpr std::size_t kWarpOperandBytes = 48;
+constexpr std::size_t kWarpResultBytes = 16;
+using WarpOp = void (*)(const unsigned char* const* in, unsigned char* const* out, int variant);
+
+// Every lane of the warp calls this from the same site with the same op and variant (a lane
+// that has exited, is missing from the block, or waits elsewhere is a SimtError, as for
+// shuffles); returns this lane's result in `out`.
+void warp_collective(WarpOp op, int variant, const void* in, std::size_t in_bytes, void* out,
+                     std::size_t out_bytes, const std::source_location& where);
+
+// Throws the SimtError of a rule the calling thread broke at `where`, naming kernel and thread.
+[[noreturn]] void thread_error(const std::string& what, const std::source_location& where);
+
+// Whether [p, p + bytes) lies in the running block's dynamic shared memory.
+bool in_dynamic_shared(const void* p, std::size_t bytes);
+
+// The calling thread's cp.async copies not yet performed, in issue order, and the end of each
+// committed group in `copies` (warp_matrix.cpp); empty when a thread starts.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  int bytes, src_bytes;
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> copies;
+  std::vector<std::size_t> group_ends;
+};
+AsyncCopies& async_copies();
 
 }  // namespace zo::simt

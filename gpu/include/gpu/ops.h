@@ -32,39 +32,70 @@ void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const s
 void launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
                               const void* weight, const void* bias, int N, int C, DType t,
                               cudaStream_t s);
-// dinp (N,C) +=, dweight, dbias (C) +=. Deterministic.
-void launch_layernorm_backward(void* dinp, void* dweight, void* dbias, const void* dout,
-                               const void* inp, const void* weight, const float* mean,
-                               const float* rstd, int N, int C, DType t, cudaStream_t s);
+// res (N,C) written = a + b, then layernorm_forward of res: one kernel, the bits of the two.
+void launch_residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
+                                       const void* a, const void* b, const void* weight,
+                                       const void* bias, int N, int C, DType t, cudaStream_t s);
+// dinp (N,C) written = dresidual + d(LN)/d(inp); dresidual (N,C) may be null (nothing to add) or
+// dinp itself (accumulate in place). dweight, dbias (C) +=. Deterministic.
+void launch_layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
+                               const void* dout, const void* inp, const void* weight,
+                               const float* mean, const float* rstd, int N, int C, DType t,
+                               cudaStream_t s);
 
 // ---- elementwise (elementwise.cu) -------------------------------------------------------------
 void launch_gelu_forward(void* out, const void* inp, std::size_t n, DType t, cudaStream_t s);
+// (gelu_backward is no longer used by the model: the matmul's DGELU epilogue, or its fallback,
+// applies the GELU gradient.)
 void launch_gelu_backward(void* dinp, const void* inp, const void* dout, std::size_t n, DType t,
                           cudaStream_t s);  // dinp +=
 void launch_residual_forward(void* out, const void* a, const void* b, std::size_t n, DType t,
                              cudaStream_t s);
 void launch_accumulate(void* dst, const void* src, std::size_t n, DType t, cudaStream_t s);
+// dst (n, fp32) += src (n, t): gradients summed over micro-batches in fp32.
+void launch_accumulate_f32(float* dst, const void* src, std::size_t n, DType t, cudaStream_t s);
 
-// ---- matmul through cuBLASLt (matmul.cpp, bias kernels in matmul_bias.cu) --------------------
-// out (N,OC) written = inp (N,C) @ weight (OC,C)^T + bias (OC, may be null); fp32 accumulation.
+// ---- matmul through cuBLASLt (matmul.cpp, matmul_plan.cpp; fallback kernels matmul_bias.cu) ----
+// out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC, may be null); fp32 accumulation. `ld` is the
+// row stride (elements, >= OC; 0 means OC) of out in the forward and of dout in the backward: the
+// LM head pads its logits rows so that every GEMM operand is 16-byte aligned (model/gpt.h).
+// Columns past OC are neither read nor written. Each GEMM runs with the cuBLASLt epilogue that
+// fuses its neighbour (bias, GELU, GELU gradient, bias gradient) where cuBLASLt has an algorithm
+// for it, else the plain GEMM and the kernel the epilogue stands for.
 // The context holds the cuBLASLt handle, a 32 MiB workspace shared by the streams that use it
 // (launches are serialised on it) and the cache of plans; one per device, made with that device
 // current.
 struct MatmulContext;
 MatmulContext* create_matmul_context();
 void destroy_matmul_context(MatmulContext* ctx) noexcept;
-// Number of cached plans (descriptors + heuristic choice), one per distinct (shapes, dtype, op,
-// operand alignments); for tests, to see that steady-state calls hit the cache.
+// Number of cached plans (descriptors + chosen algorithm), one per distinct (GEMM, epilogue,
+// shapes, row stride, dtype, operand alignments); for tests, to see that steady-state calls hit
+// the cache. Of those, the plans whose algorithm was chosen by timing several candidates (the
+// first call of a key times the heuristic's top candidates on the stream; ZO_MATMUL_AUTOTUNE=0
+// takes its first instead).
 std::size_t matmul_plan_count(const MatmulContext* ctx);
+std::size_t matmul_timed_plan_count(const MatmulContext* ctx);
+// out (N,OC; row stride ld) written.
 void launch_matmul_forward(MatmulContext* ctx, void* out, const void* inp, const void* weight,
-                           const void* bias, int N, int C, int OC, DType t, cudaStream_t s);
-// dinp (N,C) +=; dweight (OC,C) +=; dbias (OC) += (skipped when null).
+                           const void* bias, int N, int C, int OC, int ld, DType t, cudaStream_t s);
+// pre (N,OC) written = inp @ weight^T + bias, out (N,OC) written = gelu(pre), tanh form (the MLP's
+// first layer; pre is kept for the backward). Packed rows.
+void launch_matmul_gelu_forward(MatmulContext* ctx, void* out, void* pre, const void* inp,
+                                const void* weight, const void* bias, int N, int C, int OC, DType t,
+                                cudaStream_t s);
+// dinp (N,C) written; dweight (OC,C) +=; dbias (OC) += (skipped when null); dout row stride ld.
 void launch_matmul_backward(MatmulContext* ctx, void* dinp, void* dweight, void* dbias,
                             const void* dout, const void* inp, const void* weight, int N, int C,
-                            int OC, DType t, cudaStream_t s);
+                            int OC, int ld, DType t, cudaStream_t s);
+// launch_matmul_backward for inp = gelu(pre): dpre (N,C) written = gelu'(pre) * (dout @ weight)
+// instead of dinp; pre (N,C). Packed rows.
+void launch_matmul_dgelu_backward(MatmulContext* ctx, void* dpre, void* dweight, void* dbias,
+                                  const void* dout, const void* inp, const void* weight,
+                                  const void* pre, int N, int C, int OC, DType t, cudaStream_t s);
 
 // ---- attention (attention_forward.cu, attention_backward.cu) ----------------------------------
-// Causal, flash-style: never materialises (B,NH,T,T).
+// Causal, flash-style: never materialises (B,NH,T,T). bf16/fp16 with head sizes 64 and 128 run on
+// tensor cores (fp32 accumulation), everything else on fp32 FMA; both deterministic.
 // qkv (B,T,3C) as [q | k | v]; out (B,T,C) written; lse (B,NH,T) fp32 written (natural log of
 // the row sums of exp(score) with score = q.k / sqrt(hs)).
 void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
@@ -78,10 +109,11 @@ void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, co
 
 // ---- loss and reductions (cross_entropy.cu, reduce.cu) ----------------------------------------
 // losses (N) fp32 written; dlogits (may alias logits or be null) written with
-// dloss_scale * (softmax - onehot).
+// dloss_scale * (softmax - onehot). logits and dlogits rows are ld >= V elements apart; the
+// columns past V are neither read nor written.
 void launch_cross_entropy(float* losses, void* dlogits, const void* logits,
-                          const std::int32_t* targets, int N, int V, float dloss_scale, DType t,
-                          cudaStream_t s);
+                          const std::int32_t* targets, int N, int V, int ld, float dloss_scale,
+                          DType t, cudaStream_t s);
 // *out += sum of squares of data (n); deterministic (fixed grid, fixed-order final reduction).
 void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, cudaStream_t s);
 // *flag = 1 if any element is Inf/NaN (left unchanged otherwise).

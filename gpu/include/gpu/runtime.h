@@ -119,7 +119,9 @@ class Event;
 // stream's device current for its duration.
 class Stream {
  public:
-  Stream(int device, std::shared_ptr<MemoryPool> pool);
+  // high_priority: the device's most urgent stream priority (copy streams, whose small kernels and
+  // copies should not queue behind compute).
+  Stream(int device, std::shared_ptr<MemoryPool> pool, bool high_priority = false);
   ~Stream();
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
