@@ -14,6 +14,7 @@
 # every test runs; TSAN_GTEST_FILTER='-*LearnsTheSyntheticTask' skips those two locally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tests/known_targets.sh
 bash .ci/install-deps
 
 build_dir=${TSAN_BUILD_DIR:-build-tsan}
@@ -26,21 +27,8 @@ start=$SECONDS
 cmake -S . -B "$build_dir" -DZO_SANITIZE=thread -DZO_CUDA=OFF -DZO_BUILD_BENCH=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-# Only suites this tree declares (tests/CMakeLists.txt adds a module's suite once its source
-# exists); works for the Makefile and Ninja generators.
-known=$(cmake --build "$build_dir" --target help)
-targets=()
-for t in "${suites[@]}"; do
-  if grep -qE "(^|[ .])${t}(:|[[:space:]]|$)" <<<"$known"; then
-    targets+=("$t")
-  else
-    echo "run_tsan: no target $t in this tree; skipping it"
-  fi
-done
-if [[ ${#targets[@]} -eq 0 ]]; then
-  echo "run_tsan: none of ${suites[*]} is a target here; nothing to run" >&2
-  exit 1
-fi
+found=$(known_targets run_tsan "$build_dir" "${suites[@]}")
+read -r -a targets <<<"$found"
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
 echo "run_tsan: configure + build took $((SECONDS - start)) s"
 

@@ -188,7 +188,9 @@ const char* const kContextKeys[] = {"block_size", "n_positions", "n_ctx"};
 ModelSpec model_spec_from_json(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) bad(origin, "must be a JSON object");
   std::vector<std::string> unknown;
-  for (const auto& [k, v] : j.items()) {
+  for (const auto& item : j.items()) {
+    // A named key, not a structured binding: clang before 16 cannot capture those.
+    const std::string& k = item.key();
     const bool fixed = std::any_of(std::begin(kFixedKeys), std::end(kFixedKeys),
                                    [&k](const FixedKey& f) { return k == f.key; });
     const bool size = std::any_of(std::begin(kSizeKeys), std::end(kSizeKeys),

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Fuzzing job (docs/testing.md, "Fuzzing"): builds the libFuzzer targets of tests/fuzz/ with clang,
+# AddressSanitizer and UndefinedBehaviorSanitizer in their own build directory and runs each for a
+# bounded time from a copy of its seed corpus (tests/fuzz/corpus/<target>/). Exits non-zero if a
+# target crashes: a sanitizer report, an exception that is not a std::exception, an input that
+# runs past FUZZ_TIMEOUT, or more memory than FUZZ_RSS_MB; the reproducer's path is printed.
+#   FUZZ_BUILD_DIR  build directory (default: build-fuzz)
+#   FUZZ_JOBS       parallel compile jobs (default: nproc)
+#   FUZZ_TARGETS    targets to run, space-separated (default: every tests/fuzz/corpus/<target>)
+#   FUZZ_SECONDS    seconds of fuzzing per target (default: 30; 0 runs the seeds only)
+#   FUZZ_TIMEOUT    seconds one input may take (default: 10)
+#   FUZZ_RSS_MB     memory limit of a target in MiB, also its largest allocation (default: 2048)
+#   FUZZ_OUT        working corpora, logs and reproducers (default: <build dir>/fuzz-out)
+#   FUZZ_ARGS       extra libFuzzer flags, e.g. "-max_len=65536" or "-fork=2 -ignore_crashes=1"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# llvm-14 brings llvm-symbolizer, for stack traces with file:line.
+bash .ci/install-deps clang-14 libclang-rt-14-dev llvm-14
+
+build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
+jobs=${FUZZ_JOBS:-$(nproc)}
+seconds=${FUZZ_SECONDS:-30}
+out=${FUZZ_OUT:-$build_dir/fuzz-out}
+if [[ -n ${FUZZ_TARGETS:-} ]]; then
+  read -r -a targets <<<"$FUZZ_TARGETS"
+else
+  targets=()
+  for d in tests/fuzz/corpus/*/; do
+    targets+=("$(basename "$d")")
+  done
+fi
+
+start=$SECONDS
+# Only the libraries the targets link; no tests, benchmarks, CUDA or MPI. Assertions stay on
+# (no -DNDEBUG), and libstdc++'s too: misuse such as nlohmann::json's const operator[] with a
+# missing key then stops at once, instead of reading memory that ASan may or may not flag.
+cmake -S . -B "$build_dir" -DCMAKE_CXX_COMPILER=clang++-14 -DZO_FUZZ=ON \
+  -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BUILD_TESTS=OFF -DZO_BUILD_BENCH=OFF \
+  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -D_GLIBCXX_ASSERTIONS"
+cmake --build "$build_dir" -j "$jobs" --target "${targets[@]/#/fuzz_}"
+echo "run_fuzz: configure + build took $((SECONDS - start)) s"
+
+if [[ -x /usr/lib/llvm-14/bin/llvm-symbolizer ]]; then
+  export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer
+fi
+# Leaks count as crashes too (libFuzzer checks after inputs that allocate more than they free).
+export ASAN_OPTIONS="detect_leaks=1${ASAN_OPTIONS:+ $ASAN_OPTIONS}"
+export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1${UBSAN_OPTIONS:+ $UBSAN_OPTIONS}"
+
+failed=()
+for t in "${targets[@]}"; do
+  work=$out/$t
+  rm -rf "$work"
+  mkdir -p "$work/crashes"
+  cp -r "tests/fuzz/corpus/$t" "$work/corpus"
+  args=(-timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb="${FUZZ_RSS_MB:-2048}"
+        -artifact_prefix="$work/crashes/" -print_final_stats=1)
+  if [[ $t != shard ]]; then
+    args+=(-dict=tests/fuzz/json.dict)
+  fi
+  if [[ $seconds -gt 0 ]]; then
+    args+=(-max_total_time="$seconds")
+  else
+    args+=(-runs=0)
+  fi
+  # shellcheck disable=SC2206
+  args+=(${FUZZ_ARGS:-})
+  start=$SECONDS
+  rc=0
+  "$build_dir/tests/fuzz/fuzz_$t" "${args[@]}" "$work/corpus" >"$work/log" 2>&1 || rc=$?
+  runs=$(awk '/stat::number_of_executed_units/ {print $2}' "$work/log")
+  if [[ $rc -eq 0 ]]; then
+    echo "=== fuzz_$t: clean, ${runs:-?} inputs in $((SECONDS - start)) s" \
+      "(corpus $(find "$work/corpus" -type f | wc -l) files)"
+  else
+    echo "=== fuzz_$t: CRASHED (exit code $rc, $((SECONDS - start)) s); its report:"
+    # From the report's first line (else the log's end), without libFuzzer's progress lines.
+    report='ERROR: |runtime error:|ALARM:|out-of-memory|deadly signal'
+    if grep -qE "$report" "$work/log"; then
+      awk -v re="$report" '(shown || $0 ~ re) && shown++ < 150' "$work/log"
+    else
+      tail -n 60 "$work/log"
+    fi
+    for f in "$work/crashes"/*; do
+      [[ -e $f ]] || continue
+      echo "=== fuzz_$t: reproducer $f (run: $build_dir/tests/fuzz/fuzz_$t $f)"
+      # CI keeps only the log: small reproducers go into it (base64 -d > file).
+      if [[ $(stat -c %s "$f") -le 4096 ]]; then
+        echo "=== base64: $(base64 -w0 "$f")"
+      fi
+    done
+    failed+=("$t")
+  fi
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run_fuzz: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "run_fuzz: clean: ${targets[*]}"
