@@ -261,7 +261,8 @@ void attention(OpRun& r, zo::dev::AttentionArgs a) {
   r.out("dqkv", dqkv, Check::kAct);
 }
 
-// ---- Llama-family ops ----------------------------------------------------------------------------
+// ---- Llama-family ops
+// ----------------------------------------------------------------------------
 
 // RMSNorm forward, then the backward from the reference's rstd with dresidual in place, null and
 // separate (as layernorm).
@@ -518,8 +519,9 @@ std::vector<OpCase> make_cases() {
   }
   add_repeatable("RmsNorm_N13_C64_eps0p1", [](OpRun& r) { rmsnorm(r, 13, 64, 0.1f); });
   // Head sizes 48, 64 and 128 (and 10: pairs (i, i + 5)), Llama 2's theta 1e4 and Llama 3's 5e5.
-  for (const AttentionArgs a : {AttentionArgs{2, 13, 40, 6, 2, 48}, AttentionArgs{1, 9, 40, 6, 1, 128},
-                                AttentionArgs{2, 5, 40, 6, 3, 64}, AttentionArgs{1, 7, 40, 2, 2, 10}}) {
+  for (const AttentionArgs a :
+       {AttentionArgs{2, 13, 40, 6, 2, 48}, AttentionArgs{1, 9, 40, 6, 1, 128},
+        AttentionArgs{2, 5, 40, 6, 3, 64}, AttentionArgs{1, 7, 40, 2, 2, 10}}) {
     for (const double theta : {1e4, 5e5}) {
       add("Rope" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) + dim("NKV", a.NKV) +
               dim("HS", a.HS) + dim("theta", static_cast<long>(theta)),

@@ -1093,7 +1093,9 @@ TEST(HostOps, RmsNormForwardAndBackward) {
     ref_rmsnorm_backward(g, xd, wd, N, C, eps, ref_x, ref_w);
     expect_close(got_x, ref_x, kGradTol, "rmsnorm dinp vs analytic");
     expect_close(got_w, ref_w, kGradTol, "rmsnorm dweight vs analytic");
-    auto loss = [&](const Vec& xx, const Vec& ww) { return dot(g, ref_rmsnorm(xx, ww, N, C, eps)); };
+    auto loss = [&](const Vec& xx, const Vec& ww) {
+      return dot(g, ref_rmsnorm(xx, ww, N, C, eps));
+    };
     expect_close(got_x, numeric_grad(xd, [&](const Vec& v) { return loss(v, wd); }), kFdTol,
                  "rmsnorm dinp vs finite differences");
     expect_close(got_w, numeric_grad(wd, [&](const Vec& v) { return loss(xd, v); }), kFdTol,

@@ -31,8 +31,8 @@ std::vector<double> reference(int hs, double theta, const Llama3RopeScaling* s) 
       r[i] = f / s->factor;
       continue;
     }
-    const double t = (orig * f / two_pi - s->low_freq_factor) /
-                     (s->high_freq_factor - s->low_freq_factor);
+    const double t =
+        (orig * f / two_pi - s->low_freq_factor) / (s->high_freq_factor - s->low_freq_factor);
     r[i] = f * (t + (1.0 - t) / s->factor);
   }
   return r;
@@ -55,9 +55,9 @@ TEST(Rope, PlainInverseFrequenciesMatchFloat64) {
 }
 
 TEST(Rope, Llama3ScalingMatchesFloat64) {
-  const Llama3RopeScaling llama31{8.0, 1.0, 4.0, 8192};     // Llama 3.1
-  const Llama3RopeScaling llama32{32.0, 1.0, 4.0, 8192};    // Llama 3.2
-  const Llama3RopeScaling narrow{4.0, 2.0, 3.0, 1000};      // other bands
+  const Llama3RopeScaling llama31{8.0, 1.0, 4.0, 8192};   // Llama 3.1
+  const Llama3RopeScaling llama32{32.0, 1.0, 4.0, 8192};  // Llama 3.2
+  const Llama3RopeScaling narrow{4.0, 2.0, 3.0, 1000};    // other bands
   for (const Llama3RopeScaling& s : {llama31, llama32, narrow}) {
     for (const int hs : {64, 128}) {
       expect_matches(rope_inv_freq({hs, 5e5, s}), reference(hs, 5e5, &s));

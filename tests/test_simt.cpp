@@ -265,7 +265,8 @@ TEST(SimtLaunchers, AttentionTakesTensorCoresForBf16AndFp16Heads64And128) {
       const std::size_t es = zo::dtype_size(t);
       std::vector<std::uint8_t> qkv(T * 3 * hs * es), out(T * hs * es), dout(T * hs * es),
           dqkv(T * 3 * hs * es);
-      std::vector<float> lse(T), scratch(zo::gpu::attention_backward_scratch_floats({1, T, 1, 1, hs}));
+      std::vector<float> lse(T),
+          scratch(zo::gpu::attention_backward_scratch_floats({1, T, 1, 1, hs}));
       const zo::simt::Stats before = zo::simt::stats();
       const zo::gpu::AttentionDims d{1, T, 1, 1, hs};
       zo::gpu::launch_attention_forward(out.data(), lse.data(), qkv.data(), d, t, nullptr);

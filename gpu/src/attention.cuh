@@ -177,8 +177,8 @@ __device__ __forceinline__ void load_kv_tiles(float* sK, float* sV, const T* row
 }
 
 // Loads one query tile's inputs to the backward kernels: Q (`q`: the q slice of the tile's first
-// query in qkv, row stride c3 = sh.ld_qkv), dout (`dout_rows`, row stride C), and the rows' lse (times
-// log2(e)) and D; `rows` (<= kTile) of the tile's rows are before T.
+// query in qkv, row stride c3 = sh.ld_qkv), dout (`dout_rows`, row stride C), and the rows' lse
+// (times log2(e)) and D; `rows` (<= kTile) of the tile's rows are before T.
 template <typename T, int kTile>
 __device__ __forceinline__ void load_query_tiles(float* sQ, float* sdO, float* sL, float* sD,
                                                  const T* q, const T* dout_rows,

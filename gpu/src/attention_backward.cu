@@ -212,8 +212,8 @@ void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* o
   }
   // dk/dv and dq write disjoint parts of dqkv, so their order does not matter.
   launch_tiles(op, &attention_backward_dkv_kernel<T, kTile, kChunks>,
-               smem_bytes(sh, kTile, 4, 2, 2), kTile * 4, sh.NKV, sh, s, dqkv_t, dout_t, qkv_t,
-               lse, scratch);
+               smem_bytes(sh, kTile, 4, 2, 2), kTile * 4, sh.NKV, sh, s, dqkv_t, dout_t, qkv_t, lse,
+               scratch);
   launch_tiles(op, &attention_backward_dq_kernel<T, kTile, kChunks>, smem_bytes(sh, kTile, 4, 1, 2),
                kTile * 4, sh.NH, sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
 }

@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kThreads)
   auto query0 = [&](int i) { return (first + i % q_tiles) * kN; };
   auto load_q = [&](int i, int buf) {
     const int h = kv * sh.group + i / q_tiles, q0 = query0(i), rows = min(kN, sh.T - q0);
-    const std::int64_t bh = static_cast<std::int64_t>(f.bc.b) * sh.NH + h, tok = static_cast<std::int64_t>(f.bc.b) * sh.T + q0;
+    const std::int64_t bh = static_cast<std::int64_t>(f.bc.b) * sh.NH + h,
+                       tok = static_cast<std::int64_t>(f.bc.b) * sh.T + q0;
     load_tile<T, kN, kD>(sQ + buf * kN * kLd, seq + q0 * c3 + h * sh.hs, c3, rows, sh.async16);
     load_tile<T, kN, kD>(sdO + buf * kN * kLd, g.dout + tok * sh.C + h * sh.hs, sh.C, rows,
                          sh.async16);
@@ -160,8 +161,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const float scale[2] = {sh.scale, sh.scale};
-  store_rows<T, true, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T,
-                          sh.async16, lane);
+  store_rows<T, true, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T, sh.async16,
+                          lane);
 }
 
 void backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,

@@ -221,11 +221,11 @@ void launch_rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, c
                    {rstd, "rstd"}})) {
     return;
   }
-  ZO_DISPATCH_DTYPE(t, T,
-                    backward_typed<T>(static_cast<T*>(dinp), static_cast<const T*>(dresidual),
-                                      static_cast<T*>(dweight), static_cast<const T*>(dout),
-                                      static_cast<const T*>(inp), static_cast<const T*>(weight),
-                                      rstd, N, C, s));
+  ZO_DISPATCH_DTYPE(
+      t, T,
+      backward_typed<T>(static_cast<T*>(dinp), static_cast<const T*>(dresidual),
+                        static_cast<T*>(dweight), static_cast<const T*>(dout),
+                        static_cast<const T*>(inp), static_cast<const T*>(weight), rstd, N, C, s));
 }
 
 }  // namespace zo::gpu

@@ -250,9 +250,8 @@ class CudaDevice final : public Device {
     });
   }
   void swiglu_forward(void* out, const void* gate_up, int N, int I, Stream& s) override {
-    launch(s, "swiglu_forward", [&](cudaStream_t cs) {
-      gpu::launch_swiglu_forward(out, gate_up, N, I, act_, cs);
-    });
+    launch(s, "swiglu_forward",
+           [&](cudaStream_t cs) { gpu::launch_swiglu_forward(out, gate_up, N, I, act_, cs); });
   }
   void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int N, int I,
                        Stream& s) override {

@@ -302,8 +302,8 @@ class HostDevice final : public Device {
     require_attention(op, at);
     require_ptrs(op, {{dqkv, "dqkv"}, {dout, "dout"}, {qkv, "qkv"}, {out, "out"}, {lse, "lse"}});
     launch(s, op, [=](host::Arena& a) {
-      host::attention_backward(a, f32(dqkv), f32(dout), f32(qkv), f32(out), lse, at.B, at.T,
-                               at.NH, at.kv_heads(), at.head_size());
+      host::attention_backward(a, f32(dqkv), f32(dout), f32(qkv), f32(out), lse, at.B, at.T, at.NH,
+                               at.kv_heads(), at.head_size());
     });
   }
 
@@ -477,11 +477,12 @@ class HostDevice final : public Device {
                       std::to_string(a.NKV) + "; each kv head serves a whole group of query heads");
     }
   }
-  void rope(const char* op, void* qkv, const float* inv_freq, const AttentionArgs& at,
-            bool inverse, Stream& s) {
+  void rope(const char* op, void* qkv, const float* inv_freq, const AttentionArgs& at, bool inverse,
+            Stream& s) {
     require_attention(op, at);
     if (at.head_size() % 2 != 0) {
-      bad_arg(op, "head size " + std::to_string(at.head_size()) + " must be even (pairs i, i+hs/2)");
+      bad_arg(op,
+              "head size " + std::to_string(at.head_size()) + " must be even (pairs i, i+hs/2)");
     }
     require_ptrs(op, {{qkv, "qkv"}, {inv_freq, "inv_freq"}});
     launch(s, op, [=](host::Arena& a) {

@@ -27,11 +27,11 @@ void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, i
     const Range q = block_range(task % q_blocks, kQueryRows, t_len);
     const std::size_t keys = q.end;  // causal: rows of this block see keys [0, q.end)
     const float* seq = qkv + b * t_len * ld;
-    const std::size_t kv = (h / group) * hs;                             // kv head h / group
+    const std::size_t kv = (h / group) * hs;  // kv head h / group
     const ConstMatMap qm = cmap(seq + q.begin * ld + h * hs, q.size(), hs, ld);  // (rows, hs)
     const ConstMatMap km = cmap(seq + k_col + kv, keys, hs, ld);                 // (keys, hs)
     const ConstMatMap vm = cmap(seq + v_col + kv, keys, hs, ld);                 // (keys, hs)
-    RowMat p(ix(q.size()), ix(keys));                                    // (rows, keys)
+    RowMat p(ix(q.size()), ix(keys));                                            // (rows, keys)
     p.noalias() = qm * km.transpose();
     for (std::size_t r = 0; r < q.size(); ++r) {
       const std::size_t i = q.begin + r;

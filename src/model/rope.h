@@ -19,8 +19,8 @@ struct Llama3RopeScaling {
 };
 
 struct RopeConfig {
-  int head_size = 0;      // hs: even
-  double theta = 1e4;     // `rope_theta` (Llama 2: 1e4, Llama 3: 5e5)
+  int head_size = 0;                        // hs: even
+  double theta = 1e4;                       // `rope_theta` (Llama 2: 1e4, Llama 3: 5e5)
   std::optional<Llama3RopeScaling> llama3;  // none: plain RoPE
 };
 
