@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <utility>
@@ -58,7 +59,27 @@ void embedding_backward(OpRun& r, int B, int T, int C, int V) {
   r.out("dwpe", dwpe, Check::kAct);
 }
 
-// ---- layernorm: the backward reads the reference's statistics -----------------------------------
+// ---- layernorm and RMSNorm: the backward reads the reference's statistics -----------------------
+
+// A norm's backward(dinp, dresidual) three ways: dresidual in place (the residual stream's
+// gradient, accumulated), null (dinp written) and separate. `grads` are the parameter gradients
+// it accumulates, recorded after the first call and after all three.
+void norm_backward_three_ways(OpRun& r, std::size_t NC,
+                              const std::function<void(const Tensor&, const void*)>& backward,
+                              std::initializer_list<std::pair<const char*, Tensor>> grads) {
+  const Tensor dinp = r.rand(NC);
+  backward(dinp, dinp.p);
+  r.out("dinp (residual in place)", dinp, Check::kAct);
+  for (const auto& [name, g] : grads)
+    r.out(name, g, Check::kAct);
+  const Tensor written = r.rand(NC), separate = r.rand(NC), dres = r.rand(NC);
+  backward(written, nullptr);
+  r.out("dinp (written)", written, Check::kAct);
+  backward(separate, dres.p);
+  r.out("dinp (separate residual)", separate, Check::kAct);
+  for (const auto& [name, g] : grads)
+    r.out(std::string(name) + " (three calls)", g, Check::kAct);
+}
 
 void layernorm(OpRun& r, int N, int C) {
   const std::size_t NC = std::size_t(N) * C;
@@ -71,21 +92,13 @@ void layernorm(OpRun& r, int N, int C) {
   r.out("mean", mean, Check::kStats);
   r.out("rstd", rstd, Check::kStats);
   const Tensor m = r.from_reference("mean"), rs = r.from_reference("rstd");
-  const Tensor dout = r.rand(NC), dinp = r.rand(NC), dw = r.rand(C), db = r.rand(C);
-  auto backward = [&](const Tensor& d, const void* dres) {
-    r.dev().layernorm_backward(d.p, dres, dw.p, db.p, dout.p, inp.p, w.p, m.f(), rs.f(), N, C,
-                               r.s());
-  };
-  backward(dinp, dinp.p);  // the residual stream's gradient, accumulated in place
-  r.out("dinp (residual in place)", dinp, Check::kAct);
-  r.out("dweight", dw, Check::kAct);
-  r.out("dbias", db, Check::kAct);
-  const Tensor written = r.rand(NC), separate = r.rand(NC), dres = r.rand(NC);
-  backward(written, nullptr);
-  r.out("dinp (written)", written, Check::kAct);
-  backward(separate, dres.p);
-  r.out("dinp (separate residual)", separate, Check::kAct);
-  r.out("dweight (three calls)", dw, Check::kAct);
+  const Tensor dout = r.rand(NC), dw = r.rand(C), db = r.rand(C);
+  norm_backward_three_ways(r, NC,
+                           [&](const Tensor& d, const void* dres) {
+                             r.dev().layernorm_backward(d.p, dres, dw.p, db.p, dout.p, inp.p, w.p,
+                                                        m.f(), rs.f(), N, C, r.s());
+                           },
+                           {{"dweight", dw}, {"dbias", db}});
 }
 
 // The fused op, and on the same device the two ops it fuses: the same bits.
@@ -264,8 +277,7 @@ void attention(OpRun& r, zo::dev::AttentionArgs a) {
 // ---- Llama-family ops
 // ----------------------------------------------------------------------------
 
-// RMSNorm forward, then the backward from the reference's rstd with dresidual in place, null and
-// separate (as layernorm).
+// RMSNorm forward, then the backward from the reference's rstd three ways.
 void rmsnorm(OpRun& r, int N, int C, float eps) {
   const std::size_t NC = std::size_t(N) * C;
   const Tensor inp = r.rand(NC, 2.0f, 0.5f), w = r.rand(C, 0.5f, 1.0f), out = r.rand(NC);
@@ -274,19 +286,13 @@ void rmsnorm(OpRun& r, int N, int C, float eps) {
   r.out("out", out, Check::kAct);
   r.out("rstd", rstd, Check::kStats);
   const Tensor rs = r.from_reference("rstd");
-  const Tensor dout = r.rand(NC), dinp = r.rand(NC), dw = r.rand(C);
-  auto backward = [&](const Tensor& d, const void* dres) {
-    r.dev().rmsnorm_backward(d.p, dres, dw.p, dout.p, inp.p, w.p, rs.f(), N, C, r.s());
-  };
-  backward(dinp, dinp.p);
-  r.out("dinp (residual in place)", dinp, Check::kAct);
-  r.out("dweight", dw, Check::kAct);
-  const Tensor written = r.rand(NC), separate = r.rand(NC), dres = r.rand(NC);
-  backward(written, nullptr);
-  r.out("dinp (written)", written, Check::kAct);
-  backward(separate, dres.p);
-  r.out("dinp (separate residual)", separate, Check::kAct);
-  r.out("dweight (three calls)", dw, Check::kAct);
+  const Tensor dout = r.rand(NC), dw = r.rand(C);
+  norm_backward_three_ways(r, NC,
+                           [&](const Tensor& d, const void* dres) {
+                             r.dev().rmsnorm_backward(d.p, dres, dw.p, dout.p, inp.p, w.p, rs.f(),
+                                                      N, C, r.s());
+                           },
+                           {{"dweight", dw}});
 }
 
 // theta^(-2i/hs) in double, rounded to fp32: model/rope.h's table without scaling.
