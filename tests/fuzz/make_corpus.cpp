@@ -60,6 +60,9 @@ void model_spec() {
   };
   put("tiny.json", zo::model::load_model_spec("tiny").to_json());
   put("micro.json", zo::fuzz::micro_spec().to_json());
+  put("tiny_llama.json", zo::model::load_model_spec("tiny-llama").to_json());
+  put("tiny_qwen2.json", zo::model::load_model_spec("tiny-qwen2").to_json());
+  put("llama3.1_8b.json", zo::model::load_model_spec("llama3.1-8b").to_json());
   // Hugging Face's gpt2 config.json (the keys that matter and the ones ignored).
   put("hf_gpt2_config.json",
       {{"activation_function", "gelu_new"},
@@ -106,7 +109,7 @@ void model_spec() {
 void safetensors(const zo::fuzz::CheckpointFixture&, const fs::path& ckpt) {
   const zo::model::ParameterLayout layout(zo::fuzz::micro_spec());
   std::vector<float> params(layout.size());
-  zo::model::init_gpt2(layout, 3, params.data());
+  zo::model::init_weights(layout, 3, params.data());
   zo::model::export_hf_weights(seed("safetensors", "micro_f32.safetensors"), layout, params,
                                zo::DType::kF32);
   zo::model::export_hf_weights(seed("safetensors", "micro_bf16.safetensors"), layout, params,
