@@ -62,8 +62,8 @@ json qwen25_05b_config() {
 TEST(LlamaSpec, PresetsHaveThePublishedParameterCounts) {
   // The counts the model cards and safetensors indexes give.
   const std::vector<std::pair<std::string, std::size_t>> published = {
-      {"llama3.2-1b", 1235814400},  {"llama3.2-3b", 3212749824}, {"llama3.1-8b", 8030261248},
-      {"qwen2.5-0.5b", 494032768},  {"qwen2.5-1.5b", 1543714304}, {"mistral-7b", 7248023552}};
+      {"llama3.2-1b", 1235814400}, {"llama3.2-3b", 3212749824},  {"llama3.1-8b", 8030261248},
+      {"qwen2.5-0.5b", 494032768}, {"qwen2.5-1.5b", 1543714304}, {"mistral-7b", 7248023552}};
   for (const auto& [name, count] : published) {
     const ModelSpec s = load_model_spec(name);
     EXPECT_TRUE(s.llama()) << name;
@@ -102,11 +102,14 @@ TEST(LlamaSpec, ReadsHuggingFaceConfigs) {
   EXPECT_EQ(m.qkv_width(), std::size_t(32 + 2 * 8) * 96);
   EXPECT_TRUE(m.qkv_bias && m.o_bias);
   // Absent optional keys take transformers' defaults.
-  const ModelSpec d = model_spec_from_json(
-      {{"model_type", "mistral"}, {"hidden_size", 64}, {"num_hidden_layers", 1},
-       {"num_attention_heads", 4}, {"intermediate_size", 96}, {"vocab_size", 10},
-       {"max_position_embeddings", 32}},
-      "minimal");
+  const ModelSpec d = model_spec_from_json({{"model_type", "mistral"},
+                                            {"hidden_size", 64},
+                                            {"num_hidden_layers", 1},
+                                            {"num_attention_heads", 4},
+                                            {"intermediate_size", 96},
+                                            {"vocab_size", 10},
+                                            {"max_position_embeddings", 32}},
+                                           "minimal");
   EXPECT_EQ(d.n_kv_head, 4);
   EXPECT_EQ(d.head_dim, 16);
   EXPECT_DOUBLE_EQ(d.norm_eps, 1e-6);
@@ -136,7 +139,10 @@ TEST(LlamaSpec, JsonRoundTripsEveryPreset) {
 TEST(LlamaSpec, RefusesWhatItDoesNotImplementByName) {
   const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
       {[](json& j) { j["rope_scaling"]["rope_type"] = "yarn"; }, "rope_scaling type \"yarn\""},
-      {[](json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; }, "\"linear\""},
+      {[](json& j) {
+         j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
+       "\"linear\""},
       {[](json& j) { j["rope_scaling"].erase("low_freq_factor"); }, "needs 'low_freq_factor'"},
       {[](json& j) { j["rope_scaling"]["high_freq_factor"] = 0.5; }, "low_freq_factor <"},
       {[](json& j) { j["num_local_experts"] = 8; }, "num_local_experts"},

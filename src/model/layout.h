@@ -56,7 +56,7 @@ class ParameterLayout {
   std::size_t size() const { return size_; }              // total parameters
   const TensorInfo& find(const std::string& name) const;  // throws std::out_of_range
 
-  std::size_t wte() const { return wte_; }  // (V, C): wte / embed_tokens, the tied LM head
+  std::size_t wte() const { return wte_; }          // (V, C): wte / embed_tokens, the tied LM head
   std::size_t lm_head() const { return lm_head_; }  // (V, C): wte() when tied
   std::size_t wpe() const { return wpe_; }          // (block_size, C); GPT-2 only
   const BlockParams& block(int l) const { return blocks_.at(static_cast<std::size_t>(l)); }
@@ -70,12 +70,12 @@ class ParameterLayout {
   std::size_t block_end(int l) const { return block_begin_[static_cast<std::size_t>(l) + 1]; }
 
   // The parameter groups in the order forward reads them: [0] the embeddings (wte, wpe), [1 + l]
-  // block l, [n_layer + 1] the final norm (with an untied LM head). They tile the buffer. Forward announces
-  // each group before reading it (ParameterStore::before_read); the offload engine uploads new
-  // parameters group by group, and data parallelism cuts buckets at group boundaries.
+  // block l, [n_layer + 1] the final norm (with an untied LM head). They tile the buffer. Forward
+  // announces each group before reading it (ParameterStore::before_read); the offload engine
+  // uploads new parameters group by group, and data parallelism cuts buckets at group boundaries.
   const std::vector<Range>& groups() const { return groups_; }
   std::size_t group_of(std::size_t offset) const;  // the group holding element `offset`
-  std::string group_name(std::size_t g) const;  // "embeddings", "block 3", "ln_f" / "head"
+  std::string group_name(std::size_t g) const;     // "embeddings", "block 3", "ln_f" / "head"
 
  private:
   std::size_t add(const std::string& name, std::vector<std::size_t> shape, TensorKind kind,

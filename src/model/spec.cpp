@@ -24,8 +24,7 @@ int positive_int(const nlohmann::json& j, const char* key, const std::string& or
     bad_spec(origin, std::string(key) + " must be an integer, got " + v.dump());
   const auto x = v.get<std::int64_t>();
   if (x <= 0 || x > (1 << 30)) {
-    bad_spec(origin,
-             std::string(key) + " = " + std::to_string(x) + " is out of range (1 .. 2^30)");
+    bad_spec(origin, std::string(key) + " = " + std::to_string(x) + " is out of range (1 .. 2^30)");
   }
   return static_cast<int>(x);
 }
@@ -90,18 +89,11 @@ const nlohmann::json& llama_presets() {
     llama31_rope["factor"] = 8.0;
     auto llama = [](int L, int C, int H, int KV, int I, int V, int ctx, double theta, double eps,
                     bool tie, const nlohmann::json& rope) {
-      return nlohmann::json{{"model_type", "llama"},
-                            {"num_hidden_layers", L},
-                            {"hidden_size", C},
-                            {"num_attention_heads", H},
-                            {"num_key_value_heads", KV},
-                            {"intermediate_size", I},
-                            {"vocab_size", V},
-                            {"max_position_embeddings", ctx},
-                            {"rope_theta", theta},
-                            {"rms_norm_eps", eps},
-                            {"tie_word_embeddings", tie},
-                            {"rope_scaling", rope}};
+      return nlohmann::json{
+          {"model_type", "llama"},    {"num_hidden_layers", L},         {"hidden_size", C},
+          {"num_attention_heads", H}, {"num_key_value_heads", KV},      {"intermediate_size", I},
+          {"vocab_size", V},          {"max_position_embeddings", ctx}, {"rope_theta", theta},
+          {"rms_norm_eps", eps},      {"tie_word_embeddings", tie},     {"rope_scaling", rope}};
     };
     nlohmann::json p;
     // A byte-level Llama with GQA for tests and demos, and a Qwen2-shaped one (q/k/v biases).
@@ -129,9 +121,8 @@ void check_positive(const std::string& origin, const char* key, long long v) {
 
 void check_at_most(const std::string& origin, const char* key, long long v, long long max) {
   if (v > max) {
-    bad_spec(origin,
-             std::string(key) + " = " + std::to_string(v) + " is above the supported " +
-                 std::to_string(max));
+    bad_spec(origin, std::string(key) + " = " + std::to_string(v) + " is above the supported " +
+                         std::to_string(max));
   }
 }
 
@@ -157,9 +148,9 @@ void validate_llama(const ModelSpec& s, const std::string& origin) {
   if (!(s.init_std > 0.0 && s.init_std < 1.0))
     bad_spec(origin, "initializer_range = " + std::to_string(s.init_std) + " must be in (0, 1)");
   const RopeScaling& r = s.rope_scaling;
-  if (r.llama3 && !(r.factor >= 1.0 && r.low_freq_factor > 0.0 &&
-                    r.high_freq_factor > r.low_freq_factor &&
-                    r.original_max_position_embeddings > 0)) {
+  if (r.llama3 &&
+      !(r.factor >= 1.0 && r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor &&
+        r.original_max_position_embeddings > 0)) {
     bad_spec(origin,
              "rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < high_freq_factor "
              "and original_max_position_embeddings > 0");
@@ -208,8 +199,8 @@ std::size_t ModelSpec::num_parameters() const {
   const std::size_t QKV = qkv_width(), Q = std::size_t(n_head) * head_dim;
   const std::size_t I = intermediate_size;
   // Per layer: 2 RMSNorm weights, q|k|v (+ biases), o (+ bias), gate, up, down.
-  const std::size_t layer = 2 * C + QKV * C + (qkv_bias ? QKV : 0) + Q * C + (o_bias ? C : 0) +
-                            3 * I * C;
+  const std::size_t layer =
+      2 * C + QKV * C + (qkv_bias ? QKV : 0) + Q * C + (o_bias ? C : 0) + 3 * I * C;
   return V * C + L * layer + C + (tie_word_embeddings ? 0 : V * C);
 }
 

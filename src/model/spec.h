@@ -54,8 +54,8 @@ struct ModelSpec {
   double norm_eps = 1e-5;     // rms_norm_eps
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
-  bool qkv_bias = false;  // biases on q, k and v (Qwen2; attention_bias)
-  bool o_bias = false;    // a bias on the output projection too (attention_bias)
+  bool qkv_bias = false;            // biases on q, k and v (Qwen2; attention_bias)
+  bool o_bias = false;              // a bias on the output projection too (attention_bias)
   bool tie_word_embeddings = true;  // GPT-2 always ties; a Llama has lm_head.weight otherwise
   double init_std = 0.02;           // initializer_range: N(0, init_std) for matrices, embeddings
 

@@ -96,10 +96,11 @@ ModelSpec gpt2_spec_from_json(const nlohmann::json& j, const std::string& origin
     if (!fixed && !size && !kIgnoredKeys.count(k)) unknown.push_back(k);
   }
   if (!unknown.empty()) {
-    bad_spec(origin, "unknown key(s): " + join(unknown) +
-                    " (expected n_layer, n_head, n_embd, vocab_size, block_size or n_positions, "
-                    "and Hugging Face GPT-2 / nanoGPT config keys; docs/reliability.md lists "
-                    "them)");
+    bad_spec(origin,
+             "unknown key(s): " + join(unknown) +
+                 " (expected n_layer, n_head, n_embd, vocab_size, block_size or n_positions, "
+                 "and Hugging Face GPT-2 / nanoGPT config keys; docs/reliability.md lists "
+                 "them)");
   }
   for (const char* k : {"n_layer", "n_head", "n_embd", "vocab_size"}) {
     if (!j.contains(k)) bad_spec(origin, std::string("missing key '") + k + "'");
@@ -109,7 +110,7 @@ ModelSpec gpt2_spec_from_json(const nlohmann::json& j, const std::string& origin
     if (!j.contains(k)) continue;
     if (context && j[k] != j[context]) {
       bad_spec(origin, std::string(context) + " = " + j[context].dump() + " and " + k + " = " +
-                      j[k].dump() + " disagree; give one of them");
+                           j[k].dump() + " disagree; give one of them");
     }
     if (!context) context = k;
   }
@@ -124,8 +125,8 @@ ModelSpec gpt2_spec_from_json(const nlohmann::json& j, const std::string& origin
   for (const FixedKey& f : kFixedKeys) {
     if (j.contains(f.key) && !f.ok(j[f.key], j)) {
       bad_spec(origin, std::string(f.key) + " = " + j[f.key].dump() +
-                      " is not supported: this GPT-2 implements " + f.key + " = " + f.supported +
-                      "; use a config of that architecture");
+                           " is not supported: this GPT-2 implements " + f.key + " = " +
+                           f.supported + "; use a config of that architecture");
     }
   }
   s.validate();

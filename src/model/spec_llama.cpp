@@ -12,23 +12,32 @@ namespace zo::model::detail {
 namespace {
 
 // Read into the spec (sizes, attention, RoPE, norms, init).
-const std::set<std::string> kImplemented = {
-    "hidden_size",         "num_hidden_layers",       "num_attention_heads",
-    "num_key_value_heads", "head_dim",                "intermediate_size",
-    "vocab_size",          "max_position_embeddings", "rms_norm_eps",
-    "rope_theta",          "rope_scaling",            "attention_bias",
-    "tie_word_embeddings", "initializer_range",       "name",
-    "model_type"};
+const std::set<std::string> kImplemented = {"hidden_size",
+                                            "num_hidden_layers",
+                                            "num_attention_heads",
+                                            "num_key_value_heads",
+                                            "head_dim",
+                                            "intermediate_size",
+                                            "vocab_size",
+                                            "max_position_embeddings",
+                                            "rms_norm_eps",
+                                            "rope_theta",
+                                            "rope_scaling",
+                                            "attention_bias",
+                                            "tie_word_embeddings",
+                                            "initializer_range",
+                                            "name",
+                                            "model_type"};
 // Accepted only where they change nothing (checked below).
-const std::set<std::string> kConditional = {"hidden_act",         "mlp_bias",
-                                            "pretraining_tp",     "sliding_window",
-                                            "use_sliding_window", "max_window_layers",
-                                            "layer_types"};
+const std::set<std::string> kConditional = {
+    "hidden_act",         "mlp_bias",          "pretraining_tp", "sliding_window",
+    "use_sliding_window", "max_window_layers", "layer_types"};
 // No effect on training: dropout (this trainer uses none), token ids, dtypes, bookkeeping.
-const std::set<std::string> kIgnored = {
-    "_name_or_path", "architectures",  "attention_dropout",    "bos_token_id", "dtype",
-    "eos_token_id",  "pad_token_id",   "torch_dtype",          "transformers_version",
-    "use_cache",     "return_dict",    "output_hidden_states", "output_attentions"};
+const std::set<std::string> kIgnored = {"_name_or_path",    "architectures", "attention_dropout",
+                                        "bos_token_id",     "dtype",         "eos_token_id",
+                                        "pad_token_id",     "torch_dtype",   "transformers_version",
+                                        "use_cache",        "return_dict",   "output_hidden_states",
+                                        "output_attentions"};
 
 const char* const kModelTypes[] = {"llama", "mistral", "qwen2"};
 
@@ -74,10 +83,11 @@ void check_conditional(const nlohmann::json& j, const std::string& type, int con
   fixed("use_sliding_window", false, "attention is full causal attention");
   if (j.contains("layer_types")) {
     const auto& t = j["layer_types"];
-    if (!t.is_array() || !std::all_of(t.begin(), t.end(),
-                                      [](const auto& v) { return v == "full_attention"; })) {
-      bad_spec(origin, "layer_types must list only \"full_attention\" (sliding-window layers "
-                       "are not implemented)");
+    if (!t.is_array() ||
+        !std::all_of(t.begin(), t.end(), [](const auto& v) { return v == "full_attention"; })) {
+      bad_spec(origin,
+               "layer_types must list only \"full_attention\" (sliding-window layers "
+               "are not implemented)");
     }
   }
   // A window at least as long as the context never masks anything; Qwen2 applies its window
@@ -85,8 +95,8 @@ void check_conditional(const nlohmann::json& j, const std::string& type, int con
   if (j.contains("sliding_window") && !j["sliding_window"].is_null() && type != "qwen2") {
     const auto& w = j["sliding_window"];
     if (!w.is_number_integer() || w.get<std::int64_t>() < context) {
-      bad_spec(origin, "sliding_window = " + w.dump() + " is below max_position_embeddings = " +
-                           std::to_string(context) +
+      bad_spec(origin, "sliding_window = " + w.dump() +
+                           " is below max_position_embeddings = " + std::to_string(context) +
                            "; sliding-window attention is not implemented (use a config "
                            "with sliding_window null)");
     }
@@ -182,8 +192,8 @@ ModelSpec llama_spec_from_json(const nlohmann::json& j, const std::string& origi
   s.norm_eps = number_or(j, "rms_norm_eps", 1e-6, origin);
   s.rope_theta = number_or(j, "rope_theta", 10000.0, origin);
   s.init_std = number_or(j, "initializer_range", 0.02, origin);
-  s.rope_scaling = j.contains("rope_scaling") ? rope_scaling_from(j["rope_scaling"], origin)
-                                              : RopeScaling{};
+  s.rope_scaling =
+      j.contains("rope_scaling") ? rope_scaling_from(j["rope_scaling"], origin) : RopeScaling{};
   s.tie_word_embeddings = boolean(j, "tie_word_embeddings", false, origin);
   const bool attention_bias = boolean(j, "attention_bias", false, origin);
   s.qkv_bias = type == "qwen2" || attention_bias;  // Qwen2 always has q/k/v biases
