@@ -13,6 +13,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
+#include "data/shard.h"
 #include "fixtures.h"
 #include "fuzz_common.h"
 #include "model/hf_weights.h"
@@ -142,6 +143,11 @@ void shard(const fs::path& shards) {
   write_file(seed("shard", "out_of_vocab.bin"), shard_bytes(t, 40));
   write_file(seed("shard", "too_short_for_a_window.bin"), shard_bytes({1, 2, 3}, 3));
   write_file(seed("shard", "count_too_large.bin"), shard_bytes({1, 2, 3, 4}, 5));
+  // llm.c's Llama 3 format (uint32 tokens), some above the target's vocabulary.
+  std::vector<std::uint32_t> wide(40);
+  for (std::size_t i = 0; i < wide.size(); ++i)
+    wide[i] = static_cast<std::uint32_t>(i * 13);
+  zo::data::write_token_shard(seed("shard", "uint32.bin").string(), wide);
 }
 
 void manifest() {
