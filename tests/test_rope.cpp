@@ -11,14 +11,14 @@
 
 namespace {
 
-using zo::model::Llama3RopeScaling;
 using zo::model::rope_inv_freq;
 using zo::model::RopeConfig;
+using zo::model::RopeScaling;
 
 // inv_freq[i] = exp(-(2i / hs) ln theta); with scaling, by the frequency bands
 // f > 2 pi high / original (kept), f < 2 pi low / original (divided by factor), and between them
 // f (s + (1 - s) / factor) with s = (original f / (2 pi) - low) / (high - low).
-std::vector<double> reference(int hs, double theta, const Llama3RopeScaling* s) {
+std::vector<double> reference(int hs, double theta, const RopeScaling* s) {
   const double two_pi = 2.0 * std::acos(-1.0);
   std::vector<double> r(std::size_t(hs) / 2);
   for (std::size_t i = 0; i < r.size(); ++i) {
@@ -55,10 +55,10 @@ TEST(Rope, PlainInverseFrequenciesMatchFloat64) {
 }
 
 TEST(Rope, Llama3ScalingMatchesFloat64) {
-  const Llama3RopeScaling llama31{8.0, 1.0, 4.0, 8192};   // Llama 3.1
-  const Llama3RopeScaling llama32{32.0, 1.0, 4.0, 8192};  // Llama 3.2
-  const Llama3RopeScaling narrow{4.0, 2.0, 3.0, 1000};    // other bands
-  for (const Llama3RopeScaling& s : {llama31, llama32, narrow}) {
+  const RopeScaling llama31{true, 8.0, 1.0, 4.0, 8192};   // Llama 3.1
+  const RopeScaling llama32{true, 32.0, 1.0, 4.0, 8192};  // Llama 3.2
+  const RopeScaling narrow{true, 4.0, 2.0, 3.0, 1000};    // other bands
+  for (const RopeScaling& s : {llama31, llama32, narrow}) {
     for (const int hs : {64, 128}) {
       expect_matches(rope_inv_freq({hs, 5e5, s}), reference(hs, 5e5, &s));
     }
@@ -70,7 +70,7 @@ TEST(Rope, Llama3ScalingMatchesFloat64) {
 // divided by 8); i = 32 has f = 5e5^(-1/2) = 1/707.107 = 1.414214e-3, wavelength 4442.88, so
 // s = (8192 / 4442.88 - 1) / 3 = 0.281284 and f (s + (1 - s) / 8) = 5.248462e-4.
 TEST(Rope, Llama3ScalingHandCheckedValues) {
-  const std::vector<float> f = rope_inv_freq({128, 5e5, Llama3RopeScaling{8.0, 1.0, 4.0, 8192}});
+  const std::vector<float> f = rope_inv_freq({128, 5e5, RopeScaling{true, 8.0, 1.0, 4.0, 8192}});
   ASSERT_EQ(f.size(), 64u);
   EXPECT_EQ(f[0], 1.0f);
   EXPECT_NEAR(f[32], 5.248462e-4, 1e-9);
@@ -86,11 +86,11 @@ TEST(Rope, BadConfigsAreRefused) {
   EXPECT_THROW(rope_inv_freq({63, 1e4, {}}), std::invalid_argument);
   EXPECT_THROW(rope_inv_freq({0, 1e4, {}}), std::invalid_argument);
   EXPECT_THROW(rope_inv_freq({64, 1.0, {}}), std::invalid_argument);
-  EXPECT_THROW(rope_inv_freq({64, 1e4, Llama3RopeScaling{0.5, 1.0, 4.0, 8192}}),
+  EXPECT_THROW(rope_inv_freq({64, 1e4, RopeScaling{true, 0.5, 1.0, 4.0, 8192}}),
                std::invalid_argument);
-  EXPECT_THROW(rope_inv_freq({64, 1e4, Llama3RopeScaling{8.0, 4.0, 4.0, 8192}}),
+  EXPECT_THROW(rope_inv_freq({64, 1e4, RopeScaling{true, 8.0, 4.0, 4.0, 8192}}),
                std::invalid_argument);
-  EXPECT_THROW(rope_inv_freq({64, 1e4, Llama3RopeScaling{8.0, 1.0, 4.0, 0}}),
+  EXPECT_THROW(rope_inv_freq({64, 1e4, RopeScaling{true, 8.0, 1.0, 4.0, 0}}),
                std::invalid_argument);
 }
 

@@ -5,28 +5,21 @@
 // the llama3 rope type). Computed once on the host in double and rounded to fp32.
 #pragma once
 
-#include <optional>
 #include <vector>
+
+#include "model/spec.h"
 
 namespace zo::model {
 
-// Hugging Face's `rope_scaling` with rope_type "llama3" (Llama 3.1: factor 8, low 1, high 4, 8192).
-struct Llama3RopeScaling {
-  double factor = 8.0;            // how much longer the context became
-  double low_freq_factor = 1.0;   // wavelengths above original / low_freq_factor: divided by factor
-  double high_freq_factor = 4.0;  // wavelengths below original / high_freq_factor: unchanged
-  int original_max_position_embeddings = 8192;
-};
-
 struct RopeConfig {
-  int head_size = 0;                        // hs: even
-  double theta = 1e4;                       // `rope_theta` (Llama 2: 1e4, Llama 3: 5e5)
-  std::optional<Llama3RopeScaling> llama3;  // none: plain RoPE
+  int head_size = 0;         // hs: even
+  double theta = 1e4;        // `rope_theta` (Llama 2: 1e4, Llama 3: 5e5)
+  RopeScaling scaling = {};  // spec.h; scaling.llama3 false: plain RoPE
 };
 
 // hs / 2 values; throws std::invalid_argument for an odd or non-positive head size, theta <= 1,
-// or a scaling with factor < 1, high_freq_factor <= low_freq_factor, low_freq_factor <= 0 or
-// original_max_position_embeddings <= 0.
+// or a llama3 scaling with factor < 1, high_freq_factor <= low_freq_factor, low_freq_factor <= 0
+// or original_max_position_embeddings <= 0.
 std::vector<float> rope_inv_freq(const RopeConfig& c);
 
 }  // namespace zo::model
