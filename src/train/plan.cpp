@@ -27,7 +27,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
-                      model::gpt_activation_bytes(in.spec, in.shape, esize)});
+                      model::activation_bytes(in.spec, in.shape, esize)});
   if (in.resident) p.device.push_back({"norm scratch", 64});
   const std::size_t sb = dtype_size(in.optimizer_state);
   std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/spec.h"
 #include "offload/engine.h"
 
@@ -15,7 +15,7 @@ namespace zo::train {
 
 struct PlanInput {
   model::ModelSpec spec;
-  model::GptShape shape;
+  model::ModelShape shape;
   DType act_dtype = DType::kF32;        // device parameters / activations
   DType optimizer_state = DType::kF32;  // host m, v
   std::size_t device_capacity = 0;      // 0 = unlimited / unknown

@@ -261,8 +261,7 @@ void Session::make_updater_and_model() {
   updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt, cfg.grad_accum)
                      : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,
                                             comm.get());
-  gpt = std::make_unique<model::Gpt>(*dev, *layout,
-                                     model::GptShape{cfg.micro_batch, T, cfg.recompute});
+  model = model::make_model(*dev, *layout, model::ModelShape{cfg.micro_batch, T, cfg.recompute});
 }
 
 // The initial or resumed weights and optimizer state, on the host.
@@ -355,9 +354,9 @@ double Session::evaluate() {
   double sum[2] = {0.0, double(BT) * cfg.eval_batches};
   for (int b = 0; b < cfg.eval_batches; ++b) {
     val.next_batch(inputs, targets);
-    gpt->set_batch(inputs, targets, *stream);
-    gpt->forward(updater->parameters(), T, true, 0.0f, *stream);
-    dev->copy_to_host(l.data() + (b % kWindow) * BT, gpt->losses(), BT * 4, *stream);
+    model->set_batch(inputs, targets, *stream);
+    model->forward(updater->parameters(), T, true, 0.0f, *stream);
+    dev->copy_to_host(l.data() + (b % kWindow) * BT, model->losses(), BT * 4, *stream);
     if (b % kWindow == kWindow - 1 || b + 1 == cfg.eval_batches) {
       stream->synchronize();
       sum[0] =

@@ -15,7 +15,7 @@
 #include "comm/comm.h"
 #include "data/loader.h"
 #include "device/device.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/layout.h"
 #include "model/spec.h"
 #include "optim/host_optimizer.h"
@@ -56,7 +56,7 @@ struct Session {
   bool resident = false;  // optimizer state on the device (TrainConfig::mode)
   report::Trace trace;
   std::unique_ptr<Updater> updater;
-  std::unique_ptr<model::Gpt> gpt;
+  std::unique_ptr<model::Model> model;
   DirClaim checkpoint_claim;  // what check_outputs found in --checkpoint-dir
   std::int64_t start_step = 0, tokens = 0;
   LossScaler scaler;
