@@ -128,10 +128,10 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 #include <thread>
 
 #include "device/device.h"
+#include "engine_rig.h"
 #include "model/gpt.h"
 #include "offload/engine.h"
 #include "optim/host_optimizer.h"
-#include "engine_rig.h"
 #include "thread_comm.h"
 
 namespace {
@@ -484,7 +484,8 @@ TEST(Engine, DeviceAccumulationEqualsHostAccumulationInFp32) {
   for (int step = 0; step < 4; ++step) {
     const bool dpu = step >= 2;
     const Batches b(A, B * T, 400 + step);
-    const auto on_host = zo::test::engine_gradients(*rig.stream, *host_engine, gpt, b, T, dloss, dpu);
+    const auto on_host =
+        zo::test::engine_gradients(*rig.stream, *host_engine, gpt, b, T, dloss, dpu);
     const auto on_device =
         zo::test::engine_gradients(*rig.stream, *device_engine, gpt, b, T, dloss, dpu);
     EXPECT_FALSE(on_device.nonfinite);
@@ -499,13 +500,14 @@ TEST(Engine, DeviceAccumulationEqualsHostAccumulationInFp32) {
   }
   host_engine->drain();
   device_engine->drain();
-  ASSERT_TRUE(std::equal(rig.ref.master().begin(), rig.ref.master().end(),
-                         rig.off.master().begin()));
+  ASSERT_TRUE(
+      std::equal(rig.ref.master().begin(), rig.ref.master().end(), rig.off.master().begin()));
   for (auto [a, b] : {std::pair{rig.off.exp_avg(), rig.ref.exp_avg()},
                       std::pair{rig.off.exp_avg_sq(), rig.ref.exp_avg_sq()}}) {
     EXPECT_EQ(std::memcmp(a.data, b.data, n * 4), 0);
   }
-  EXPECT_EQ(download(*rig.d, device_engine->params(), n), download(*rig.d, host_engine->params(), n));
+  EXPECT_EQ(download(*rig.d, device_engine->params(), n),
+            download(*rig.d, host_engine->params(), n));
 }
 
 // A NaN anywhere in one micro-batch's gradients is reported; nothing has been updated yet.

@@ -34,8 +34,8 @@ using zo::test::Batches;
 
 constexpr int kB = 1, kT = 16, kAccum = 3;
 
-#define ZO_REQUIRE_GPU()                                                                  \
-  do {                                                                                    \
+#define ZO_REQUIRE_GPU()                                                                        \
+  do {                                                                                          \
     if (const std::string why = zo::gpu::no_device_reason(); !why.empty()) GTEST_SKIP() << why; \
   } while (0)
 

@@ -113,10 +113,10 @@ TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) 
 // gradients one rounding apart (2^-8 relative per element).
 TEST_F(SimtTrain, OffloadAccumulationOnTheDeviceMatchesTheHostPath) {
   const std::string args = "--steps 4 --mode offload --grad-accum 3";
-  const Steps on_device = emulated(args + " --precision bf16 --grad-accum-on device", dir_.path,
-                                   "device");
-  const Steps on_host = emulated(args + " --precision bf16 --grad-accum-on host", dir_.path,
-                                 "host_accum");
+  const Steps on_device =
+      emulated(args + " --precision bf16 --grad-accum-on device", dir_.path, "device");
+  const Steps on_host =
+      emulated(args + " --precision bf16 --grad-accum-on host", dir_.path, "host_accum");
   const Steps ref = host(args, dir_.path, "host");
   expect_matches_host(on_device, ref, 2e-2, 1e-1, "bf16, summed on the device");
   expect_matches_host(on_host, ref, 2e-2, 1e-1, "bf16, summed on the host");
@@ -128,8 +128,8 @@ TEST_F(SimtTrain, OffloadAccumulationOnTheDeviceMatchesTheHostPath) {
 // The dynamic scale doubles after every clean step until an fp16 gradient overflows: that step
 // is skipped (nothing changes, the scale halves) and training goes on. `args` picks the mode.
 void expect_fp16_overflow_skipped(const std::string& args, const fs::path& dir) {
-  const Steps gpu = emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30",
-                             dir, "gpu");
+  const Steps gpu =
+      emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30", dir, "gpu");
   const Steps ref = host(args, dir, "host");
   ASSERT_EQ(gpu.loss.size(), 10u);
   std::size_t first_skip = gpu.skipped.size();

@@ -240,7 +240,8 @@ TEST(Trainer, ReferenceLossesArePinned) {
        {5.5921321362257004, 5.5157777965068817, 5.3432742357254028, 5.4156288951635361}},
       // Summed on the device (the default): the gradients of host accumulation bit for bit, the
       // norm summed per bucket instead of per host chunk, so clipping differs in the last bits.
-      {"offload, DPU, accumulation", dpu_accumulation,
+      {"offload, DPU, accumulation",
+       dpu_accumulation,
        {5.563388504087925, 5.4516431055963039, 5.4341905936598778, 5.3700740598142147}},
       {"offload, DPU, accumulation on the host",
        [&](TrainConfig& c) {

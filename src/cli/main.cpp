@@ -254,8 +254,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   plan->add_option("--grad-accum", plan_accum, "micro-batches per step")->capture_default_str();
   std::string plan_accum_on = "auto";
-  plan->add_option("--grad-accum-on", plan_accum_on,
-                   "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
+  plan->add_option(
+          "--grad-accum-on", plan_accum_on,
+          "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
       ->capture_default_str();
   plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
   plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");

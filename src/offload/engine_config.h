@@ -16,7 +16,7 @@ struct EngineConfig {
   // Gradient bytes per bucket (act dtype). 32 MiB: large enough that a copy runs at full PCIe
   // bandwidth, small enough that the last bucket's copy adds little after backward.
   std::size_t bucket_bytes = std::size_t{32} << 20;
-  int grad_accum = 1;           // micro-batches per step; > 1 sums them in fp32 (below)
+  int grad_accum = 1;  // micro-batches per step; > 1 sums them in fp32 (below)
   // grad_accum > 1: sum the micro-batches in an fp32 buffer on the device (this rank's shards)
   // and send the sum, rounded once to the act dtype, at the last micro-batch: one bucket per step
   // crosses PCIe. Off: every micro-batch's buckets go to the host and are summed there in fp32.
@@ -44,7 +44,7 @@ struct EngineFootprint {
   std::size_t host_grads = 0;    // pinned landing buffer(s), act dtype (one bucket per step)
   std::size_t host_ring = 0;     // pinned accumulation ring (accumulating on the host)
   std::size_t host_accum = 0;    // fp32 accumulators (accumulating on the host)
-  std::size_t host_upload = 0;  // pinned 16-bit upload buffer (16-bit act dtypes)
+  std::size_t host_upload = 0;   // pinned 16-bit upload buffer (16-bit act dtypes)
 };
 EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
                                  const EngineConfig& config);

@@ -61,7 +61,8 @@ class GradientStream {
   };
   Stats finish();
   // This step's gradients on the host, in local order: the landing buffer (act dtype) or, summed
-  // on the host, the fp32 accumulators. Valid until the step after next begins (DPU) or the next one (without).
+  // on the host, the fp32 accumulators. Valid until the step after next begins (DPU) or the next
+  // one (without).
   cpu_adam::ConstArrayView host_grads() const;
 
   // The finished step's D2H busy time and the gradient tail after backward (ms); its copies go

@@ -117,9 +117,9 @@ MemoryPlan plan_offload(PlanInput in, offload::EngineConfig& engine) {
   } else if (p.device_fits) {
     p.accumulation = accum + on_device + " (auto: the fp32 sum fits)";
   } else {
-    const std::size_t sum = offload::engine_footprint(model::ParameterLayout(in.spec),
-                                                      in.act_dtype, in.engine)
-                                .device_accum;
+    const std::size_t sum =
+        offload::engine_footprint(model::ParameterLayout(in.spec), in.act_dtype, in.engine)
+            .device_accum;
     in.engine.accumulate_on_device = false;
     engine = in.engine;
     p = plan_memory(in);
@@ -173,7 +173,8 @@ std::string MemoryPlan::format(const PlanInput& in) const {
   os << "    total" << std::string(35, ' ') << both(host_total) << "  of "
      << (in.host_available ? both(in.host_available) + " available" : std::string("unknown"))
      << (host_fits ? "  fits" : "  DOES NOT FIT") << "\n";
-  if (!in.resident && !accumulation.empty()) os << "  gradient accumulation: " << accumulation << "\n";
+  if (!in.resident && !accumulation.empty())
+    os << "  gradient accumulation: " << accumulation << "\n";
   if (!advice.empty()) os << "  advice: " << advice << "\n";
   return os.str();
 }

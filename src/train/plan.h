@@ -29,7 +29,8 @@ struct PlanInput {
   std::size_t host_available = 0;       // 0 = unknown
   bool resident = false;  // fp32 master, m, v on the device (AdamW there) instead of the host
   offload::EngineConfig engine;  // offload mode: buckets, accumulation, DPU
-  AccumPlacement grad_accum_on = AccumPlacement::kAuto;  // resolved by choose_mode
+  // Offload, grad_accum > 1: where to sum (choose_mode resolves it into engine's setting).
+  AccumPlacement grad_accum_on = AccumPlacement::kAuto;
 };
 
 struct PlanLine {
