@@ -40,6 +40,7 @@
 namespace zo::simt {
 [[gnu::weak]] void cublaslt_refuse_epilogues(bool refuse);
 [[gnu::weak]] void cublaslt_offer_algorithms(int count);
+[[gnu::weak]] std::uint64_t device_allocations();
 }  // namespace zo::simt
 
 namespace {
@@ -227,7 +228,8 @@ TEST(CudaDevice, SyncEachOpWaitsForEveryOp) {
 
   std::atomic<bool> gate_open{false};
   auto hold = [](void* gate) {
-    while (!static_cast<std::atomic<bool>*>(gate)->load()) std::this_thread::yield();
+    while (!static_cast<std::atomic<bool>*>(gate)->load())
+      std::this_thread::yield();
   };
   ASSERT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(s->native_handle()), hold, &gate_open),
             cudaSuccess);
@@ -242,6 +244,38 @@ TEST(CudaDevice, SyncEachOpWaitsForEveryOp) {
   opener.join();
   s->synchronize();
   EXPECT_TRUE(returned_after_opening) << "the call returned before the GEMM had run";
+}
+
+// Ops that need temporary memory take their stream's persistent scratch and the caching allocator
+// reuses freed blocks: a second identical step of the model (forward, backward, gradient norm)
+// makes no device allocation at all.
+TEST(CudaDevice, StepsInSteadyStateAllocateNothing) {
+  ZO_REQUIRE_GPU();
+  if (zo::simt::device_allocations == nullptr) GTEST_SKIP() << "counts the emulator's allocations";
+  const zo::model::ModelSpec spec = zo::model::model_spec_from_json(
+      {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 64}, {"vocab_size", 37}, {"block_size", 8}},
+      "steady");
+  const zo::model::ParameterLayout layout(spec);
+  const int B = 2, T = 7;
+  const auto dev = cuda_device(DType::kBF16);
+  const auto s = dev->create_stream();
+  Buffer params = dev->alloc(layout.size() * 2, "p"), grads = dev->alloc(layout.size() * 2, "g");
+  Buffer norm = dev->alloc(4, "norm");
+  dev->fill_zero(params.data(), params.bytes(), *s);
+  const std::vector<std::int32_t> tokens(B * T, 3);
+  zo::model::Gpt gpt(*dev, layout, {B, T, false});
+  auto step = [&] {
+    gpt.set_batch(tokens, tokens, *s);
+    gpt.forward(params.data(), T, true, 1.0f, *s);
+    dev->fill_zero(grads.data(), grads.bytes(), *s);
+    gpt.backward(params.data(), grads.data(), *s);
+    dev->sum_squares(norm.as<float>(), grads.data(), layout.size(), *s);
+    s->synchronize();
+  };
+  step();
+  const std::uint64_t after_first = zo::simt::device_allocations();
+  step();
+  EXPECT_EQ(zo::simt::device_allocations(), after_first) << "the second step allocated";
 }
 
 TEST(CudaDevice, CapacityCachingAndOutOfMemory) {

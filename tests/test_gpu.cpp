@@ -278,9 +278,16 @@ TEST_F(GpuTest, StreamsAndEventsMoveAndOrderWork) {
   const auto pool = std::make_shared<zo::gpu::MemoryPool>(usable_device(), std::size_t{64} << 20);
   {
     zo::gpu::Stream s(usable_device(), pool);
-    s.with_scratch(1000, "test scratch", [](float* p) { EXPECT_NE(p, nullptr); });
+    void* first = nullptr;
+    s.with_scratch(4000, "test scratch", [&](void* p) { first = p; });
+    EXPECT_NE(first, nullptr);
     EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(4000));
-    EXPECT_THROW(s.with_scratch(std::size_t{32} << 20, "too much scratch", [](float*) {}),
+    // It persists: a request it already covers gets the same block, no allocation.
+    s.with_scratch(100, "test scratch", [&](void* p) { EXPECT_EQ(p, first); });
+    EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(4000));
+    s.with_scratch(40000, "test scratch", [](void* p) { EXPECT_NE(p, nullptr); });
+    EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(40000));
+    EXPECT_THROW(s.with_scratch(std::size_t{128} << 20, "too much scratch", [](void*) {}),
                  zo::OutOfMemoryError);
   }
   EXPECT_EQ(pool->in_use(), 0u);

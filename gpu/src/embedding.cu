@@ -167,7 +167,6 @@ namespace {
 
 using detail::aligned;
 using detail::bad_arg;
-using detail::StreamScratch;
 
 std::string shape(int B, int T, int C) {
   return "B = " + std::to_string(B) + ", T = " + std::to_string(T) + ", C = " + std::to_string(C);
@@ -206,9 +205,25 @@ void forward_typed(T* out, const std::int32_t* tokens, const T* wte, const T* wp
   ZO_CUDA_CHECK_LAUNCH();
 }
 
+// One (N) int32 array of the sort, padded so the next one starts 256-aligned.
+std::size_t sorted_ints_bytes(int N) {
+  return detail::round_up(sizeof(std::int32_t) * static_cast<std::size_t>(N), 256);
+}
+
+// cub's temporary storage for sorting N (token, row) pairs (a query: nothing runs).
+std::size_t radix_sort_bytes(int N) {
+  std::size_t bytes = 0;
+  ZO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, bytes, static_cast<const std::int32_t*>(nullptr),
+      static_cast<std::int32_t*>(nullptr), static_cast<const std::int32_t*>(nullptr),
+      static_cast<std::int32_t*>(nullptr), N, 0, static_cast<int>(sizeof(std::int32_t) * 8)));
+  return bytes;
+}
+
+// scratch: sorted tokens, rows, sorted rows (N each), then cub's sort storage.
 template <typename T>
 void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
-                    int C, cudaStream_t s) {
+                    int C, std::int32_t* scratch, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(T);
   const bool packs = C % kVec == 0 && aligned(dout, 16);
 
@@ -226,18 +241,12 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
 
   // dwte (V, C): sort (token, row) pairs by token, then one walk per run of equal tokens.
   const int N = B * T_;
-  std::size_t sort_bytes = 0;
-  ZO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, tokens, static_cast<std::int32_t*>(nullptr),
-      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), N, 0,
-      static_cast<int>(sizeof(std::int32_t) * 8), s));
-  const std::size_t ints =
-      detail::round_up(sizeof(std::int32_t) * static_cast<std::size_t>(N), 256);
-  StreamScratch scratch(3 * ints + sort_bytes, s);
-  auto* sorted_tokens = scratch.as<std::int32_t>();
-  auto* rows = scratch.as<std::int32_t>(ints);
-  auto* sorted_rows = scratch.as<std::int32_t>(2 * ints);
-  void* sort_temp = scratch.as<char>(3 * ints);
+  const std::size_t ints = sorted_ints_bytes(N);
+  auto* sorted_tokens = scratch;
+  auto* rows = sorted_tokens + ints / sizeof(std::int32_t);
+  auto* sorted_rows = rows + ints / sizeof(std::int32_t);
+  void* sort_temp = sorted_rows + ints / sizeof(std::int32_t);
+  std::size_t sort_bytes = radix_sort_bytes(N);
 
   ZO_LAUNCH(detail::ceil_div(N, kEmbeddingThreads), kEmbeddingThreads, 0, s,
             embedding_iota_kernel<std::int32_t>)
@@ -270,15 +279,26 @@ void launch_embedding_forward(void* out, const std::int32_t* tokens, const void*
                                      static_cast<const S*>(wpe), B, T, C, s));
 }
 
+std::size_t embedding_backward_scratch_bytes(int B, int T) {
+  if (B <= 0 || T <= 0) return 0;
+  const int N = B * T;
+  return 3 * sorted_ints_bytes(N) + radix_sort_bytes(N);
+}
+
 void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
-                               int B, int T, int C, DType t, cudaStream_t s) {
+                               int B, int T, int C, DType t, void* scratch, cudaStream_t s) {
   if (!check_args("launch_embedding_backward", B, T, C, t,
-                  {{dwte, "dwte"}, {dwpe, "dwpe"}, {dout, "dout"}, {tokens, "tokens"}})) {
+                  {{dwte, "dwte"},
+                   {dwpe, "dwpe"},
+                   {dout, "dout"},
+                   {tokens, "tokens"},
+                   {scratch, "scratch"}})) {
     return;
   }
-  ZO_DISPATCH_DTYPE(t, S,
-                    backward_typed<S>(static_cast<S*>(dwte), static_cast<S*>(dwpe),
-                                      static_cast<const S*>(dout), tokens, B, T, C, s));
+  ZO_DISPATCH_DTYPE(
+      t, S,
+      backward_typed<S>(static_cast<S*>(dwte), static_cast<S*>(dwpe), static_cast<const S*>(dout),
+                        tokens, B, T, C, static_cast<std::int32_t*>(scratch), s));
 }
 
 }  // namespace zo::gpu

@@ -121,28 +121,4 @@ inline int fill_grid(std::size_t threads_needed, int block_threads) {
   return static_cast<int>(std::clamp<std::size_t>(wanted, 1, cap));
 }
 
-// Stream-ordered scratch: freed on the stream after the kernels that use it, even when a launch
-// check throws in between.
-class StreamScratch {
- public:
-  StreamScratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
-    ZO_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, s));
-  }
-  ~StreamScratch() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-
-  // The scratch as U, `byte_offset` bytes in.
-  template <typename U>
-  U* as(std::size_t byte_offset = 0) const {
-    return reinterpret_cast<U*>(static_cast<char*>(ptr_) + byte_offset);
-  }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-
 }  // namespace zo::gpu::detail

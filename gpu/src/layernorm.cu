@@ -307,7 +307,7 @@ void backward_dinp(T* dinp, const T* dres, const T* dout, const T* inp, const T*
 template <typename T>
 void backward_typed(T* dinp, const T* dres, T* dweight, T* dbias, const T* dout, const T* inp,
                     const T* weight, const float* mean, const float* rstd, int N, int C,
-                    cudaStream_t s) {
+                    float* scratch, cudaStream_t s) {
   // 1. dinp, row by row.
   if (dres != nullptr) {
     backward_dinp<T, true>(dinp, dres, dout, inp, weight, mean, rstd, N, C, s);
@@ -319,9 +319,8 @@ void backward_typed(T* dinp, const T* dres, T* dweight, T* dbias, const T* dout,
   const int rows_per_chunk = layernorm_backward_rows_per_chunk(N, C);
   const int chunks = detail::ceil_div(N, rows_per_chunk);
   const std::size_t partial_elements = static_cast<std::size_t>(chunks) * C;
-  detail::StreamScratch scratch(2 * partial_elements * sizeof(float), s);
-  float* partial_w = scratch.as<float>();
-  float* partial_b = scratch.as<float>() + partial_elements;
+  float* partial_w = scratch;                     // (chunks, C)
+  float* partial_b = scratch + partial_elements;  // (chunks, C)
   const dim3 block(kLnPartialX, kLnPartialY);
   const dim3 grid(detail::ceil_div(C, kLnPartialX), chunks);
   ZO_LAUNCH(grid, block, 0, s, layernorm_backward_partials_kernel<T>)
@@ -375,10 +374,16 @@ void launch_residual_layernorm_forward(void* res, void* out, float* mean, float*
                              static_cast<const T*>(weight), static_cast<const T*>(bias), N, C, s));
 }
 
+std::size_t layernorm_backward_scratch_bytes(int N, int C) {
+  if (N <= 0 || C <= 0) return 0;
+  const int chunks = detail::ceil_div(N, layernorm_backward_rows_per_chunk(N, C));
+  return 2 * static_cast<std::size_t>(chunks) * static_cast<std::size_t>(C) * sizeof(float);
+}
+
 void launch_layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
                                const void* dout, const void* inp, const void* weight,
                                const float* mean, const float* rstd, int N, int C, DType t,
-                               cudaStream_t s) {
+                               void* scratch, cudaStream_t s) {
   if (!check_args("launch_layernorm_backward", N, C, t,
                   {{dinp, "dinp"},
                    {dweight, "dweight"},
@@ -387,14 +392,16 @@ void launch_layernorm_backward(void* dinp, const void* dresidual, void* dweight,
                    {inp, "inp"},
                    {weight, "weight"},
                    {mean, "mean"},
-                   {rstd, "rstd"}})) {
+                   {rstd, "rstd"},
+                   {scratch, "scratch"}})) {
     return;
   }
   ZO_DISPATCH_DTYPE(t, T,
                     backward_typed<T>(static_cast<T*>(dinp), static_cast<const T*>(dresidual),
                                       static_cast<T*>(dweight), static_cast<T*>(dbias),
                                       static_cast<const T*>(dout), static_cast<const T*>(inp),
-                                      static_cast<const T*>(weight), mean, rstd, N, C, s));
+                                      static_cast<const T*>(weight), mean, rstd, N, C,
+                                      static_cast<float*>(scratch), s));
 }
 
 }  // namespace zo::gpu

@@ -37,8 +37,9 @@ std::size_t MemoryPool::size_class(std::size_t bytes) {
 
 std::shared_ptr<MemoryPool> MemoryPool::open(int device, std::size_t capacity_bytes) {
   const DeviceGuard guard(device);
-  // Kernels take small per-call scratch with cudaMallocAsync (layernorm/embedding backward, sum
-  // of squares): keep freed memory in the stream-ordered pool.
+  // Streams grow their scratch with cudaMallocAsync (Stream::with_scratch) and the matmul's
+  // one-off timing takes its output copy the same way: keep freed memory in the stream-ordered
+  // pool.
   cudaMemPool_t pool = nullptr;
   ZO_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   std::uint64_t keep = UINT64_MAX;

@@ -116,20 +116,19 @@ int fill_grid(std::size_t threads_needed) {
 }
 
 template <typename T>
-void sum_squares_typed(float* out, const T* data, std::size_t n, cudaStream_t s) {
+void sum_squares_typed(float* out, const T* data, std::size_t n, double* partial, cudaStream_t s) {
   constexpr int kVec = 16 / sizeof(T);
   const int blocks = sum_squares_blocks(n);
-  detail::StreamScratch partial(sizeof(double) * static_cast<std::size_t>(blocks), s);
   if (aligned(data, 16)) {
     ZO_LAUNCH(blocks, kReduceThreads, 0, s, sum_squares_partial_kernel<T, kVec>)
-    (partial.as<double>(), data, n);
+    (partial, data, n);
   } else {
     ZO_LAUNCH(blocks, kReduceThreads, 0, s, sum_squares_partial_kernel<T, 1>)
-    (partial.as<double>(), data, n);
+    (partial, data, n);
   }
   ZO_CUDA_CHECK_LAUNCH();
   ZO_LAUNCH(1, kReduceThreads, 0, s, sum_squares_finish_kernel<double>)
-  (out, partial.as<double>(), blocks);
+  (out, partial, blocks);
   ZO_CUDA_CHECK_LAUNCH();
 }
 
@@ -147,9 +146,19 @@ void nonfinite_flag_typed(float* flag, const T* data, std::size_t n, cudaStream_
 
 }  // namespace
 
-void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, cudaStream_t s) {
-  if (!check_flat_args("launch_sum_squares", n, t, {{out, "out"}, {data, "data"}})) return;
-  ZO_DISPATCH_DTYPE(t, T, sum_squares_typed<T>(out, static_cast<const T*>(data), n, s));
+std::size_t sum_squares_scratch_bytes(std::size_t n) {
+  return sizeof(double) * static_cast<std::size_t>(sum_squares_blocks(n));
+}
+
+void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, void* scratch,
+                        cudaStream_t s) {
+  if (!check_flat_args("launch_sum_squares", n, t,
+                       {{out, "out"}, {data, "data"}, {scratch, "scratch"}})) {
+    return;
+  }
+  ZO_DISPATCH_DTYPE(
+      t, T,
+      sum_squares_typed<T>(out, static_cast<const T*>(data), n, static_cast<double*>(scratch), s));
 }
 
 void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t, cudaStream_t s) {

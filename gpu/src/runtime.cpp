@@ -132,22 +132,11 @@ void Stream::copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind 
     ZO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
     return;
   }
-  // Overlapping device ranges (memmove semantics, as on the host): through a stream-ordered copy.
-  pool_->reserve(bytes, "copy_on_device staging");
-  void* tmp = nullptr;
-  const cudaError_t status = cudaMallocAsync(&tmp, bytes, stream_);
-  if (status != cudaSuccess) {
-    pool_->unreserve(bytes);
-    ZO_CUDA_CHECK(status);
-  }
-  cudaError_t copied = cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_);
-  if (copied == cudaSuccess) {
-    copied = cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream_);
-  }
-  const cudaError_t freed = cudaFreeAsync(tmp, stream_);
-  pool_->unreserve(bytes);
-  ZO_CUDA_CHECK(copied);
-  ZO_CUDA_CHECK(freed);
+  // Overlapping device ranges (memmove semantics, as on the host): through the stream's scratch.
+  with_scratch(bytes, "copy_on_device staging", [&](void* tmp) {
+    ZO_CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    ZO_CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream_));
+  });
 }
 
 void Stream::fill_zero(void* dst, std::size_t bytes) {
@@ -157,10 +146,9 @@ void Stream::fill_zero(void* dst, std::size_t bytes) {
   ZO_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
 }
 
-float* Stream::grow_scratch(std::size_t floats, const char* what) {
+void* Stream::grow_scratch(std::size_t bytes, const char* what) {
   Scratch& s = *scratch_;
-  const std::size_t bytes = floats * sizeof(float);
-  if (bytes <= s.bytes) return static_cast<float*>(s.p);
+  if (bytes <= s.bytes) return s.p;
   const DeviceGuard guard(device_);
   const std::size_t size = MemoryPool::size_class(bytes);
   if (s.p != nullptr) {
@@ -183,7 +171,7 @@ float* Stream::grow_scratch(std::size_t floats, const char* what) {
   }
   s.p = p;
   s.bytes = size;
-  return static_cast<float*>(p);
+  return p;
 }
 
 // ---- events

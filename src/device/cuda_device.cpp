@@ -125,9 +125,11 @@ class CudaDevice final : public Device {
   }
   void embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
                           int B, int T, int C, Stream& s) override {
-    launch(s, "embedding_backward", [&](cudaStream_t cs) {
-      gpu::launch_embedding_backward(dwte, dwpe, dout, tokens, B, T, C, act_, cs);
-    });
+    launch_with_scratch(s, "embedding_backward", gpu::embedding_backward_scratch_bytes(B, T),
+                        [&](cudaStream_t cs, void* scratch) {
+                          gpu::launch_embedding_backward(dwte, dwpe, dout, tokens, B, T, C, act_,
+                                                         scratch, cs);
+                        });
   }
   void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                          const void* bias, int N, int C, Stream& s) override {
@@ -146,10 +148,12 @@ class CudaDevice final : public Device {
   void layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
                           const void* dout, const void* inp, const void* weight, const float* mean,
                           const float* rstd, int N, int C, Stream& s) override {
-    launch(s, "layernorm_backward", [&](cudaStream_t cs) {
-      gpu::launch_layernorm_backward(dinp, dresidual, dweight, dbias, dout, inp, weight, mean, rstd,
-                                     N, C, act_, cs);
-    });
+    launch_with_scratch(s, "layernorm_backward", gpu::layernorm_backward_scratch_bytes(N, C),
+                        [&](cudaStream_t cs, void* scratch) {
+                          gpu::launch_layernorm_backward(dinp, dresidual, dweight, dbias, dout, inp,
+                                                         weight, mean, rstd, N, C, act_, scratch,
+                                                         cs);
+                        });
   }
   void matmul_forward(void* out, const void* inp, const void* weight, const void* bias,
                       const MatmulArgs& m, Stream& s) override {
@@ -210,16 +214,15 @@ class CudaDevice final : public Device {
       gpu::launch_attention_forward(out, lse, qkv, a.B, a.T, a.C, a.NH, act_, cs);
     });
   }
-  // Its scratch is the stream's own: concurrent streams never share it.
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                           const float* lse, const AttentionArgs& a, Stream& s) override {
-    run(s, "attention_backward", [&](gpu::Stream& cs) {
-      cs.with_scratch(gpu::attention_backward_scratch_floats(a.B, a.T, a.C, a.NH),
-                      "attention backward scratch", [&](float* scratch) {
-                        gpu::launch_attention_backward(dqkv, dout, qkv, out, lse, scratch, a.B, a.T,
-                                                       a.C, a.NH, act_, cs.get());
-                      });
-    });
+    launch_with_scratch(s, "attention_backward",
+                        gpu::attention_backward_scratch_floats(a.B, a.T, a.C, a.NH) * sizeof(float),
+                        [&](cudaStream_t cs, void* scratch) {
+                          gpu::launch_attention_backward(dqkv, dout, qkv, out, lse,
+                                                         static_cast<float*>(scratch), a.B, a.T,
+                                                         a.C, a.NH, act_, cs);
+                        });
   }
   void cross_entropy(float* losses, void* dlogits, const void* logits, const std::int32_t* targets,
                      int N, int V, int ld, float dloss_scale, Stream& s) override {
@@ -228,8 +231,10 @@ class CudaDevice final : public Device {
     });
   }
   void sum_squares(float* out, const void* data, std::size_t n, Stream& s) override {
-    launch(s, "sum_squares",
-           [&](cudaStream_t cs) { gpu::launch_sum_squares(out, data, n, act_, cs); });
+    launch_with_scratch(s, "sum_squares", gpu::sum_squares_scratch_bytes(n),
+                        [&](cudaStream_t cs, void* scratch) {
+                          gpu::launch_sum_squares(out, data, n, act_, scratch, cs);
+                        });
   }
   void nonfinite_flag(float* flag, const void* data, std::size_t n, Stream& s) override {
     launch(s, "nonfinite_flag",
@@ -263,6 +268,14 @@ class CudaDevice final : public Device {
   template <class Fn>
   void launch(Stream& s, const char* op, Fn&& fn) {
     run(s, op, [&](gpu::Stream& cs) { fn(cs.get()); });
+  }
+  // fn(stream, scratch) with `bytes` of the stream's own persistent scratch: concurrent streams
+  // never share it, and steady-state steps allocate nothing.
+  template <class Fn>
+  void launch_with_scratch(Stream& s, const char* op, std::size_t bytes, Fn&& fn) {
+    run(s, op, [&](gpu::Stream& cs) {
+      cs.with_scratch(bytes, op, [&](void* scratch) { fn(cs.get(), scratch); });
+    });
   }
   // The GELU matmuls take packed rows (the Device contract), which gpu/ does not see.
   static void require_packed(const char* op, const MatmulArgs& m) {

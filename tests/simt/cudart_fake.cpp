@@ -152,6 +152,8 @@ Where where_is(const void* p) {
   return in_ranges(g_pinned, p) ? Where::kPinned : Where::kPageable;
 }
 
+std::uint64_t g_device_allocations = 0;  // successful cudaMalloc/cudaMallocAsync calls (g_mu)
+
 void* device_alloc(std::size_t size) {
   const std::size_t bytes = (size + 255) / 256 * 256;
   std::lock_guard<std::mutex> lock(g_mu);
@@ -162,6 +164,7 @@ void* device_alloc(std::size_t size) {
   std::memset(p, 0xff, bytes);
   g_device[static_cast<const char*>(p)] = bytes;
   g_device_used += bytes;
+  ++g_device_allocations;
   return p;
 }
 
@@ -231,6 +234,11 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
 
 bool is_device_pointer(const void* p) {
   return where_is(p) == Where::kDevice;
+}
+
+std::uint64_t device_allocations() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_device_allocations;
 }
 
 }  // namespace zo::simt

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <functional>
 
 namespace zo::simt {
@@ -19,5 +20,9 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 
 // True for a pointer inside memory from cudaMalloc/cudaMallocAsync (the emulated device).
 bool is_device_pointer(const void* p);
+
+// How many cudaMalloc/cudaMallocAsync calls have allocated so far (a test hook: steady-state
+// steps allocate nothing).
+std::uint64_t device_allocations();
 
 }  // namespace zo::simt

@@ -24,9 +24,11 @@ namespace zo::gpu {
 // out (B,T,C) written = wte[tokens[b,t]] + wpe[t]
 void launch_embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
                               const void* wpe, int B, int T, int C, DType t, cudaStream_t s);
-// dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C). Deterministic (no float atomics).
+// dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C). Deterministic (no float atomics). `scratch`:
+// embedding_backward_scratch_bytes(B, T) device bytes, 256-aligned, kept until the launch has run.
+std::size_t embedding_backward_scratch_bytes(int B, int T);
 void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
-                               int B, int T, int C, DType t, cudaStream_t s);
+                               int B, int T, int C, DType t, void* scratch, cudaStream_t s);
 
 // ---- layernorm (layernorm.cu), eps 1e-5 --------------------------------------------------------
 void launch_layernorm_forward(void* out, float* mean, float* rstd, const void* inp,
@@ -37,11 +39,13 @@ void launch_residual_layernorm_forward(void* res, void* out, float* mean, float*
                                        const void* a, const void* b, const void* weight,
                                        const void* bias, int N, int C, DType t, cudaStream_t s);
 // dinp (N,C) written = dresidual + d(LN)/d(inp); dresidual (N,C) may be null (nothing to add) or
-// dinp itself (accumulate in place). dweight, dbias (C) +=. Deterministic.
+// dinp itself (accumulate in place). dweight, dbias (C) +=. Deterministic. `scratch`:
+// layernorm_backward_scratch_bytes(N, C) device bytes, kept until the launch has run.
+std::size_t layernorm_backward_scratch_bytes(int N, int C);
 void launch_layernorm_backward(void* dinp, const void* dresidual, void* dweight, void* dbias,
                                const void* dout, const void* inp, const void* weight,
                                const float* mean, const float* rstd, int N, int C, DType t,
-                               cudaStream_t s);
+                               void* scratch, cudaStream_t s);
 
 // ---- elementwise (elementwise.cu) -------------------------------------------------------------
 void launch_gelu_forward(void* out, const void* inp, std::size_t n, DType t, cudaStream_t s);
@@ -115,7 +119,10 @@ void launch_cross_entropy(float* losses, void* dlogits, const void* logits,
                           const std::int32_t* targets, int N, int V, int ld, float dloss_scale,
                           DType t, cudaStream_t s);
 // *out += sum of squares of data (n); deterministic (fixed grid, fixed-order final reduction).
-void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, cudaStream_t s);
+// `scratch`: sum_squares_scratch_bytes(n) device bytes, kept until the launch has run.
+std::size_t sum_squares_scratch_bytes(std::size_t n);
+void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, void* scratch,
+                        cudaStream_t s);
 // *flag = 1 if any element is Inf/NaN (left unchanged otherwise).
 void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t, cudaStream_t s);
 

@@ -142,14 +142,15 @@ class Stream {
   void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
   void fill_zero(void* dst, std::size_t bytes);
 
-  // Runs fn(scratch) with a float scratch of at least `floats` elements, valid for the work fn
-  // enqueues on this stream; other callers of this stream's scratch wait meanwhile. It grows in
-  // stream order (cudaFreeAsync / cudaMallocAsync), so kernels still using the old block are
-  // unaffected, and is accounted in the pool (OutOfMemoryError naming `what`).
+  // Runs fn(scratch) with a scratch of at least `bytes` device bytes (256-aligned), valid for the
+  // work fn enqueues on this stream; other callers of this stream's scratch wait meanwhile. The
+  // block persists with the stream, so ops in steady state allocate nothing; it grows in stream
+  // order (cudaFreeAsync / cudaMallocAsync), so kernels still using the old block are unaffected,
+  // and is accounted in the pool (OutOfMemoryError naming `what`). fn must not call with_scratch.
   template <class Fn>
-  void with_scratch(std::size_t floats, const char* what, Fn&& fn) {
+  void with_scratch(std::size_t bytes, const char* what, Fn&& fn) {
     const std::lock_guard<std::mutex> lock(scratch_->mu);
-    fn(grow_scratch(floats, what));
+    fn(grow_scratch(bytes, what));
   }
 
  private:
@@ -158,7 +159,7 @@ class Stream {
     void* p = nullptr;
     std::size_t bytes = 0;
   };
-  float* grow_scratch(std::size_t floats, const char* what);  // with scratch_->mu held
+  void* grow_scratch(std::size_t bytes, const char* what);  // with scratch_->mu held
   void destroy() noexcept;
 
   int device_ = -1;
