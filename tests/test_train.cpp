@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
@@ -135,19 +136,27 @@ TEST(Trainer, ResumeContinuesBitForBit) {
   expect_same_state(a.path / "step_00000008", b.path / "step_00000008");
 }
 
+// Runs c (6 steps) with checkpoints every 3 steps in a, and again from a copy of its step 3 in b;
+// returns the uninterrupted run's and the resumed run's summaries.
+std::pair<zo::train::TrainSummary, zo::train::TrainSummary> run_and_resume_at_3(TrainConfig c,
+                                                                                const fs::path& a,
+                                                                                const fs::path& b) {
+  c.checkpoint_dir = a.string();
+  c.checkpoint_interval = 3;
+  c.keep_last = 0;
+  const auto full = Trainer(c).run();
+  fs::copy(a / "step_00000003", b / "step_00000003", fs::copy_options::recursive);
+  TrainConfig r = c;
+  r.checkpoint_dir = b.string();
+  r.resume = (b / "step_00000003").string();
+  return {full, Trainer(r).run()};
+}
+
 TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
   TempDir a, b;
   TrainConfig c = tiny_config(6);
   c.optimizer_state = zo::DType::kBF16;
-  c.checkpoint_dir = a.path.string();
-  c.checkpoint_interval = 3;
-  c.keep_last = 0;
-  const auto full = Trainer(c).run();
-  fs::copy(a.path / "step_00000003", b.path / "step_00000003", fs::copy_options::recursive);
-  TrainConfig r = c;
-  r.checkpoint_dir = b.path.string();
-  r.resume = (b.path / "step_00000003").string();
-  Trainer(r).run();
+  run_and_resume_at_3(c, a.path, b.path);
   EXPECT_EQ(read_master(a.path / "step_00000006"), read_master(b.path / "step_00000006"));
 }
 
@@ -287,15 +296,7 @@ TEST(Trainer, OffloadWithAccumulationResumesBitForBit) {
     c.grad_accum = 2;
     c.grad_accum_on = on;
     c.bucket_size = 12345;
-    c.checkpoint_dir = a.path.string();
-    c.checkpoint_interval = 3;
-    c.keep_last = 0;
-    const auto full = Trainer(c).run();
-    fs::copy(a.path / "step_00000003", b.path / "step_00000003", fs::copy_options::recursive);
-    TrainConfig r = c;
-    r.checkpoint_dir = b.path.string();
-    r.resume = "latest";
-    const auto resumed = Trainer(r).run();
+    const auto [full, resumed] = run_and_resume_at_3(c, a.path, b.path);
     ASSERT_EQ(resumed.losses.size(), 3u) << on;
     for (int i = 0; i < 3; ++i)
       EXPECT_EQ(resumed.losses[std::size_t(i)], full.losses[std::size_t(3 + i)]) << on;
