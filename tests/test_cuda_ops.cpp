@@ -117,7 +117,7 @@ TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
   const int B = 2, T = 13;
   const std::size_t BT = std::size_t(B) * T;
   std::vector<float> params(layout.size());
-  zo::model::init_gpt2(layout, 7, params.data());
+  zo::model::init_weights(layout, 7, params.data());
   // Larger weights and random LayerNorm affine / biases so that every gradient is non-trivial.
   std::normal_distribution<float> normal(0.0f, 0.1f);
   for (const auto& ti : layout.tensors()) {

@@ -174,9 +174,46 @@ TEST(Shard, RoundTrip) {
   EXPECT_THROW(src->read(0, tokens.size() - 1, past), DataError);
 }
 
+// llm.c's Llama 3 shards: magic 20240801, version 7, uint32 tokens.
+TEST(Shard, Uint32RoundTripAndMixedWithUint16) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(7777);
+  std::mt19937 rng(5);
+  for (auto& t : tokens)
+    t = rng() % 128256;  // Llama 3's vocabulary: most tokens above 65535
+  const std::string path = dir.file("llama.bin");
+  write_token_shard(path, tokens);
+  EXPECT_EQ(fs::file_size(path), 1024 + 4 * tokens.size());
+  std::vector<unsigned char> head(12);
+  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(head.data()), 12);
+  EXPECT_EQ(head[0] | head[1] << 8 | head[2] << 16 | head[3] << 24, 20240801);
+  EXPECT_EQ(head[4] | head[5] << 8 | head[6] << 16 | head[7] << 24, 7);
+  EXPECT_TRUE(has_shard_magic(path));
+  const ShardInfo info = validate_shard(path);
+  EXPECT_EQ(info.num_tokens, tokens.size());
+  EXPECT_EQ(info.token_bytes, 4);
+  // With a uint16 shard beside it: each decodes by its own header.
+  write_token_shard(dir.file("small.bin"), ramp(3000, 100));
+  auto src = open_path(dir.str(), 128256);
+  ASSERT_EQ(names(*src), (std::vector<std::string>{"llama.bin", "small.bin"}));
+  std::vector<int32_t> all(tokens.size());
+  src->read(0, 0, all);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    ASSERT_EQ(all[i], static_cast<int32_t>(tokens[i])) << i;
+  std::vector<int32_t> mid(5);
+  src->read(0, 6000, mid);
+  EXPECT_EQ(mid[4], static_cast<int32_t>(tokens[6004]));
+  src->read(1, 10, mid);
+  EXPECT_EQ(mid[0], 110);
+  EXPECT_EQ(src->fingerprint()["kind"], "shards");
+}
+
 TEST(Shard, WriterRejectsEmpty) {
   TempDir dir;
-  expect_data_error([&] { write_token_shard(dir.file("e.bin"), {}); }, {"e.bin", "no tokens"});
+  expect_data_error([&] { write_token_shard(dir.file("e.bin"), std::vector<uint16_t>{}); },
+                    {"e.bin", "no tokens"});
+  expect_data_error([&] { write_token_shard(dir.file("e.bin"), std::vector<uint32_t>{}); },
+                    {"e.bin", "no tokens"});
 }
 
 // ---- discovery -----------------------------------------------------------------------------
@@ -295,6 +332,11 @@ TEST(BadShard, EachDefectIsADataErrorNamingTheFile) {
       {"count_mismatch.bin", shard_bytes(kShardMagic, 1, 50, 100), "promises 50 tokens"},
       {"zero_count.bin", shard_bytes(kShardMagic, 1, 0, 0), "empty"},
       {"zero_bytes.bin", {}, "empty"},
+      // uint32 shards: the version must be 7, the size 1024 + 4 * count (body_tokens counts
+      // 2-byte units here).
+      {"u32_version.bin", shard_bytes(kShardMagicU32, 1, 100, 200), "version 1, expected 7"},
+      {"u32_truncated.bin", shard_bytes(kShardMagicU32, 7, 100, 150), "truncated"},
+      {"u32_extra.bin", shard_bytes(kShardMagicU32, 7, 100, 201), "2 extra bytes"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -320,6 +362,20 @@ TEST(BadShard, TokenAtOrAboveVocabIsFoundAtOpen) {
   expect_data_error([&] { open_path(path, 50257); },
                     {"bigtok.bin", "token 50257", "position 2345", "vocab_size is 50257"});
   EXPECT_NO_THROW(open_path(path, 50258));
+}
+
+TEST(BadShard, Uint32TokenAtOrAboveVocabIsFoundAtOpen) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(3000, 7);
+  tokens[1234] = 128256;
+  const std::string path = dir.file("big32.bin");
+  write_token_shard(path, tokens);
+  expect_data_error([&] { open_path(path, 128256); },
+                    {"big32.bin", "token 128256", "position 1234", "byte 5960"});
+  EXPECT_NO_THROW(open_path(path, 128257));
+  tokens[1234] = 0xffffffffu;  // would wrap negative as an int32
+  write_token_shard(path, tokens);
+  expect_data_error([&] { open_path(path, 1 << 24); }, {"big32.bin", "token 4294967295"});
 }
 
 TEST(BadShard, TokenAboveVocabWithoutScanIsCaughtByTheLoader) {

@@ -140,9 +140,9 @@ TEST(ParameterLayout, Gpt2InitStatistics) {
       "t");
   const ParameterLayout layout(spec);
   std::vector<float> p(layout.size()), q(layout.size()), r(layout.size());
-  zo::model::init_gpt2(layout, 7, p.data());
-  zo::model::init_gpt2(layout, 7, q.data());
-  zo::model::init_gpt2(layout, 8, r.data());
+  zo::model::init_weights(layout, 7, p.data());
+  zo::model::init_weights(layout, 7, q.data());
+  zo::model::init_weights(layout, 8, r.data());
   EXPECT_EQ(p, q);
   EXPECT_NE(p, r);
   auto stddev = [&](const std::string& name) {
@@ -185,10 +185,10 @@ TEST(ParameterLayout, Gpt2InitIsCounterBasedAndThreadCountFree) {
   const ParameterLayout layout(spec);
   const std::uint64_t seed = 0x123456789abcull;
   std::vector<float> all(layout.size()), one(layout.size());
-  zo::model::init_gpt2(layout, seed, all.data());
+  zo::model::init_weights(layout, seed, all.data());
   {
     tbb::global_control single(tbb::global_control::max_allowed_parallelism, 1);
-    zo::model::init_gpt2(layout, seed, one.data());
+    zo::model::init_weights(layout, seed, one.data());
   }
   EXPECT_EQ(all, one);
   std::uint32_t index = 0;
@@ -231,7 +231,7 @@ struct TinyModel {
     params = dev->alloc(layout.size() * 4, "params");
     grads = dev->alloc(layout.size() * 4, "grads");
     std::vector<float> host(layout.size());
-    zo::model::init_gpt2(layout, seed, host.data());
+    zo::model::init_weights(layout, seed, host.data());
     // Random LayerNorm affine and biases too, so that every parameter has a non-trivial gradient.
     std::mt19937 rng(static_cast<std::uint32_t>(seed));
     std::normal_distribution<float> normal(0.0f, 0.3f);

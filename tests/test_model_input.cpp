@@ -148,7 +148,7 @@ TEST(HfImport, RepeatedUntiedAndFifoWeightsAreRefused) {
   Scratch d;
   const zo::model::ParameterLayout layout(load_model_spec("tiny"));
   std::vector<float> params(layout.size());
-  zo::model::init_gpt2(layout, 5, params.data());
+  zo::model::init_weights(layout, 5, params.data());
   const auto& wte = layout.find("wte.weight");
   const std::vector<float> wte_values(params.begin() + long(wte.offset),
                                       params.begin() + long(wte.offset + wte.numel));

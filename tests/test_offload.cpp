@@ -162,8 +162,8 @@ struct Rig {
   std::unique_ptr<zo::dev::Stream> stream = d->create_stream();
   HostOptimizer ref{layout, opt_config()}, off{layout, opt_config()};
   explicit Rig(std::uint64_t seed) {
-    zo::model::init_gpt2(layout, seed, ref.master().data());
-    zo::model::init_gpt2(layout, seed, off.master().data());
+    zo::model::init_weights(layout, seed, ref.master().data());
+    zo::model::init_weights(layout, seed, off.master().data());
   }
   std::unique_ptr<Engine> engine(const EngineConfig& c) {
     auto e = std::make_unique<Engine>(*d, *stream, layout, off, c);
@@ -259,7 +259,7 @@ TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
     auto c = opt_config();
     c.state_dtype = sd;
     HostOptimizer whole(layout, c);
-    zo::model::init_gpt2(layout, 7, whole.master().data());
+    zo::model::init_weights(layout, 7, whole.master().data());
     std::vector<std::unique_ptr<HostOptimizer>> parts;
     for (int r = 0; r < 3; ++r) {
       parts.push_back(
@@ -336,7 +336,7 @@ TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
   auto d = zo::dev::make_host_device({});
   auto stream = d->create_stream();
   HostOptimizer one(layout, opt_config());
-  zo::model::init_gpt2(layout, 9, one.master().data());
+  zo::model::init_weights(layout, 9, one.master().data());
   std::vector<double> sumsq_one;
   std::vector<float> params_one;
   {
@@ -369,7 +369,7 @@ TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
         HostOptimizer opt(layout, opt_config(),
                           zo::offload::engine_partition(layout, zo::DType::kF32, c));
         std::vector<float> whole(n);
-        zo::model::init_gpt2(layout, 9, whole.data());
+        zo::model::init_weights(layout, 9, whole.data());
         opt.take_owned(whole.data(), opt.master().data());
         {
           Engine e(*dr, *sr, layout, opt, c, nullptr, &comm);

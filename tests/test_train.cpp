@@ -447,7 +447,7 @@ TEST(TrainerErrors, NonFiniteWeightsAndNegativeMomentsAreRefusedByName) {
   const auto spec = zo::model::load_model_spec("tiny");
   const zo::model::ParameterLayout layout(spec);
   std::vector<float> w(layout.size());
-  zo::model::init_gpt2(layout, 3, w.data());
+  zo::model::init_weights(layout, 3, w.data());
   const auto& fc = layout.find("h.1.mlp.c_fc.weight");
   for (const float bad : {NAN, INFINITY}) {
     std::vector<float> v = w;
@@ -592,7 +592,7 @@ TEST(Trainer, ImportRejectsMissingExtraAndMisshapedTensors) {
   const auto spec = zo::model::load_model_spec("tiny");
   const zo::model::ParameterLayout layout(spec);
   std::vector<float> w(layout.size());
-  zo::model::init_gpt2(layout, 3, w.data());
+  zo::model::init_weights(layout, 3, w.data());
   std::vector<float> scratch;
   auto write_with = [&](const std::string& file, auto&& edit) {
     zo::ckpt::SafetensorsWriter writer;

@@ -66,16 +66,27 @@ struct FileDoc {
   std::string path;
   uint64_t data_offset = 0;  // bytes before the first token
   uint64_t tokens = 0;
+  int token_bytes = 1;  // 1 (text), 2 or 4 (shards)
   std::string hash;
 };
 
-// Shards (2-byte tokens after a 1 KiB header) or text (1-byte tokens), one document per file.
+// Little-endian token i of `raw`, `bytes` bytes each.
+uint32_t token_at(const unsigned char* raw, uint64_t i, int bytes) {
+  const unsigned char* p = raw + i * static_cast<uint64_t>(bytes);
+  uint32_t t = 0;
+  for (int b = bytes - 1; b >= 0; --b)
+    t = t << 8 | p[b];
+  return t;
+}
+
+// Shards (2- or 4-byte tokens after a 1 KiB header) or text (1-byte tokens), one document per
+// file.
 class FileTokenSource final : public TokenSource {
  public:
-  FileTokenSource(std::vector<FileDoc> docs, int bytes_per_token, int64_t vocab_size,
-                  std::string origin, bool scanned)
+  FileTokenSource(std::vector<FileDoc> docs, bool shards, int64_t vocab_size, std::string origin,
+                  bool scanned)
       : docs_(std::move(docs)),
-        bytes_per_token_(bytes_per_token),
+        shards_(shards),
         vocab_size_(vocab_size),
         origin_(std::move(origin)),
         scanned_(scanned) {}
@@ -93,19 +104,15 @@ class FileTokenSource final : public TokenSource {
                       "', which has " + std::to_string(d.tokens) + " tokens");
     }
     const size_t n = out.size();
-    const size_t bytes = n * static_cast<size_t>(bytes_per_token_);
+    const size_t bytes = n * static_cast<size_t>(d.token_bytes);
     std::vector<unsigned char> raw(bytes);
     // The cache lock covers only the lookup; pread runs unlocked (an evicted File stays open
     // until its last reader lets go of it).
     const std::shared_ptr<const detail::File> file = file_for(doc);
-    file->read_at(d.data_offset + offset * bytes_per_token_, raw.data(), bytes);
-    if (bytes_per_token_ == 1) {
-      for (size_t i = 0; i < n; ++i)
-        out[i] = raw[i];
-    } else {
-      for (size_t i = 0; i < n; ++i)
-        out[i] = raw[2 * i] | raw[2 * i + 1] << 8;
-    }
+    file->read_at(d.data_offset + offset * d.token_bytes, raw.data(), bytes);
+    // A uint32 token above INT32_MAX wraps negative, which the loader's range check refuses.
+    for (size_t i = 0; i < n; ++i)
+      out[i] = static_cast<int32_t>(token_at(raw.data(), i, d.token_bytes));
   }
 
   nlohmann::json fingerprint() const override {
@@ -114,11 +121,11 @@ class FileTokenSource final : public TokenSource {
       files.push_back(
           {{"name", fs::path(d.path).filename().string()}, {"tokens", d.tokens}, {"hash", d.hash}});
     }
-    return {{"kind", bytes_per_token_ == 2 ? "shards" : "text"}, {"files", files}};
+    return {{"kind", shards_ ? "shards" : "text"}, {"files", files}};
   }
 
   std::string describe() const override {
-    const bool shards = bytes_per_token_ == 2;
+    const bool shards = shards_;
     std::string s = std::to_string(docs_.size()) + (shards ? " token shard" : " text file") +
                     (docs_.size() == 1 ? "" : "s") + " from '" + origin_ + "', " +
                     human_count(total_tokens()) + (shards ? " tokens" : " bytes (byte tokens)");
@@ -144,7 +151,7 @@ class FileTokenSource final : public TokenSource {
   }
 
   std::vector<FileDoc> docs_;
-  int bytes_per_token_;
+  bool shards_;
   int64_t vocab_size_;
   std::string origin_;
   bool scanned_;
@@ -167,19 +174,25 @@ std::string content_hash(const detail::File& file, uint64_t data_offset, uint64_
   return hex;
 }
 
+// Every token of a shard of `token_bytes`-byte tokens fits a vocabulary of vocab_size.
+bool always_in_vocab(int token_bytes, int64_t vocab_size) {
+  return token_bytes == 2 && vocab_size > 65535;
+}
+
 // One sequential pass over the tokens; names the first one >= vocab_size.
-void scan_shard_tokens(const detail::File& file, uint64_t tokens, int64_t vocab_size) {
-  if (vocab_size > 65535) return;  // every uint16 fits
+void scan_shard_tokens(const detail::File& file, const ShardInfo& info, int64_t vocab_size) {
+  if (always_in_vocab(info.token_bytes, vocab_size)) return;
+  const uint64_t tokens = info.num_tokens, w = static_cast<uint64_t>(info.token_bytes);
   std::vector<unsigned char> buf(kScanChunkBytes);
   for (uint64_t first = 0; first < tokens;) {
-    const uint64_t n = std::min<uint64_t>(tokens - first, kScanChunkBytes / 2);
-    file.read_at(kShardHeaderBytes + 2 * first, buf.data(), 2 * n);
+    const uint64_t n = std::min<uint64_t>(tokens - first, kScanChunkBytes / w);
+    file.read_at(kShardHeaderBytes + w * first, buf.data(), w * n);
     for (uint64_t i = 0; i < n; ++i) {
-      const int64_t t = buf[2 * i] | buf[2 * i + 1] << 8;
+      const int64_t t = token_at(buf.data(), i, info.token_bytes);
       if (t >= vocab_size) {
         throw DataError("token shard '" + file.path() + "' has token " + std::to_string(t) +
                         " at position " + std::to_string(first + i) + " (byte " +
-                        std::to_string(kShardHeaderBytes + 2 * (first + i)) +
+                        std::to_string(kShardHeaderBytes + w * (first + i)) +
                         "), but the model's vocab_size is " + std::to_string(vocab_size) +
                         ": the shard was made with a different tokenizer, or the model needs a "
                         "larger vocab_size (GPT-2 BPE needs 50257)");
@@ -192,9 +205,9 @@ void scan_shard_tokens(const detail::File& file, uint64_t tokens, int64_t vocab_
 FileDoc open_shard_doc(const std::string& path, int64_t vocab_size, bool scan) {
   const ShardInfo info = validate_shard(path);
   const detail::File file = detail::File::open(path);
-  if (scan) scan_shard_tokens(file, info.num_tokens, vocab_size);
-  return FileDoc{path, kShardHeaderBytes, info.num_tokens,
-                 content_hash(file, kShardHeaderBytes, 2 * info.num_tokens)};
+  if (scan) scan_shard_tokens(file, info, vocab_size);
+  return FileDoc{path, kShardHeaderBytes, info.num_tokens, info.token_bytes,
+                 content_hash(file, kShardHeaderBytes, info.token_bytes * info.num_tokens)};
 }
 
 FileDoc open_text_doc(const std::string& path) {
@@ -204,7 +217,7 @@ FileDoc open_text_doc(const std::string& path) {
     throw DataError("text file '" + path +
                     "' is empty; remove it from the data set or give a file with text in it");
   }
-  return FileDoc{path, 0, size, content_hash(file, 0, size)};
+  return FileDoc{path, 0, size, 1, content_hash(file, 0, size)};
 }
 
 }  // namespace
@@ -325,11 +338,13 @@ std::unique_ptr<TokenSource> open_token_source(const SourceConfig& config) {
   }
   std::vector<FileDoc> docs;
   if (!shard_files.empty()) {
+    bool all_in_vocab = true;
     for (const std::string& f : shard_files) {
       docs.push_back(open_shard_doc(f, config.vocab_size, config.scan_tokens));
+      all_in_vocab = all_in_vocab && always_in_vocab(docs.back().token_bytes, config.vocab_size);
     }
-    return std::make_unique<FileTokenSource>(std::move(docs), 2, config.vocab_size, config.path,
-                                             config.scan_tokens || config.vocab_size > 65535);
+    return std::make_unique<FileTokenSource>(std::move(docs), true, config.vocab_size,
+                                             config.path, config.scan_tokens || all_in_vocab);
   }
   if (config.vocab_size < 256) {
     throw DataError(
@@ -340,8 +355,8 @@ std::unique_ptr<TokenSource> open_token_source(const SourceConfig& config) {
   }
   for (const std::string& f : text_files)
     docs.push_back(open_text_doc(f));
-  return std::make_unique<FileTokenSource>(std::move(docs), 1, config.vocab_size, config.path,
-                                           true);
+  return std::make_unique<FileTokenSource>(std::move(docs), false, config.vocab_size,
+                                           config.path, true);
 }
 
 }  // namespace zo::data

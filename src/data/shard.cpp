@@ -51,29 +51,34 @@ ShardInfo validate_shard(const std::string& path) {
   const int32_t magic = load_le_i32(head.data());
   const int32_t version = load_le_i32(head.data() + 4);
   const int32_t count = load_le_i32(head.data() + 8);
-  if (magic != kShardMagic) {
+  if (magic != kShardMagic && magic != kShardMagicU32) {
     throw DataError("'" + path + "' is not an llm.c token shard: header magic is " +
                     std::to_string(magic) + ", expected " + std::to_string(kShardMagic) +
-                    ". If it is a text file, give it a name not ending in .bin or pass "
-                    "--data-format text; otherwise " +
+                    " (uint16 tokens) or " + std::to_string(kShardMagicU32) +
+                    " (uint32 tokens). If it is a text file, give it a name not ending in .bin "
+                    "or pass --data-format text; otherwise " +
                     kRegenerateHint);
   }
-  if (version != kShardVersion) {
+  const bool u32 = magic == kShardMagicU32;
+  const int32_t want_version = u32 ? kShardVersionU32 : kShardVersion;
+  if (version != want_version) {
     throw DataError("token shard '" + path + "' has format version " + std::to_string(version) +
-                    ", expected " + std::to_string(kShardVersion) +
-                    " (uint16 tokens); re-export it with the version-1 writer (llm.c / nanoGPT "
-                    "fineweb.py style, or write_token_shard)");
+                    ", expected " + std::to_string(want_version) + " with magic " +
+                    std::to_string(magic) + (u32 ? " (uint32 tokens)" : " (uint16 tokens)") +
+                    "; re-export it with llm.c's writer (fineweb.py style) or "
+                    "write_token_shard");
   }
+  const int token_bytes = u32 ? 4 : 2;
   if (count <= 0) {
     throw DataError("token shard '" + path + "' is empty: its header says " +
                     std::to_string(count) + " tokens, expected at least 1: " + kRegenerateHint);
   }
-  const uint64_t expected = kShardHeaderBytes + 2 * static_cast<uint64_t>(count);
+  const uint64_t expected = kShardHeaderBytes + token_bytes * static_cast<uint64_t>(count);
   if (size < expected) {
     throw DataError("token shard '" + path + "' is truncated: its header promises " +
                     std::to_string(count) + " tokens, so the file should be " +
                     std::to_string(expected) + " bytes, but it is " + std::to_string(size) +
-                    " bytes (" + std::to_string((size - kShardHeaderBytes) / 2) +
+                    " bytes (" + std::to_string((size - kShardHeaderBytes) / token_bytes) +
                     " tokens); an interrupted download or copy? " + kRegenerateHint);
   }
   if (size > expected) {
@@ -84,7 +89,7 @@ ShardInfo validate_shard(const std::string& path) {
                     "files were concatenated): " +
                     kRegenerateHint);
   }
-  return ShardInfo{path, static_cast<uint64_t>(count)};
+  return ShardInfo{path, static_cast<uint64_t>(count), token_bytes};
 }
 
 bool has_shard_magic(const std::string& path) {
@@ -92,10 +97,16 @@ bool has_shard_magic(const std::string& path) {
   if (file.size() < kShardHeaderBytes) return false;
   std::array<unsigned char, 4> head{};
   file.read_at(0, head.data(), head.size());
-  return load_le_i32(head.data()) == kShardMagic;
+  const int32_t magic = load_le_i32(head.data());
+  return magic == kShardMagic || magic == kShardMagicU32;
 }
 
-void write_token_shard(const std::string& path, std::span<const uint16_t> tokens) {
+namespace {
+
+// The header and the tokens, little-endian, into `path` through a temporary file.
+template <class Token>
+void write_shard(const std::string& path, std::span<const Token> tokens, int32_t magic,
+                 int32_t version) {
   if (tokens.empty()) {
     throw DataError("write_token_shard('" + path + "'): no tokens; a shard must hold at least one");
   }
@@ -104,8 +115,8 @@ void write_token_shard(const std::string& path, std::span<const uint16_t> tokens
                     " tokens do not fit the int32 count field; split them into several shards");
   }
   std::vector<unsigned char> header(kShardHeaderBytes, 0);
-  store_le_i32(header.data(), kShardMagic);
-  store_le_i32(header.data() + 4, kShardVersion);
+  store_le_i32(header.data(), magic);
+  store_le_i32(header.data() + 4, version);
   store_le_i32(header.data() + 8, static_cast<int32_t>(tokens.size()));
 
   const std::string tmp = path + ".tmp";
@@ -134,10 +145,10 @@ void write_token_shard(const std::string& path, std::span<const uint16_t> tokens
   if constexpr (std::endian::native == std::endian::little) {
     write_all(tokens.data(), tokens.size_bytes());
   } else {
-    std::vector<unsigned char> le(tokens.size() * 2);
+    std::vector<unsigned char> le(tokens.size_bytes());
     for (size_t i = 0; i < tokens.size(); ++i) {
-      le[2 * i] = static_cast<unsigned char>(tokens[i]);
-      le[2 * i + 1] = static_cast<unsigned char>(tokens[i] >> 8);
+      for (size_t b = 0; b < sizeof(Token); ++b)
+        le[sizeof(Token) * i + b] = static_cast<unsigned char>(tokens[i] >> (8 * b));
     }
     write_all(le.data(), le.size());
   }
@@ -151,6 +162,16 @@ void write_token_shard(const std::string& path, std::span<const uint16_t> tokens
     ::unlink(tmp.c_str());
     throw DataError("cannot rename '" + tmp + "' to '" + path + "': " + why);
   }
+}
+
+}  // namespace
+
+void write_token_shard(const std::string& path, std::span<const uint16_t> tokens) {
+  write_shard(path, tokens, kShardMagic, kShardVersion);
+}
+
+void write_token_shard(const std::string& path, std::span<const uint32_t> tokens) {
+  write_shard(path, tokens, kShardMagicU32, kShardVersionU32);
 }
 
 }  // namespace zo::data

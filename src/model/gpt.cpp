@@ -44,8 +44,18 @@ void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esi
 
 }  // namespace
 
+void require_gpt2(const ModelSpec& spec) {
+  if (spec.llama()) {
+    throw std::invalid_argument(
+        "model '" + spec.name + "' is a Llama-family model (model_type " + spec.model_type +
+        "): this build reads its spec, presets and parameter layout but cannot plan, train or "
+        "sample it yet; use a GPT-2 spec");
+  }
+}
+
 std::size_t gpt_activation_bytes(const ModelSpec& spec, const GptShape& shape,
                                  std::size_t act_elem_bytes, int logits_stride) {
+  require_gpt2(spec);
   const int V = spec.vocab_size;
   const int Vp = logits_stride != 0
                      ? logits_stride
@@ -63,6 +73,7 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
       esize_(dtype_size(device.act_dtype())),
       Vp_(device.gemm_row_stride(layout.spec().vocab_size)) {
   const ModelSpec& spec = layout.spec();
+  require_gpt2(spec);
   if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
     throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +
                                 std::to_string(shape.T) +

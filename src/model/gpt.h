@@ -73,6 +73,9 @@ struct GptShape {
   bool recompute = false;  // keep only each block's input; recompute the block in backward
 };
 
+// Throws std::invalid_argument for a spec this class does not run (the Llama family).
+void require_gpt2(const ModelSpec& spec);
+
 // Bytes of device memory Gpt allocates for activations, scratch and token buffers, with the
 // logits rows logits_stride elements apart; 0: the CUDA backend's padded stride, which bounds
 // every device's.

@@ -82,7 +82,7 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
     }
   }
   std::vector<std::string> missing, misshaped;
-  const TensorInfo& wte = layout.find("wte.weight");
+  const TensorInfo& wte = layout.tensors().front();  // wte / embed_tokens: the tied LM head
   if (!lm_head.empty() && file.info(lm_head).shape != hf_shape(wte)) {
     misshaped.push_back(lm_head + " is " + ckpt::shape_to_string(file.info(lm_head).shape) +
                         ", expected " + ckpt::shape_to_string(hf_shape(wte)) + " (tied to wte)");
@@ -126,16 +126,17 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
     file.read_f32(by_name.at(t.name), buf);
     from_hf(t, buf.data(), staged.data() + t.offset);
   }
-  // The LM head is wte (GPT-2 ties them); a file with a different one is another model.
+  // A tied LM head is wte; a file with a different one is another model.
   if (!lm_head.empty()) {
     buf.resize(wte.numel);
     file.read_f32(lm_head, buf);
     if (std::memcmp(buf.data(), staged.data() + wte.offset, wte.numel * sizeof(float)) != 0) {
       throw CheckpointError("weights " + path.string() + ": " + lm_head + " differs from " +
                             by_name.at(wte.name) +
-                            "; this GPT-2 ties the LM head to the token embedding, so untied "
+                            "; this model ties the LM head to the token embedding, so untied "
                             "weights cannot be loaded (drop " +
-                            lm_head + " only if it is meant to equal wte)");
+                            lm_head + " only if it is meant to equal " + wte.name +
+                            ", or use a spec with tie_word_embeddings false)");
     }
   }
   std::copy(staged.begin(), staged.end(), params.begin());

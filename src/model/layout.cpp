@@ -14,30 +14,11 @@ namespace zo::model {
 
 ParameterLayout::ParameterLayout(const ModelSpec& spec) : spec_(spec) {
   spec_.validate();
-  const std::size_t C = spec.n_embd, V = spec.vocab_size, T = spec.block_size;
-  wte_ = add("wte.weight", {V, C}, TensorKind::kEmbedding, -1);
-  wpe_ = add("wpe.weight", {T, C}, TensorKind::kEmbedding, -1);
-  for (int l = 0; l < spec.n_layer; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    block_begin_.push_back(size_);
-    BlockParams b{};
-    b.ln1_w = add(p + "ln_1.weight", {C}, TensorKind::kLayerNormWeight, l);
-    b.ln1_b = add(p + "ln_1.bias", {C}, TensorKind::kLayerNormBias, l);
-    b.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, TensorKind::kMatrix, l, false, true);
-    b.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, TensorKind::kBias, l);
-    b.attproj_w = add(p + "attn.c_proj.weight", {C, C}, TensorKind::kMatrix, l, true, true);
-    b.attproj_b = add(p + "attn.c_proj.bias", {C}, TensorKind::kBias, l);
-    b.ln2_w = add(p + "ln_2.weight", {C}, TensorKind::kLayerNormWeight, l);
-    b.ln2_b = add(p + "ln_2.bias", {C}, TensorKind::kLayerNormBias, l);
-    b.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, TensorKind::kMatrix, l, false, true);
-    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, TensorKind::kBias, l);
-    b.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, TensorKind::kMatrix, l, true, true);
-    b.fcproj_b = add(p + "mlp.c_proj.bias", {C}, TensorKind::kBias, l);
-    blocks_.push_back(b);
+  if (spec.llama()) {
+    add_llama();
+  } else {
+    add_gpt2();
   }
-  block_begin_.push_back(size_);
-  lnf_w_ = add("ln_f.weight", {C}, TensorKind::kLayerNormWeight, -1);
-  lnf_b_ = add("ln_f.bias", {C}, TensorKind::kLayerNormBias, -1);
   groups_.push_back({0, block_begin_.front()});
   for (int l = 0; l < spec.n_layer; ++l)
     groups_.push_back({block_begin(l), block_end(l)});
@@ -45,6 +26,66 @@ ParameterLayout::ParameterLayout(const ModelSpec& spec) : spec_(spec) {
   if (size_ != spec.num_parameters()) {
     throw std::logic_error("ParameterLayout: size disagrees with ModelSpec::num_parameters");
   }
+}
+
+void ParameterLayout::add_gpt2() {
+  const std::size_t C = spec_.n_embd, V = spec_.vocab_size, T = spec_.block_size;
+  wte_ = lm_head_ = add("wte.weight", {V, C}, TensorKind::kEmbedding, -1);
+  wpe_ = add("wpe.weight", {T, C}, TensorKind::kEmbedding, -1);
+  for (int l = 0; l < spec_.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    block_begin_.push_back(size_);
+    BlockParams b{};
+    b.ln1_w = add(p + "ln_1.weight", {C}, TensorKind::kNormWeight, l);
+    b.ln1_b = add(p + "ln_1.bias", {C}, TensorKind::kNormBias, l);
+    b.qkv_w = add(p + "attn.c_attn.weight", {3 * C, C}, TensorKind::kMatrix, l, false, true);
+    b.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, TensorKind::kBias, l);
+    b.attproj_w = add(p + "attn.c_proj.weight", {C, C}, TensorKind::kMatrix, l, true, true);
+    b.attproj_b = add(p + "attn.c_proj.bias", {C}, TensorKind::kBias, l);
+    b.ln2_w = add(p + "ln_2.weight", {C}, TensorKind::kNormWeight, l);
+    b.ln2_b = add(p + "ln_2.bias", {C}, TensorKind::kNormBias, l);
+    b.fc_w = add(p + "mlp.c_fc.weight", {4 * C, C}, TensorKind::kMatrix, l, false, true);
+    b.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, TensorKind::kBias, l);
+    b.fcproj_w = add(p + "mlp.c_proj.weight", {C, 4 * C}, TensorKind::kMatrix, l, true, true);
+    b.fcproj_b = add(p + "mlp.c_proj.bias", {C}, TensorKind::kBias, l);
+    blocks_.push_back(b);
+  }
+  block_begin_.push_back(size_);
+  lnf_w_ = add("ln_f.weight", {C}, TensorKind::kNormWeight, -1);
+  lnf_b_ = add("ln_f.bias", {C}, TensorKind::kNormBias, -1);
+}
+
+// Hugging Face LlamaForCausalLM names; nn.Linear weights are (out, in) there as here.
+void ParameterLayout::add_llama() {
+  const ModelSpec& s = spec_;
+  const std::size_t C = s.n_embd, V = s.vocab_size, D = s.head_dim, I = s.intermediate_size;
+  const std::size_t Q = std::size_t(s.n_head) * D, KV = std::size_t(s.n_kv_head) * D;
+  wte_ = lm_head_ = add("model.embed_tokens.weight", {V, C}, TensorKind::kEmbedding, -1);
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    block_begin_.push_back(size_);
+    LlamaBlockParams b{};
+    b.attn_norm = add(p + "input_layernorm.weight", {C}, TensorKind::kNormWeight, l);
+    b.qkv_w = add(p + "self_attn.q_proj.weight", {Q, C}, TensorKind::kMatrix, l);
+    add(p + "self_attn.k_proj.weight", {KV, C}, TensorKind::kMatrix, l);
+    add(p + "self_attn.v_proj.weight", {KV, C}, TensorKind::kMatrix, l);
+    if (s.qkv_bias) {
+      b.qkv_b = add(p + "self_attn.q_proj.bias", {Q}, TensorKind::kBias, l);
+      add(p + "self_attn.k_proj.bias", {KV}, TensorKind::kBias, l);
+      add(p + "self_attn.v_proj.bias", {KV}, TensorKind::kBias, l);
+    }
+    b.o_w = add(p + "self_attn.o_proj.weight", {C, Q}, TensorKind::kMatrix, l);
+    if (s.o_bias) b.o_b = add(p + "self_attn.o_proj.bias", {C}, TensorKind::kBias, l);
+    b.mlp_norm = add(p + "post_attention_layernorm.weight", {C}, TensorKind::kNormWeight, l);
+    b.gate_up_w = add(p + "mlp.gate_proj.weight", {I, C}, TensorKind::kMatrix, l);
+    add(p + "mlp.up_proj.weight", {I, C}, TensorKind::kMatrix, l);
+    b.down_w = add(p + "mlp.down_proj.weight", {C, I}, TensorKind::kMatrix, l);
+    llama_blocks_.push_back(b);
+  }
+  block_begin_.push_back(size_);
+  lnf_w_ = add("model.norm.weight", {C}, TensorKind::kNormWeight, -1);
+  // An untied LM head is a Linear like any other (it decays as one).
+  if (!s.tie_word_embeddings) lm_head_ = add("lm_head.weight", {V, C}, TensorKind::kMatrix, -1);
 }
 
 std::size_t ParameterLayout::add(const std::string& name, std::vector<std::size_t> shape,
@@ -75,7 +116,7 @@ std::size_t ParameterLayout::group_of(std::size_t offset) const {
 
 std::string ParameterLayout::group_name(std::size_t g) const {
   if (g == 0) return "embeddings";
-  if (g + 1 == groups_.size()) return "ln_f";
+  if (g + 1 == groups_.size()) return spec_.llama() ? "head" : "ln_f";
   return "block " + std::to_string(g - 1);
 }
 
@@ -83,7 +124,7 @@ const TensorInfo& ParameterLayout::find(const std::string& name) const {
   for (const auto& t : tensors_) {
     if (t.name == name) return t;
   }
-  throw std::out_of_range("no parameter named '" + name + "' in this GPT-2 layout");
+  throw std::out_of_range("no parameter named '" + name + "' in the layout of " + spec_.name);
 }
 
 bool WeightDecayPolicy::applies_to(const TensorInfo& t) const {
@@ -116,23 +157,25 @@ void fill_normal(float* p, std::size_t n, std::uint64_t seed, std::uint32_t inde
 
 }  // namespace
 
-void init_gpt2(const ParameterLayout& layout, std::uint64_t seed, float* params) {
-  const double residual_std = 0.02 / std::sqrt(2.0 * layout.spec().n_layer);
+void init_weights(const ParameterLayout& layout, std::uint64_t seed, float* params) {
+  const ModelSpec& spec = layout.spec();
+  const double stddev = spec.llama() ? spec.init_std : 0.02;
+  const double residual_std = 0.02 / std::sqrt(2.0 * spec.n_layer);  // GPT-2 only
   std::uint32_t index = 0;
   for (const auto& t : layout.tensors()) {
     float* p = params + t.offset;
     ++index;
     switch (t.kind) {
-      case TensorKind::kLayerNormWeight:
+      case TensorKind::kNormWeight:
         std::fill(p, p + t.numel, 1.0f);
         break;
-      case TensorKind::kLayerNormBias:
+      case TensorKind::kNormBias:
       case TensorKind::kBias:
         std::fill(p, p + t.numel, 0.0f);
         break;
       case TensorKind::kMatrix:
       case TensorKind::kEmbedding:
-        fill_normal(p, t.numel, seed, index, t.residual_projection ? residual_std : 0.02);
+        fill_normal(p, t.numel, seed, index, t.residual_projection ? residual_std : stddev);
         break;
     }
   }

@@ -1,27 +1,70 @@
 #include "model/spec.h"
 
-#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <iterator>
-#include <set>
 #include <stdexcept>
 #include <tuple>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/json_input.h"
 #include "core/error.h"
+#include "model/spec_internal.h"
 
 namespace zo::model {
+namespace detail {
+
+void bad_spec(const std::string& origin, const std::string& what) {
+  throw std::invalid_argument("model spec " + origin + ": " + what);
+}
+
+int positive_int(const nlohmann::json& j, const char* key, const std::string& origin) {
+  const auto& v = j.at(key);
+  if (!v.is_number_integer())
+    bad_spec(origin, std::string(key) + " must be an integer, got " + v.dump());
+  const auto x = v.get<std::int64_t>();
+  if (x <= 0 || x > (1 << 30)) {
+    bad_spec(origin, std::string(key) + " = " + std::to_string(x) + " is out of range (1 .. 2^30)");
+  }
+  return static_cast<int>(x);
+}
+
+double finite_number(const nlohmann::json& j, const char* key, const std::string& origin) {
+  const auto& v = j.at(key);
+  if (!v.is_number() || !std::isfinite(v.get<double>()))
+    bad_spec(origin, std::string(key) + " must be a finite number, got " + v.dump());
+  return v.get<double>();
+}
+
+std::string spec_name(const nlohmann::json& j, const std::string& origin) {
+  if (!j.contains("name")) return origin;
+  if (!j["name"].is_string()) bad_spec(origin, "name must be a string, got " + j["name"].dump());
+  return j["name"].get<std::string>();
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items)
+    out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace detail
+
 namespace {
 
-struct Preset {
+using detail::bad_spec;
+
+// Real configs are a few KB; anything this large is not one.
+constexpr std::uint64_t kMaxSpecBytes = 16u << 20;
+
+struct Gpt2Preset {
   const char* name;
   int n_layer, n_head, n_embd, vocab_size, block_size;
 };
 
 // GPT-2 sizes from the GPT-2 paper / Hugging Face configs; tiny ones for tests and the demo.
-constexpr Preset kPresets[] = {
+constexpr Gpt2Preset kGpt2Presets[] = {
     {"tiny", 2, 2, 64, 256, 64},          // byte-level, seconds per step on one core
     {"small-test", 4, 4, 128, 512, 128},  // host benchmark "small" config
     {"gpt2-124m", 12, 12, 768, 50257, 1024},
@@ -34,229 +77,184 @@ constexpr Preset kPresets[] = {
     {"gpt-13b", 40, 40, 5120, 50257, 2048},
 };
 
-// Real configs are a few KB; anything this large is not one.
-constexpr std::uint64_t kMaxSpecBytes = 16u << 20;
-
-[[noreturn]] void bad(const std::string& origin, const std::string& what) {
-  throw std::invalid_argument("model spec " + origin + ": " + what);
+// The published Hugging Face config.json of each model (the keys that shape the computation).
+const nlohmann::json& llama_presets() {
+  static const nlohmann::json presets = [] {
+    const nlohmann::json llama3_rope = {{"rope_type", "llama3"},
+                                        {"factor", 32.0},
+                                        {"low_freq_factor", 1.0},
+                                        {"high_freq_factor", 4.0},
+                                        {"original_max_position_embeddings", 8192}};
+    nlohmann::json llama31_rope = llama3_rope;
+    llama31_rope["factor"] = 8.0;
+    auto llama = [](int L, int C, int H, int KV, int I, int V, int ctx, double theta, double eps,
+                    bool tie, const nlohmann::json& rope) {
+      return nlohmann::json{
+          {"model_type", "llama"},    {"num_hidden_layers", L},         {"hidden_size", C},
+          {"num_attention_heads", H}, {"num_key_value_heads", KV},      {"intermediate_size", I},
+          {"vocab_size", V},          {"max_position_embeddings", ctx}, {"rope_theta", theta},
+          {"rms_norm_eps", eps},      {"tie_word_embeddings", tie},     {"rope_scaling", rope}};
+    };
+    nlohmann::json p;
+    // A byte-level Llama with GQA for tests and demos, and a Qwen2-shaped one (q/k/v biases).
+    p["tiny-llama"] = llama(2, 64, 4, 2, 96, 256, 128, 10000.0, 1e-5, false, nullptr);
+    p["tiny-qwen2"] = llama(2, 64, 4, 1, 96, 256, 128, 1e6, 1e-6, true, nullptr);
+    p["tiny-qwen2"]["model_type"] = "qwen2";
+    p["llama3.2-1b"] = llama(16, 2048, 32, 8, 8192, 128256, 131072, 5e5, 1e-5, true, llama3_rope);
+    p["llama3.2-3b"] = llama(28, 3072, 24, 8, 8192, 128256, 131072, 5e5, 1e-5, true, llama3_rope);
+    p["llama3.1-8b"] =
+        llama(32, 4096, 32, 8, 14336, 128256, 131072, 5e5, 1e-5, false, llama31_rope);
+    p["qwen2.5-0.5b"] = llama(24, 896, 14, 2, 4864, 151936, 32768, 1e6, 1e-6, true, nullptr);
+    p["qwen2.5-0.5b"]["model_type"] = "qwen2";
+    p["qwen2.5-1.5b"] = llama(28, 1536, 12, 2, 8960, 151936, 32768, 1e6, 1e-6, true, nullptr);
+    p["qwen2.5-1.5b"]["model_type"] = "qwen2";
+    p["mistral-7b"] = llama(32, 4096, 32, 8, 14336, 32768, 32768, 1e6, 1e-5, false, nullptr);
+    p["mistral-7b"]["model_type"] = "mistral";
+    return p;
+  }();
+  return presets;
 }
 
-int get_int(const nlohmann::json& j, const char* key, const std::string& origin) {
-  const auto& v = j.at(key);
-  if (!v.is_number_integer())
-    bad(origin, std::string(key) + " must be an integer, got " + v.dump());
-  const auto x = v.get<std::int64_t>();
-  if (x <= 0 || x > (1 << 30)) {
-    bad(origin, std::string(key) + " = " + std::to_string(x) + " is out of range (1 .. 2^30)");
+void check_positive(const std::string& origin, const char* key, long long v) {
+  if (v <= 0) bad_spec(origin, std::string(key) + " = " + std::to_string(v) + " must be > 0");
+}
+
+void check_at_most(const std::string& origin, const char* key, long long v, long long max) {
+  if (v > max) {
+    bad_spec(origin, std::string(key) + " = " + std::to_string(v) + " is above the supported " +
+                         std::to_string(max));
   }
-  return static_cast<int>(x);
+}
+
+void validate_llama(const ModelSpec& s, const std::string& origin) {
+  check_positive(origin, "num_key_value_heads", s.n_kv_head);
+  check_positive(origin, "head_dim", s.head_dim);
+  check_positive(origin, "intermediate_size", s.intermediate_size);
+  if (s.n_kv_head > s.n_head || s.n_head % s.n_kv_head != 0) {
+    bad_spec(origin, "num_key_value_heads = " + std::to_string(s.n_kv_head) +
+                         " must divide num_attention_heads = " + std::to_string(s.n_head) +
+                         " (each kv head serves the same number of query heads)");
+  }
+  if (s.head_dim % 2 != 0) {
+    bad_spec(origin, "head_dim = " + std::to_string(s.head_dim) +
+                         " must be even (rotary embeddings rotate pairs of the two halves)");
+  }
+  check_at_most(origin, "head_dim", s.head_dim, kMaxHeadDim);
+  check_at_most(origin, "intermediate_size", s.intermediate_size, kMaxIntermediate);
+  if (!(s.norm_eps > 0.0 && s.norm_eps < 1.0))
+    bad_spec(origin, "rms_norm_eps = " + std::to_string(s.norm_eps) + " must be in (0, 1)");
+  if (!(s.rope_theta > 1.0 && std::isfinite(s.rope_theta)))
+    bad_spec(origin, "rope_theta = " + std::to_string(s.rope_theta) + " must be > 1");
+  if (!(s.init_std > 0.0 && s.init_std < 1.0))
+    bad_spec(origin, "initializer_range = " + std::to_string(s.init_std) + " must be in (0, 1)");
+  const RopeScaling& r = s.rope_scaling;
+  if (r.llama3 &&
+      !(r.factor >= 1.0 && r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor &&
+        r.original_max_position_embeddings > 0)) {
+    bad_spec(origin,
+             "rope_scaling (llama3) needs factor >= 1, 0 < low_freq_factor < high_freq_factor "
+             "and original_max_position_embeddings > 0");
+  }
 }
 
 }  // namespace
 
 void ModelSpec::validate() const {
   const std::string origin = "'" + name + "'";
-  for (auto [key, v] : {std::pair{"n_layer", n_layer},
-                        {"n_head", n_head},
-                        {"n_embd", n_embd},
-                        {"vocab_size", vocab_size},
-                        {"block_size", block_size}}) {
-    if (v <= 0) bad(origin, std::string(key) + " = " + std::to_string(v) + " must be > 0");
-  }
-  if (n_embd % n_head != 0) {
-    bad(origin, "n_embd = " + std::to_string(n_embd) + " is not divisible by n_head = " +
-                    std::to_string(n_head) + "; choose n_head dividing n_embd (head size " +
-                    "n_embd / n_head, commonly 64)");
+  const bool l = llama();
+  check_positive(origin, l ? "num_hidden_layers" : "n_layer", n_layer);
+  check_positive(origin, l ? "num_attention_heads" : "n_head", n_head);
+  check_positive(origin, l ? "hidden_size" : "n_embd", n_embd);
+  check_positive(origin, "vocab_size", vocab_size);
+  check_positive(origin, l ? "max_position_embeddings" : "block_size", block_size);
+  if (!l && n_embd % n_head != 0) {
+    bad_spec(origin, "n_embd = " + std::to_string(n_embd) + " is not divisible by n_head = " +
+                         std::to_string(n_head) + "; choose n_head dividing n_embd (head size " +
+                         "n_embd / n_head, commonly 64)");
   }
   // Bounds far above any model a machine can train, so that every size below is exact in
   // size_t and a hostile spec is refused here rather than after minutes of layout building.
-  for (auto [key, v, max] : {std::tuple{"n_layer", n_layer, kMaxLayers},
-                             {"n_embd", n_embd, kMaxEmbd},
-                             {"vocab_size", vocab_size, kMaxVocab},
-                             {"block_size", block_size, kMaxBlock}}) {
-    if (v > max) {
-      bad(origin, std::string(key) + " = " + std::to_string(v) + " is above the supported " +
-                      std::to_string(max));
-    }
-  }
+  check_at_most(origin, l ? "num_hidden_layers" : "n_layer", n_layer, kMaxLayers);
+  check_at_most(origin, l ? "hidden_size" : "n_embd", n_embd, kMaxEmbd);
+  check_at_most(origin, l ? "num_attention_heads" : "n_head", n_head, kMaxEmbd);
+  check_at_most(origin, "vocab_size", vocab_size, kMaxVocab);
+  check_at_most(origin, l ? "max_position_embeddings" : "block_size", block_size, kMaxBlock);
+  if (l) validate_llama(*this, origin);
   if (const std::size_t n = num_parameters(); n > kMaxParameters) {
     char text[64];
     std::snprintf(text, sizeof text, "%.3g parameters, above the supported %.3g", double(n),
                   double(kMaxParameters));
-    bad(origin, std::string("the model has ") + text);
+    bad_spec(origin, std::string("the model has ") + text);
   }
 }
 
 std::size_t ModelSpec::num_parameters() const {
-  const std::size_t C = n_embd, L = n_layer;
-  // wte + wpe + per layer (2 LN + qkv + proj + fc + fc proj) + final LN; lm head tied to wte.
-  return std::size_t(vocab_size) * C + std::size_t(block_size) * C +
-         L * (4 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)) +
-         2 * C;
+  const std::size_t C = n_embd, L = n_layer, V = vocab_size;
+  if (!llama()) {
+    // wte + wpe + per layer (2 LN + qkv + proj + fc + fc proj) + final LN; lm head tied to wte.
+    return V * C + std::size_t(block_size) * C +
+           L * (4 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)) +
+           2 * C;
+  }
+  const std::size_t QKV = qkv_width(), Q = std::size_t(n_head) * head_dim;
+  const std::size_t I = intermediate_size;
+  // Per layer: 2 RMSNorm weights, q|k|v (+ biases), o (+ bias), gate, up, down.
+  const std::size_t layer =
+      2 * C + QKV * C + (qkv_bias ? QKV : 0) + Q * C + (o_bias ? C : 0) + 3 * I * C;
+  return V * C + L * layer + C + (tie_word_embeddings ? 0 : V * C);
 }
 
 nlohmann::json ModelSpec::to_json() const {
+  if (llama()) return detail::llama_spec_to_json(*this);
   return {{"n_layer", n_layer},       {"n_head", n_head},         {"n_embd", n_embd},
           {"vocab_size", vocab_size}, {"block_size", block_size}, {"name", name}};
 }
 
 bool ModelSpec::same_architecture(const ModelSpec& o) const {
-  return n_layer == o.n_layer && n_head == o.n_head && n_embd == o.n_embd &&
-         vocab_size == o.vocab_size && block_size == o.block_size;
+  nlohmann::json a = to_json(), b = o.to_json();
+  a.erase("name");
+  b.erase("name");
+  return a == b;
 }
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> out;
-  for (const auto& p : kPresets)
+  for (const auto& p : kGpt2Presets)
     out.emplace_back(p.name);
+  for (const auto& item : llama_presets().items())
+    out.push_back(item.key());
   return out;
 }
 
-namespace {
-
-// Hugging Face GPT-2 and nanoGPT config keys that would change what is computed: accepted only
-// with the value this model implements, refused by name otherwise.
-struct FixedKey {
-  const char* key;
-  const char* supported;  // for the message
-  bool (*ok)(const nlohmann::json& value, const nlohmann::json& spec);
-};
-bool is_true(const nlohmann::json& v, const nlohmann::json&) {
-  return v.is_boolean() && v.get<bool>();
-}
-bool is_false(const nlohmann::json& v, const nlohmann::json&) {
-  return v.is_boolean() && !v.get<bool>();
-}
-const FixedKey kFixedKeys[] = {
-    {"model_type", "\"gpt2\"", [](const auto& v, const auto&) { return v == "gpt2"; }},
-    {"activation_function", "\"gelu_new\" or \"gelu_pytorch_tanh\" (GELU, tanh form)",
-     [](const auto& v, const auto&) { return v == "gelu_new" || v == "gelu_pytorch_tanh"; }},
-    {"layer_norm_epsilon", "1e-05",
-     [](const auto& v, const auto&) { return v.is_number() && v.template get<double>() == 1e-5; }},
-    {"n_inner", "null or 4 * n_embd",
-     [](const auto& v, const auto& j) {
-       return v.is_null() ||
-              (v.is_number_integer() && j.at("n_embd").is_number_integer() &&
-               v.template get<std::int64_t>() == 4 * j.at("n_embd").template get<std::int64_t>());
-     }},
-    {"scale_attn_weights", "true", is_true},
-    {"scale_attn_by_inverse_layer_idx", "false", is_false},
-    {"reorder_and_upcast_attn", "false", is_false},
-    {"bias", "true (biases in every Linear and LayerNorm)", is_true},
-    {"tie_word_embeddings", "true (the LM head is wte)", is_true},
-    {"add_cross_attention", "false", is_false},
-    {"is_encoder_decoder", "false", is_false},
-    {"n_special", "0", [](const auto& v, const auto&) { return v == 0; }},
-};
-
-// Keys that do not change the computation: dropout (this trainer uses none), token ids, the
-// initialisation range (init is GPT-2's own), bookkeeping of transformers and nanoGPT.
-const std::set<std::string> kIgnoredKeys = {"_name_or_path",
-                                            "_num_labels",
-                                            "architectures",
-                                            "attn_pdrop",
-                                            "bos_token_id",
-                                            "dropout",
-                                            "embd_pdrop",
-                                            "eos_token_id",
-                                            "gradient_checkpointing",
-                                            "id2label",
-                                            "initializer_range",
-                                            "label2id",
-                                            "name",
-                                            "output_past",
-                                            "pad_token_id",
-                                            "predict_special_tokens",
-                                            "resid_pdrop",
-                                            "summary_activation",
-                                            "summary_first_dropout",
-                                            "summary_proj_to_labels",
-                                            "summary_type",
-                                            "summary_use_proj",
-                                            "task_specific_params",
-                                            "torch_dtype",
-                                            "transformers_version",
-                                            "use_cache"};
-
-const char* const kSizeKeys[] = {"n_layer",    "n_head",      "n_embd", "vocab_size",
-                                 "block_size", "n_positions", "n_ctx"};
-// Three names for the context length: nanoGPT's, Hugging Face's, and its legacy one.
-const char* const kContextKeys[] = {"block_size", "n_positions", "n_ctx"};
-
-}  // namespace
-
 ModelSpec model_spec_from_json(const nlohmann::json& j, const std::string& origin) {
-  if (!j.is_object()) bad(origin, "must be a JSON object");
-  std::vector<std::string> unknown;
-  for (const auto& item : j.items()) {
-    // A named key, not a structured binding: clang before 16 cannot capture those.
-    const std::string& k = item.key();
-    const bool fixed = std::any_of(std::begin(kFixedKeys), std::end(kFixedKeys),
-                                   [&k](const FixedKey& f) { return k == f.key; });
-    const bool size = std::any_of(std::begin(kSizeKeys), std::end(kSizeKeys),
-                                  [&k](const char* s) { return k == s; });
-    if (!fixed && !size && !kIgnoredKeys.count(k)) unknown.push_back(k);
-  }
-  if (!unknown.empty()) {
-    std::string list;
-    for (const auto& k : unknown)
-      list += (list.empty() ? "" : ", ") + k;
-    bad(origin, "unknown key(s): " + list +
-                    " (expected n_layer, n_head, n_embd, vocab_size, block_size or n_positions, "
-                    "and Hugging Face GPT-2 / nanoGPT config keys; docs/reliability.md lists "
-                    "them)");
-  }
-  for (const char* k : {"n_layer", "n_head", "n_embd", "vocab_size"}) {
-    if (!j.contains(k)) bad(origin, std::string("missing key '") + k + "'");
-  }
-  const char* context = nullptr;
-  for (const char* k : kContextKeys) {
-    if (!j.contains(k)) continue;
-    if (context && j[k] != j[context]) {
-      bad(origin, std::string(context) + " = " + j[context].dump() + " and " + k + " = " +
-                      j[k].dump() + " disagree; give one of them");
-    }
-    if (!context) context = k;
-  }
-  if (!context) bad(origin, "missing key 'block_size' (or 'n_positions')");
-  ModelSpec s;
-  if (j.contains("name") && !j["name"].is_string()) {
-    bad(origin, "name must be a string, got " + j["name"].dump());
-  }
-  s.name = j.contains("name") ? j["name"].get<std::string>() : origin;
-  s.n_layer = get_int(j, "n_layer", origin);
-  s.n_head = get_int(j, "n_head", origin);
-  s.n_embd = get_int(j, "n_embd", origin);
-  s.vocab_size = get_int(j, "vocab_size", origin);
-  s.block_size = get_int(j, context, origin);
-  for (const FixedKey& f : kFixedKeys) {
-    if (j.contains(f.key) && !f.ok(j[f.key], j)) {
-      bad(origin, std::string(f.key) + " = " + j[f.key].dump() +
-                      " is not supported: this GPT-2 implements " + f.key + " = " + f.supported +
-                      "; use a config of that architecture");
-    }
-  }
-  s.validate();
-  return s;
+  if (!j.is_object()) bad_spec(origin, "must be a JSON object");
+  if (j.contains("model_type") && j["model_type"] != "gpt2")
+    return detail::llama_spec_from_json(j, origin);
+  return detail::gpt2_spec_from_json(j, origin);
 }
 
 ModelSpec load_model_spec(const std::string& preset_or_path) {
-  for (const auto& p : kPresets) {
+  for (const auto& p : kGpt2Presets) {
     if (preset_or_path == p.name) {
-      ModelSpec s{p.name, p.n_layer, p.n_head, p.n_embd, p.vocab_size, p.block_size};
+      ModelSpec s;
+      s.name = p.name;
+      std::tie(s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.block_size) =
+          std::tuple{p.n_layer, p.n_head, p.n_embd, p.vocab_size, p.block_size};
       s.validate();
       return s;
     }
   }
+  if (const auto& presets = llama_presets(); presets.contains(preset_or_path)) {
+    nlohmann::json j = presets[preset_or_path];
+    j["name"] = preset_or_path;
+    return model_spec_from_json(j, "'" + preset_or_path + "'");
+  }
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(fs::status(preset_or_path, ec))) {
-    std::string names;
-    for (const auto& n : preset_names())
-      names += (names.empty() ? "" : ", ") + n;
     throw std::invalid_argument(
         "--model '" + preset_or_path +
-        "' is neither a preset nor a readable JSON file; presets: " + names);
+        "' is neither a preset nor a readable JSON file; presets: " + detail::join(preset_names()));
   }
   nlohmann::json j;
   try {

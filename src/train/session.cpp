@@ -283,7 +283,7 @@ void Session::init_weights() {
     if (!cfg.init_from.empty()) {
       model::import_hf_weights(cfg.init_from, *layout, dst);
     } else {
-      model::init_gpt2(*layout, cfg.seed, dst.data());
+      model::init_weights(*layout, cfg.seed, dst.data());
     }
     if (!opt->owns_all()) opt->take_owned(whole.data(), opt->master().data());
   }

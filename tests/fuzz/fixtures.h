@@ -84,7 +84,7 @@ inline CheckpointFixture make_checkpoint_fixture(const fs::path& dir) {
   const model::ParameterLayout layout(micro_spec());
   const std::size_t n = layout.size();
   std::vector<float> whole(n), m(n), v(n);
-  model::init_gpt2(layout, 5, whole.data());
+  model::init_weights(layout, 5, whole.data());
   for (std::size_t i = 0; i < n; ++i) {
     m[i] = 1e-3f * static_cast<float>(i % 17) - 8e-3f;
     v[i] = 1e-6f * static_cast<float>(i % 13 + 1);

@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   zo::fuzz::expect_clear_error([&] { (void)zo::data::has_shard_magic(file.string()); });
   zo::fuzz::expect_clear_error([&] {
     const zo::data::ShardInfo info = zo::data::validate_shard(file.string());
-    zo::fuzz::require(zo::data::kShardHeaderBytes + 2 * info.num_tokens == size,
+    zo::fuzz::require(zo::data::kShardHeaderBytes + info.token_bytes * info.num_tokens == size,
                       "an accepted shard's token count does not match its size");
   });
   zo::fuzz::expect_clear_error([&] {

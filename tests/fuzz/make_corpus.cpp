@@ -13,6 +13,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
+#include "data/shard.h"
 #include "fixtures.h"
 #include "fuzz_common.h"
 #include "model/hf_weights.h"
@@ -60,6 +61,9 @@ void model_spec() {
   };
   put("tiny.json", zo::model::load_model_spec("tiny").to_json());
   put("micro.json", zo::fuzz::micro_spec().to_json());
+  put("tiny_llama.json", zo::model::load_model_spec("tiny-llama").to_json());
+  put("tiny_qwen2.json", zo::model::load_model_spec("tiny-qwen2").to_json());
+  put("llama3.1_8b.json", zo::model::load_model_spec("llama3.1-8b").to_json());
   // Hugging Face's gpt2 config.json (the keys that matter and the ones ignored).
   put("hf_gpt2_config.json",
       {{"activation_function", "gelu_new"},
@@ -106,7 +110,7 @@ void model_spec() {
 void safetensors(const zo::fuzz::CheckpointFixture&, const fs::path& ckpt) {
   const zo::model::ParameterLayout layout(zo::fuzz::micro_spec());
   std::vector<float> params(layout.size());
-  zo::model::init_gpt2(layout, 3, params.data());
+  zo::model::init_weights(layout, 3, params.data());
   zo::model::export_hf_weights(seed("safetensors", "micro_f32.safetensors"), layout, params,
                                zo::DType::kF32);
   zo::model::export_hf_weights(seed("safetensors", "micro_bf16.safetensors"), layout, params,
@@ -139,6 +143,11 @@ void shard(const fs::path& shards) {
   write_file(seed("shard", "out_of_vocab.bin"), shard_bytes(t, 40));
   write_file(seed("shard", "too_short_for_a_window.bin"), shard_bytes({1, 2, 3}, 3));
   write_file(seed("shard", "count_too_large.bin"), shard_bytes({1, 2, 3, 4}, 5));
+  // llm.c's Llama 3 format (uint32 tokens), some above the target's vocabulary.
+  std::vector<std::uint32_t> wide(40);
+  for (std::size_t i = 0; i < wide.size(); ++i)
+    wide[i] = static_cast<std::uint32_t>(i * 13);
+  zo::data::write_token_shard(seed("shard", "uint32.bin").string(), wide);
 }
 
 void manifest() {
