@@ -62,7 +62,7 @@ struct Rig {
     zo::optim::OptimizerConfig oc;
     oc.threads = 2;
     opt = std::make_unique<zo::optim::HostOptimizer>(layout, oc);
-    zo::model::init_gpt2(layout, 21, opt->master().data());
+    zo::model::init_weights(layout, 21, opt->master().data());
     EngineConfig ec;
     ec.bucket_bytes = 4108;  // cuts tensors and blocks anywhere
     ec.grad_accum = kAccum;
