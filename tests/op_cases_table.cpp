@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <utility>
@@ -58,7 +59,27 @@ void embedding_backward(OpRun& r, int B, int T, int C, int V) {
   r.out("dwpe", dwpe, Check::kAct);
 }
 
-// ---- layernorm: the backward reads the reference's statistics -----------------------------------
+// ---- layernorm and RMSNorm: the backward reads the reference's statistics -----------------------
+
+// A norm's backward(dinp, dresidual) three ways: dresidual in place (the residual stream's
+// gradient, accumulated), null (dinp written) and separate. `grads` are the parameter gradients
+// it accumulates, recorded after the first call and after all three.
+void norm_backward_three_ways(OpRun& r, std::size_t NC,
+                              const std::function<void(const Tensor&, const void*)>& backward,
+                              std::initializer_list<std::pair<const char*, Tensor>> grads) {
+  const Tensor dinp = r.rand(NC);
+  backward(dinp, dinp.p);
+  r.out("dinp (residual in place)", dinp, Check::kAct);
+  for (const auto& [name, g] : grads)
+    r.out(name, g, Check::kAct);
+  const Tensor written = r.rand(NC), separate = r.rand(NC), dres = r.rand(NC);
+  backward(written, nullptr);
+  r.out("dinp (written)", written, Check::kAct);
+  backward(separate, dres.p);
+  r.out("dinp (separate residual)", separate, Check::kAct);
+  for (const auto& [name, g] : grads)
+    r.out(std::string(name) + " (three calls)", g, Check::kAct);
+}
 
 void layernorm(OpRun& r, int N, int C) {
   const std::size_t NC = std::size_t(N) * C;
@@ -71,21 +92,13 @@ void layernorm(OpRun& r, int N, int C) {
   r.out("mean", mean, Check::kStats);
   r.out("rstd", rstd, Check::kStats);
   const Tensor m = r.from_reference("mean"), rs = r.from_reference("rstd");
-  const Tensor dout = r.rand(NC), dinp = r.rand(NC), dw = r.rand(C), db = r.rand(C);
-  auto backward = [&](const Tensor& d, const void* dres) {
-    r.dev().layernorm_backward(d.p, dres, dw.p, db.p, dout.p, inp.p, w.p, m.f(), rs.f(), N, C,
-                               r.s());
-  };
-  backward(dinp, dinp.p);  // the residual stream's gradient, accumulated in place
-  r.out("dinp (residual in place)", dinp, Check::kAct);
-  r.out("dweight", dw, Check::kAct);
-  r.out("dbias", db, Check::kAct);
-  const Tensor written = r.rand(NC), separate = r.rand(NC), dres = r.rand(NC);
-  backward(written, nullptr);
-  r.out("dinp (written)", written, Check::kAct);
-  backward(separate, dres.p);
-  r.out("dinp (separate residual)", separate, Check::kAct);
-  r.out("dweight (three calls)", dw, Check::kAct);
+  const Tensor dout = r.rand(NC), dw = r.rand(C), db = r.rand(C);
+  norm_backward_three_ways(r, NC,
+                           [&](const Tensor& d, const void* dres) {
+                             r.dev().layernorm_backward(d.p, dres, dw.p, db.p, dout.p, inp.p, w.p,
+                                                        m.f(), rs.f(), N, C, r.s());
+                           },
+                           {{"dweight", dw}, {"dbias", db}});
 }
 
 // The fused op, and on the same device the two ops it fuses: the same bits.
@@ -248,17 +261,81 @@ void accumulate_f32(OpRun& r, std::size_t n) {
 // ------------------------------------
 
 void attention(OpRun& r, zo::dev::AttentionArgs a) {
-  const std::size_t BT = std::size_t(a.B) * a.T, C = a.C;
+  const std::size_t BT = std::size_t(a.B) * a.T, C = a.out_width(), C3 = a.qkv_width();
   const std::size_t rows = std::size_t(a.B) * a.NH * a.T;
-  const Tensor qkv = r.rand(BT * 3 * C), out = r.rand(BT * C);
+  const Tensor qkv = r.rand(BT * C3), out = r.rand(BT * C);
   const Tensor lse = r.f32(std::vector<float>(rows, -7.0f));
   r.dev().attention_forward(out.p, lse.f(), qkv.p, a, r.s());
   r.out("out", out, Check::kAct);
   r.out("lse", lse, Check::kStats);
   const Tensor out_in = r.from_reference("out"), lse_in = r.from_reference("lse");
-  const Tensor dout = r.rand(BT * C), dqkv = r.rand(BT * 3 * C);
+  const Tensor dout = r.rand(BT * C), dqkv = r.rand(BT * C3);
   r.dev().attention_backward(dqkv.p, dout.p, qkv.p, out_in.p, lse_in.f(), a, r.s());
   r.out("dqkv", dqkv, Check::kAct);
+}
+
+// ---- Llama-family ops
+// ----------------------------------------------------------------------------
+
+// RMSNorm forward, then the backward from the reference's rstd three ways.
+void rmsnorm(OpRun& r, int N, int C, float eps) {
+  const std::size_t NC = std::size_t(N) * C;
+  const Tensor inp = r.rand(NC, 2.0f, 0.5f), w = r.rand(C, 0.5f, 1.0f), out = r.rand(NC);
+  const Tensor rstd = r.f32(std::vector<float>(N, -1.0f));
+  r.dev().rmsnorm_forward(out.p, rstd.f(), inp.p, w.p, N, C, eps, r.s());
+  r.out("out", out, Check::kAct);
+  r.out("rstd", rstd, Check::kStats);
+  const Tensor rs = r.from_reference("rstd");
+  const Tensor dout = r.rand(NC), dw = r.rand(C);
+  norm_backward_three_ways(r, NC,
+                           [&](const Tensor& d, const void* dres) {
+                             r.dev().rmsnorm_backward(d.p, dres, dw.p, dout.p, inp.p, w.p, rs.f(),
+                                                      N, C, r.s());
+                           },
+                           {{"dweight", dw}});
+}
+
+// theta^(-2i/hs) in double, rounded to fp32: model/rope.h's table without scaling.
+std::vector<float> rope_inv_freq(int hs, double theta) {
+  std::vector<float> f(std::size_t(hs) / 2);
+  for (std::size_t i = 0; i < f.size(); ++i)
+    f[i] = static_cast<float>(std::pow(theta, -2.0 * double(i) / double(hs)));
+  return f;
+}
+
+// The rotation of q and k in place, and its transpose on a gradient; v must stay as it was.
+void rope(OpRun& r, zo::dev::AttentionArgs a, double theta) {
+  const std::size_t BT = std::size_t(a.B) * a.T, ld = a.qkv_width();
+  const std::size_t qk = std::size_t(a.NH + a.kv_heads()) * a.head_size();  // q, k columns
+  const Tensor inv_freq = r.f32(rope_inv_freq(a.head_size(), theta));
+  for (const bool forward : {true, false}) {
+    const Tensor x = r.rand(BT * ld);
+    const std::vector<float> before = r.get(x);
+    if (forward) {
+      r.dev().rope_forward(x.p, inv_freq.f(), a, r.s());
+    } else {
+      r.dev().rope_backward(x.p, inv_freq.f(), a, r.s());
+    }
+    const std::vector<float> after = r.out(forward ? "qkv" : "dqkv", x, Check::kAct);
+    std::size_t changed = 0;
+    for (std::size_t i = 0; i < after.size(); ++i)
+      changed += i % ld >= qk && std::memcmp(&after[i], &before[i], sizeof(float)) != 0 ? 1 : 0;
+    EXPECT_EQ(changed, 0u) << (forward ? "rope_forward" : "rope_backward") << " wrote into v";
+  }
+}
+
+// out = silu(gate) * up; the gradient into a separate buffer and in place of gate_up: same bits.
+void swiglu(OpRun& r, int N, int I) {
+  const std::size_t NI = std::size_t(N) * I;
+  const std::vector<float> gu = r.normal(2 * NI, 3.0f);
+  const Tensor gate_up = r.act(gu), out = r.rand(NI), dout = r.rand(NI), dgu = r.rand(2 * NI);
+  r.dev().swiglu_forward(out.p, gate_up.p, N, I, r.s());
+  r.out("out", out, Check::kAct);
+  r.dev().swiglu_backward(dgu.p, dout.p, gate_up.p, N, I, r.s());
+  r.out("dgate_up", dgu, Check::kAct);
+  const Tensor in_place = r.act(gu);
+  r.dev().swiglu_backward(in_place.p, dout.p, in_place.p, N, I, r.s());
+  EXPECT_EQ(r.raw(in_place), r.raw(dgu)) << "swiglu_backward in place of gate_up";
 }
 
 // ---- cross-entropy: no dlogits, separate dlogits, dlogits in place of the logits
@@ -429,6 +506,36 @@ std::vector<OpCase> make_cases() {
         AttentionArgs{1, 1, 128, 1}, AttentionArgs{1, 77, 256, 2}, AttentionArgs{2, 200, 64, 1}}) {
     add_repeatable("Attention" + dim("B", a.B) + dim("T", a.T) + dim("C", a.C) + dim("NH", a.NH),
                    [a](OpRun& r) { attention(r, a); });
+  }
+  // Grouped-query attention: 6 query heads over 1, 2, 3 and 6 kv heads, head sizes set apart from
+  // C / NH (C = 40 would not divide): 16 and 48 on the FMA kernels, 64 (T 77: two 64-row tiles,
+  // the second partial) and 128 (T 70: three 32-row loop tiles) on the tensor-core ones in bf16
+  // and fp16.
+  for (const AttentionArgs a :
+       {AttentionArgs{2, 13, 40, 6, 1, 16}, AttentionArgs{2, 13, 40, 6, 2, 48},
+        AttentionArgs{1, 77, 40, 6, 3, 64}, AttentionArgs{1, 70, 40, 6, 2, 128},
+        AttentionArgs{1, 9, 40, 6, 6, 64}, AttentionArgs{2, 40, 40, 6, 1, 100}}) {
+    add_repeatable("AttentionGqa" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) +
+                       dim("NKV", a.NKV) + dim("HS", a.HS),
+                   [a](OpRun& r) { attention(r, a); });
+  }
+  for (const Rows s : {Rows{13, 48}, Rows{13, 37}, Rows{300, 200}}) {
+    add_repeatable("RmsNorm" + dim("N", s.N) + dim("C", s.C),
+                   [s](OpRun& r) { rmsnorm(r, s.N, s.C, 1e-5f); });
+  }
+  add_repeatable("RmsNorm_N13_C64_eps0p1", [](OpRun& r) { rmsnorm(r, 13, 64, 0.1f); });
+  // Head sizes 48, 64 and 128 (and 10: pairs (i, i + 5)), Llama 2's theta 1e4 and Llama 3's 5e5.
+  for (const AttentionArgs a :
+       {AttentionArgs{2, 13, 40, 6, 2, 48}, AttentionArgs{1, 9, 40, 6, 1, 128},
+        AttentionArgs{2, 5, 40, 6, 3, 64}, AttentionArgs{1, 7, 40, 2, 2, 10}}) {
+    for (const double theta : {1e4, 5e5}) {
+      add("Rope" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) + dim("NKV", a.NKV) +
+              dim("HS", a.HS) + dim("theta", static_cast<long>(theta)),
+          [a, theta](OpRun& r) { rope(r, a, theta); });
+    }
+  }
+  for (const Rows s : {Rows{13, 37}, Rows{26, 64}, Rows{1, 1}}) {
+    add("SwiGlu" + dim("N", s.N) + dim("I", s.C), [s](OpRun& r) { swiglu(r, s.N, s.C); });
   }
   // GPT-2's vocabulary packed (odd rows: unaligned) and in the CUDA backend's padded rows;
   // 40 x 1999 splits into several host blocks.

@@ -262,13 +262,25 @@ double ref_gelu_grad(double x) {
 struct AttnRef {
   Vec out, lse;
 };
-AttnRef ref_attention(const Vec& qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+// Index of element d of head h (a query head; k and v: that of its kv head) in part 0 (q), 1 (k)
+// or 2 (v) of token t of sequence b in qkv (B, T, (NH + 2 NKV) hs).
+struct QkvIndex {
+  int T, NH, NKV, hs;
+  std::size_t operator()(int b, int t, int part, int h, int d) const {
+    const int head = part == 0 ? h : (part == 1 ? NH : NH + NKV) + h / (NH / NKV);
+    return (std::size_t(b) * T + t) * std::size_t(NH + 2 * NKV) * hs + std::size_t(head) * hs + d;
+  }
+};
+QkvIndex qkv_index(const AttentionArgs& a) {
+  return {a.T, a.NH, a.kv_heads(), a.head_size()};
+}
+
+AttnRef ref_attention(const Vec& qkv, const AttentionArgs& a) {
+  const int B = a.B, T = a.T, NH = a.NH, hs = a.head_size(), C = a.out_width();
   const double scale = 1.0 / std::sqrt(double(hs));
   AttnRef r{Vec(std::size_t(B) * T * C, 0.0), Vec(std::size_t(B) * NH * T)};
-  auto at = [&](int b, int t, int part, int h, int d) {
-    return qkv[(std::size_t(b) * T + t) * 3 * C + part * C + h * hs + d];
-  };
+  const QkvIndex idx = qkv_index(a);
+  auto at = [&](int b, int t, int part, int h, int d) { return qkv[idx(b, t, part, h, d)]; };
   Vec s(T);
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
@@ -300,13 +312,10 @@ AttnRef ref_attention(const Vec& qkv, int B, int T, int C, int NH) {
 
 // Backprop through softmax: dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik), with the sum taken over the
 // probabilities (the op uses dout . out instead).
-void ref_attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C, int NH,
-                            Vec& dqkv) {
-  const int hs = C / NH;
+void ref_attention_backward(const Vec& dout, const Vec& qkv, const AttentionArgs& a, Vec& dqkv) {
+  const int B = a.B, T = a.T, NH = a.NH, hs = a.head_size(), C = a.out_width();
   const double scale = 1.0 / std::sqrt(double(hs));
-  auto idx = [&](int b, int t, int part, int h, int d) {
-    return (std::size_t(b) * T + t) * 3 * C + part * C + h * hs + d;
-  };
+  const QkvIndex idx = qkv_index(a);
   Vec p(T), dp(T);
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
@@ -343,6 +352,77 @@ void ref_attention_backward(const Vec& dout, const Vec& qkv, int B, int T, int C
       }
     }
   }
+}
+
+// RMSNorm in float64: out = x / sqrt(mean(x^2) + eps) * w.
+Vec ref_rmsnorm(const Vec& x, const Vec& w, int N, int C, double eps, Vec* rstd = nullptr) {
+  Vec out(x.size());
+  for (int n = 0; n < N; ++n) {
+    double ss = 0.0;
+    for (int c = 0; c < C; ++c)
+      ss += x[n * C + c] * x[n * C + c];
+    const double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c)
+      out[n * C + c] = x[n * C + c] * rs * w[c];
+    if (rstd != nullptr) (*rstd)[n] = rs;
+  }
+  return out;
+}
+
+// The full Jacobian d out_i / d x_k = w_i (rstd delta_ik - x_i x_k rstd^3 / C).
+void ref_rmsnorm_backward(const Vec& dout, const Vec& x, const Vec& w, int N, int C, double eps,
+                          Vec& dx, Vec& dw) {
+  Vec rstd(N);
+  ref_rmsnorm(x, w, N, C, eps, &rstd);
+  for (int n = 0; n < N; ++n) {
+    const double rs = rstd[n];
+    for (int k = 0; k < C; ++k) {
+      double s = 0.0;
+      for (int i = 0; i < C; ++i) {
+        const double jac =
+            w[i] * (rs * (i == k ? 1.0 : 0.0) - x[n * C + i] * x[n * C + k] * rs * rs * rs / C);
+        s += dout[n * C + i] * jac;
+      }
+      dx[n * C + k] += s;
+    }
+    for (int c = 0; c < C; ++c)
+      dw[c] += dout[n * C + c] * x[n * C + c] * rs;
+  }
+}
+
+// RoPE in float64: the q and k heads of every token turned by +angle (or -angle) per pair
+// (i, i + hs/2), angle = t inv_freq[i]; v copied.
+Vec ref_rope(const Vec& qkv, const std::vector<float>& inv_freq, const AttentionArgs& a,
+             double sign) {
+  Vec out = qkv;
+  const int hs = a.head_size(), half = hs / 2, heads = a.NH + a.kv_heads();
+  const std::size_t ld = std::size_t(a.qkv_width());
+  for (int tok = 0; tok < a.B * a.T; ++tok) {
+    const double t = tok % a.T;
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < half; ++i) {
+        const std::size_t p = tok * ld + std::size_t(h) * hs + i;
+        const double angle = sign * t * inv_freq[i];
+        out[p] = qkv[p] * std::cos(angle) - qkv[p + half] * std::sin(angle);
+        out[p + half] = qkv[p + half] * std::cos(angle) + qkv[p] * std::sin(angle);
+      }
+    }
+  }
+  return out;
+}
+
+double ref_silu(double x) {
+  return x / (1.0 + std::exp(-x));
+}
+
+// SwiGLU in float64 from gate_up (N, 2I) rows [gate | up].
+Vec ref_swiglu(const Vec& gu, int N, int I) {
+  Vec out(std::size_t(N) * I);
+  for (int n = 0; n < N; ++n) {
+    for (int j = 0; j < I; ++j)
+      out[n * I + j] = ref_silu(gu[2 * n * I + j]) * gu[2 * n * I + I + j];
+  }
+  return out;
 }
 
 Vec ref_cross_entropy(const Vec& logits, const std::vector<std::int32_t>& tgt, int N, int V,
@@ -705,6 +785,13 @@ TEST(HostDeviceArgs, InvalidArgumentsThrowAtTheCall) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("NH = 3"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(env.dev->attention_forward(f, f, f, AttentionArgs{1, 2, 12, 6, 4}, s),
+               std::invalid_argument);  // NH % NKV != 0
+  EXPECT_THROW(env.dev->rope_forward(f, f, AttentionArgs{1, 2, 1, 2, 1, 5}, s),
+               std::invalid_argument);  // odd head size
+  EXPECT_THROW(env.dev->rmsnorm_forward(f, f, f, nullptr, 2, 4, 1e-5f, s), std::invalid_argument);
+  EXPECT_THROW(env.dev->rmsnorm_forward(f, f, f, f, 2, 4, -1.0f, s), std::invalid_argument);
+  EXPECT_THROW(env.dev->swiglu_forward(f, f, 2, 0, s), std::invalid_argument);
   EXPECT_THROW(env.dev->layernorm_forward(f, f, f, f, f, f, 3, -1, s), std::invalid_argument);
   EXPECT_THROW(env.dev->embedding_forward(f, nullptr, f, f, 1, 1, 1, s), std::invalid_argument);
   EXPECT_THROW(env.dev->cross_entropy(f, nullptr, f, nullptr, 1, 3, 3, 1.0f, s),
@@ -938,10 +1025,10 @@ TEST(HostOps, ResidualAndAccumulate) {
   }
 }
 
-void check_attention(int B, int T, int C, int NH, bool with_fd, int threads) {
+void check_attention(const AttentionArgs& args, bool with_fd, int threads) {
   Env env(threads);
-  const AttentionArgs args{B, T, C, NH};
-  const std::vector<float> qkv = uniform(std::size_t(B) * T * 3 * C, 90, -1.5f, 1.5f);
+  const int B = args.B, T = args.T, NH = args.NH, C = args.out_width();
+  const std::vector<float> qkv = uniform(std::size_t(B) * T * args.qkv_width(), 90, -1.5f, 1.5f);
   const std::vector<float> dout = uniform(std::size_t(B) * T * C, 91);
   const std::vector<float> dqkv0 = uniform(qkv.size(), 92);
   Buffer d_qkv = env.up(qkv), out = env.empty(B * T * C), lse = env.empty(B * NH * T);
@@ -950,30 +1037,124 @@ void check_attention(int B, int T, int C, int NH, bool with_fd, int threads) {
   env.dev->attention_backward(dqkv.data(), d_dout.data(), d_qkv.data(), out.data(), lse.as<float>(),
                               args, env.s());
   const Vec qd = to_double(qkv), g = to_double(dout);
-  const AttnRef ref = ref_attention(qd, B, T, C, NH);
+  const AttnRef ref = ref_attention(qd, args);
   expect_close(env.down(out), ref.out, kFwdTol, "attention out");
   expect_close(env.down(lse), ref.lse, kFwdTol, "attention lse");
 
   const Vec got = minus(env.down(dqkv), dqkv0);
   Vec want(qkv.size(), 0.0);
-  ref_attention_backward(g, qd, B, T, C, NH, want);
+  ref_attention_backward(g, qd, args, want);
   expect_close(got, want, kGradTol, "attention dqkv vs analytic");
   if (with_fd) {
-    expect_close(
-        got,
-        numeric_grad(qd, [&](const Vec& v) { return dot(g, ref_attention(v, B, T, C, NH).out); }),
-        kFdTol, "attention dqkv vs finite differences");
+    expect_close(got,
+                 numeric_grad(qd, [&](const Vec& v) { return dot(g, ref_attention(v, args).out); }),
+                 kFdTol, "attention dqkv vs finite differences");
   }
 }
 
 TEST(HostOps, Attention) {
-  check_attention(2, 7, 12, 3, true, 2);
+  check_attention({2, 7, 12, 3}, true, 2);
 }
 TEST(HostOps, AttentionSingleTokenAndHead) {
-  check_attention(3, 1, 5, 1, true, 2);
+  check_attention({3, 1, 5, 1}, true, 2);
 }
 TEST(HostOps, AttentionSeveralQueryBlocks) {
-  check_attention(2, 150, 32, 2, false, 3);
+  check_attention({2, 150, 32, 2}, false, 3);
+}
+// Grouped-query: 6 query heads over 2 and 1 kv heads, 3 over 3, head sizes apart from C / NH.
+TEST(HostOps, AttentionGroupedQuery) {
+  check_attention({2, 7, 1, 6, 2, 4}, true, 2);
+  check_attention({1, 5, 1, 6, 1, 3}, true, 2);
+  check_attention({1, 4, 1, 3, 3, 5}, true, 2);
+  check_attention({2, 70, 1, 4, 2, 8}, false, 3);  // two query blocks per head
+}
+
+TEST(HostOps, RmsNormForwardAndBackward) {
+  constexpr int N = 15, C = 13;
+  for (const float eps : {1e-5f, 0.5f}) {
+    Env env;
+    const std::vector<float> x = uniform(N * C, 130, -1.5f, 2.5f);
+    const std::vector<float> w = uniform(C, 131, 0.5f, 1.5f), dout = uniform(N * C, 132);
+    const std::vector<float> dx0 = uniform(N * C, 133), dw0 = uniform(C, 134);
+    Buffer d_x = env.up(x), d_w = env.up(w), d_dout = env.up(dout), out = env.empty(N * C),
+           rstd = env.empty(N);
+    env.dev->rmsnorm_forward(out.data(), rstd.as<float>(), d_x.data(), d_w.data(), N, C, eps,
+                             env.s());
+    const Vec xd = to_double(x), wd = to_double(w), g = to_double(dout);
+    Vec ref_rstd(N);
+    expect_close(env.down(out), ref_rmsnorm(xd, wd, N, C, eps, &ref_rstd), kFwdTol, "rmsnorm out");
+    expect_close(env.down(rstd), ref_rstd, kFwdTol, "rmsnorm rstd");
+
+    Buffer dx = env.up(dx0), dw = env.up(dw0);  // dinp accumulated in place, dweight +=
+    env.dev->rmsnorm_backward(dx.data(), dx.data(), dw.data(), d_dout.data(), d_x.data(),
+                              d_w.data(), rstd.as<float>(), N, C, env.s());
+    const Vec got_x = minus(env.down(dx), dx0), got_w = minus(env.down(dw), dw0);
+    Vec ref_x(N * C, 0.0), ref_w(C, 0.0);
+    ref_rmsnorm_backward(g, xd, wd, N, C, eps, ref_x, ref_w);
+    expect_close(got_x, ref_x, kGradTol, "rmsnorm dinp vs analytic");
+    expect_close(got_w, ref_w, kGradTol, "rmsnorm dweight vs analytic");
+    auto loss = [&](const Vec& xx, const Vec& ww) {
+      return dot(g, ref_rmsnorm(xx, ww, N, C, eps));
+    };
+    expect_close(got_x, numeric_grad(xd, [&](const Vec& v) { return loss(v, wd); }), kFdTol,
+                 "rmsnorm dinp vs finite differences");
+    expect_close(got_w, numeric_grad(wd, [&](const Vec& v) { return loss(xd, v); }), kFdTol,
+                 "rmsnorm dweight vs finite differences");
+
+    Buffer written = env.empty(N * C);  // a null dresidual: written
+    env.dev->rmsnorm_backward(written.data(), nullptr, dw.data(), d_dout.data(), d_x.data(),
+                              d_w.data(), rstd.as<float>(), N, C, env.s());
+    expect_close(env.down(written), ref_x, kGradTol, "rmsnorm dinp written");
+  }
+}
+
+// Forward against float64 rotations, backward as the forward's transpose (<R x, y> = <x, R^T y>)
+// and against rotations by -angle; t = 0 leaves its token alone.
+TEST(HostOps, RopeForwardAndBackward) {
+  const AttentionArgs a{2, 9, 1, 6, 2, 8};
+  const std::vector<float> inv_freq = {1.0f, 0.3f, 0.05f, 0.001f};  // hs / 2
+  Env env;
+  const std::size_t n = std::size_t(a.B) * a.T * a.qkv_width();
+  const std::vector<float> x = uniform(n, 140), y = uniform(n, 141);
+  Buffer d_f = env.up(inv_freq), d_x = env.up(x), d_y = env.up(y);
+  env.dev->rope_forward(d_x.data(), d_f.as<float>(), a, env.s());
+  env.dev->rope_backward(d_y.data(), d_f.as<float>(), a, env.s());
+  const std::vector<float> rx = env.down(d_x), ry = env.down(d_y);
+  expect_close(rx, ref_rope(to_double(x), inv_freq, a, 1.0), kFwdTol, "rope forward");
+  expect_close(ry, ref_rope(to_double(y), inv_freq, a, -1.0), kFwdTol, "rope backward");
+  EXPECT_NEAR(dot(to_double(rx), to_double(y)), dot(to_double(x), to_double(ry)), 1e-4)
+      << "rope_backward is the transpose of rope_forward";
+  for (int c = 0; c < a.qkv_width(); ++c)  // token 0 of sequence 0: angle 0
+    EXPECT_EQ(rx[c], x[c]) << c;
+  // Hand-checked: head 0, pair (1, 5) of token t = 3 turns by 3 * 0.3 = 0.9 rad.
+  const std::size_t p = 3 * std::size_t(a.qkv_width()) + 1;
+  EXPECT_NEAR(rx[p], x[p] * std::cos(0.9) - x[p + 4] * std::sin(0.9), 1e-6);
+  EXPECT_NEAR(rx[p + 4], x[p + 4] * std::cos(0.9) + x[p] * std::sin(0.9), 1e-6);
+}
+
+TEST(HostOps, SwiGluForwardAndBackward) {
+  constexpr int N = 5, I = 7;
+  Env env;
+  const std::vector<float> gu = uniform(2 * N * I, 150, -4.0f, 4.0f), dout = uniform(N * I, 151);
+  Buffer d_gu = env.up(gu), d_dout = env.up(dout), out = env.empty(N * I),
+         dgu = env.empty(2 * N * I);
+  env.dev->swiglu_forward(out.data(), d_gu.data(), N, I, env.s());
+  env.dev->swiglu_backward(dgu.data(), d_dout.data(), d_gu.data(), N, I, env.s());
+  const Vec gud = to_double(gu), g = to_double(dout);
+  expect_close(env.down(out), ref_swiglu(gud, N, I), kFwdTol, "swiglu out");
+  Vec want(gu.size());  // silu'(x) = sigma(x) (1 + x (1 - sigma(x)))
+  for (int n = 0; n < N; ++n) {
+    for (int j = 0; j < I; ++j) {
+      const double x = gud[2 * n * I + j], up = gud[2 * n * I + I + j];
+      const double sig = 1.0 / (1.0 + std::exp(-x));
+      want[2 * n * I + j] = g[n * I + j] * up * sig * (1.0 + x * (1.0 - sig));
+      want[2 * n * I + I + j] = g[n * I + j] * ref_silu(x);
+    }
+  }
+  const std::vector<float> got = env.down(dgu);
+  expect_close(got, want, kGradTol, "swiglu dgate_up vs analytic");
+  expect_close(got, numeric_grad(gud, [&](const Vec& v) { return dot(g, ref_swiglu(v, N, I)); }),
+               kFdTol, "swiglu dgate_up vs finite differences");
 }
 
 TEST(HostOps, CrossEntropy) {

@@ -243,8 +243,11 @@ TEST(SimtLaunchers, BadArgumentsThrowBeforeAnyLaunch) {
   const zo::simt::Stats before = zo::simt::stats();
   float x = 1.0f;
   EXPECT_THROW(
-      zo::gpu::launch_attention_forward(&x, &x, &x, 1, 4, 129 * 2, 2, DType::kF32, nullptr),
+      zo::gpu::launch_attention_forward(&x, &x, &x, {1, 4, 2, 2, 129}, DType::kF32, nullptr),
       std::invalid_argument);  // head size 129
+  EXPECT_THROW(
+      zo::gpu::launch_attention_forward(&x, &x, &x, {1, 4, 6, 4, 16}, DType::kF32, nullptr),
+      std::invalid_argument);  // NH not a multiple of NKV
   EXPECT_THROW(
       zo::gpu::launch_layernorm_forward(&x, &x, &x, &x, &x, nullptr, 1, 1, DType::kF32, nullptr),
       std::invalid_argument);
@@ -262,12 +265,13 @@ TEST(SimtLaunchers, AttentionTakesTensorCoresForBf16AndFp16Heads64And128) {
       const std::size_t es = zo::dtype_size(t);
       std::vector<std::uint8_t> qkv(T * 3 * hs * es), out(T * hs * es), dout(T * hs * es),
           dqkv(T * 3 * hs * es);
-      std::vector<float> lse(T), scratch(zo::gpu::attention_backward_scratch_floats(1, T, hs, 1));
+      std::vector<float> lse(T),
+          scratch(zo::gpu::attention_backward_scratch_floats({1, T, 1, 1, hs}));
       const zo::simt::Stats before = zo::simt::stats();
-      zo::gpu::launch_attention_forward(out.data(), lse.data(), qkv.data(), 1, T, hs, 1, t,
-                                        nullptr);
+      const zo::gpu::AttentionDims d{1, T, 1, 1, hs};
+      zo::gpu::launch_attention_forward(out.data(), lse.data(), qkv.data(), d, t, nullptr);
       zo::gpu::launch_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                         lse.data(), scratch.data(), 1, T, hs, 1, t, nullptr);
+                                         lse.data(), scratch.data(), d, t, nullptr);
       const bool tensor_cores = t != DType::kF32 && (hs == 64 || hs == 128);
       EXPECT_EQ(zo::simt::stats().warp_collectives > before.warp_collectives, tensor_cores)
           << zo::dtype_name(t) << " hs " << hs;

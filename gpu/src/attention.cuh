@@ -5,11 +5,14 @@
 // kept for the backward pass, which recomputes the probabilities from it.
 //
 // Definitions (those of the fp32 host reference, src/device/host_ops_attention.cpp):
-//   qkv (B,T,3C) = [q | k | v] per token; head h uses channels [h*hs, (h+1)*hs), hs = C/NH.
+//   qkv (B, T, (NH + 2 NKV) hs) = [q (NH heads) | k (NKV heads) | v (NKV heads)] per token, head h
+//   of a part at its columns [h*hs, (h+1)*hs); query head h attends with kv head h / (NH / NKV)
+//   (grouped-query attention; NKV = NH is multi-head). out, dout (B, T, NH hs).
 //   s_ij = (q_i . k_j) / sqrt(hs) for j <= i (causal), P = softmax_j(s), out_i = sum_j P_ij v_j.
 //   lse_i = log(sum_{j<=i} exp(s_ij)) (natural log, of the scaled scores), (B,NH,T) fp32.
 //   Backward (Algorithm 2): D_i = dout_i . out_i, dP = dout V^T, dS = P o (dP - D),
-//   dq = scale dS K, dk = scale dS^T Q, dv = P^T dout, all added (+=) into dqkv (B,T,3C).
+//   dq = scale dS K, dk = scale dS^T Q, dv = P^T dout, all added (+=) into dqkv; dk and dv of a kv
+//   head sum over its NH / NKV query heads.
 // Storage type T is float, __half or __nv_bfloat16; every product and sum is fp32. Exponentials
 // use exp2f on scores pre-multiplied by log2(e)/sqrt(hs); lse is converted back to natural log.
 //
@@ -36,8 +39,9 @@
 //   - Causality: query and key tiles have the same size and alignment, so key tiles past the
 //     diagonal are skipped entirely and only the diagonal tile is masked; every query row sees at
 //     least key 0 of its first tile, so the running maximum is finite after the first tile.
-//   - Grid: 1-D, B*NH*ceil(T/kTile) blocks, ordered so that the blocks with the most tiles to
-//     visit (late query tiles forward and for dq, early key tiles for dk/dv) start first.
+//   - Grid: 1-D, B*NH*ceil(T/kTile) blocks (B*NKV*... for dk/dv, whose block loops over the query
+//     tiles of each query head of its group in turn), ordered so that the blocks with the most
+//     tiles to visit (late query tiles forward and for dq, early key tiles for dk/dv) start first.
 //
 // Kernels, shared memory (fp32), registers (most over the dtypes; nvcc 13, sm_90) and resident
 // blocks per H100 SM, for hs = 64 (kTile 64) / hs = 128 (kTile 32):
@@ -69,6 +73,7 @@
 
 #include "cast.cuh"
 #include "gpu/check.h"
+#include "gpu/ops.h"
 #include "launch_util.h"
 
 // The kernels' dynamic shared memory (the SIMT emulator in tests/simt defines it its own way).
@@ -80,7 +85,10 @@ namespace zo::gpu {
 
 // Problem shape and derived tiling constants, computed once on the host.
 struct AttentionShape {
-  int B, T, C, NH, hs;
+  int B, T, NH, NKV, hs;
+  int C;             // NH * hs: the q part's width, out's row length
+  int group;         // NH / NKV: query heads per kv head
+  int ld_qkv;        // (NH + 2 NKV) hs: qkv's row length
   int n4;            // ceil(hs / 4): float4 chunks per head row
   int ld;            // shared-memory row stride (floats) of head-dimension tiles; ld / 4 odd
   int n_tiles;       // ceil(T / kTile)
@@ -150,18 +158,27 @@ __device__ __forceinline__ void load_rows(float* __restrict__ dst, const float* 
     dst[r] = r < rows ? mult * src[r] : 0.0f;
 }
 
-// Loads one key tile's K and V slices into sK and sV; `row` points at the q slice of the tile's
-// first key in qkv (row stride c3 = 3C) and `rows` (<= kTile) of its rows are before T.
+// Columns of kv head g's k and v slices in a qkv row.
+__host__ __device__ __forceinline__ int k_col(const AttentionShape& sh, int g) {
+  return sh.C + g * sh.hs;
+}
+__host__ __device__ __forceinline__ int v_col(const AttentionShape& sh, int g) {
+  return sh.C + (sh.NKV + g) * sh.hs;
+}
+
+// Loads one key tile's K and V slices of kv head g into sK and sV; `row` points at the tile's
+// first key's row of qkv (column 0, row stride sh.ld_qkv) and `rows` (<= kTile) of its rows are
+// before T.
 template <typename T, int kTile>
-__device__ __forceinline__ void load_kv_tiles(float* sK, float* sV, const T* row, std::int64_t c3,
-                                              int rows, const AttentionShape& sh) {
-  load_tile<T, kTile>(sK, row + sh.C, c3, rows, sh);
-  load_tile<T, kTile>(sV, row + 2 * sh.C, c3, rows, sh);
+__device__ __forceinline__ void load_kv_tiles(float* sK, float* sV, const T* row, int g, int rows,
+                                              const AttentionShape& sh) {
+  load_tile<T, kTile>(sK, row + k_col(sh, g), sh.ld_qkv, rows, sh);
+  load_tile<T, kTile>(sV, row + v_col(sh, g), sh.ld_qkv, rows, sh);
 }
 
 // Loads one query tile's inputs to the backward kernels: Q (`q`: the q slice of the tile's first
-// query in qkv, row stride c3 = 3C), dout (`dout_rows`, row stride C), and the rows' lse (times
-// log2(e)) and D; `rows` (<= kTile) of the tile's rows are before T.
+// query in qkv, row stride c3 = sh.ld_qkv), dout (`dout_rows`, row stride C), and the rows' lse
+// (times log2(e)) and D; `rows` (<= kTile) of the tile's rows are before T.
 template <typename T, int kTile>
 __device__ __forceinline__ void load_query_tiles(float* sQ, float* sdO, float* sL, float* sD,
                                                  const T* q, const T* dout_rows,
@@ -285,16 +302,18 @@ __device__ __forceinline__ void store_row(T* dst, const float4 (&acc)[kChunks], 
   }
 }
 
-// Block -> (b, h, tile): blockIdx.x = rank * (B*NH) + b*NH + h. `reverse` maps rank 0 to the
-// last tile, so that the tiles with the longest loops are scheduled first.
+// Block -> (b, h, tile): blockIdx.x = rank * (B*heads) + b*heads + h, h a query head (heads =
+// NH) or a kv head (heads = NKV: the dk/dv kernels). `reverse` maps rank 0 to the last tile, so
+// that the tiles with the longest loops are scheduled first.
 struct BlockCoords {
   int b, h, bh, tile;
 };
-__device__ __forceinline__ BlockCoords block_coords(const AttentionShape& sh, bool reverse) {
-  const int bh_count = sh.B * sh.NH;
+__device__ __forceinline__ BlockCoords block_coords(const AttentionShape& sh, bool reverse,
+                                                    int heads) {
+  const int bh_count = sh.B * heads;
   const int rank = static_cast<int>(blockIdx.x) / bh_count;
   const int bh = static_cast<int>(blockIdx.x) - rank * bh_count;
-  return {bh / sh.NH, bh % sh.NH, bh, reverse ? sh.n_tiles - 1 - rank : rank};
+  return {bh / heads, bh % heads, bh, reverse ? sh.n_tiles - 1 - rank : rank};
 }
 
 // ---- host side: shape checks and launch helpers ----------------------------------------------
@@ -309,38 +328,44 @@ inline int tile_for(int hs) {
 
 // Checks the shape, the pointers and the dtype; returns the shape with its tiling constants.
 // `ptrs` are the storage-type tensors, whose alignment decides the vector path.
-inline AttentionShape make_shape(const char* op, int B, int T, int C, int NH, DType t,
+inline AttentionShape make_shape(const char* op, const AttentionDims& d, DType t,
                                  std::initializer_list<detail::Named> ptrs) {
-  const std::pair<int, const char*> dims[] = {{B, "B"}, {T, "T"}, {C, "C"}, {NH, "NH"}};
+  const std::pair<int, const char*> dims[] = {
+      {d.B, "B"}, {d.T, "T"}, {d.NH, "NH"}, {d.NKV, "NKV"}, {d.hs, "hs"}};
   for (const auto& [v, name] : dims) {
     if (v <= 0) detail::bad_arg(op, std::string(name) + " = " + std::to_string(v) + " must be > 0");
   }
-  if (C % NH != 0) {
-    detail::bad_arg(op, "C = " + std::to_string(C) + " is not a multiple of NH = " +
-                            std::to_string(NH) + "; the head size must be a whole number");
+  if (d.NH % d.NKV != 0) {
+    detail::bad_arg(op, "NH = " + std::to_string(d.NH) + " is not a multiple of NKV = " +
+                            std::to_string(d.NKV) + "; each kv head serves a whole group of heads");
   }
-  const int hs = C / NH;
+  const int hs = d.hs;
   if (hs > kMaxHeadSize) {
-    detail::bad_arg(op, "head size C / NH = " + std::to_string(hs) +
+    detail::bad_arg(op, "head size " + std::to_string(hs) +
                             " is not supported; supported head sizes are 1.." +
-                            std::to_string(kMaxHeadSize) + " (GPT-2 uses 64)");
+                            std::to_string(kMaxHeadSize) + " (GPT-2 uses 64, Llama 64 and 128)");
   }
   detail::check_not_null(op, ptrs);
   detail::check_dtype(op, t);
   const int tile = tile_for(hs);
-  const std::int64_t n_tiles = (std::int64_t{T} + tile - 1) / tile;
-  if (std::int64_t{B} * NH * n_tiles > std::numeric_limits<int>::max() ||
-      std::int64_t{B} * NH * T > std::int64_t{std::numeric_limits<int>::max()} * 8) {
-    detail::bad_arg(op, "B * NH * T = " + std::to_string(std::int64_t{B} * NH * T) +
-                            " is too large for one launch");
+  const std::int64_t n_tiles = (std::int64_t{d.T} + tile - 1) / tile;
+  const std::int64_t ld_qkv = (std::int64_t{d.NH} + 2 * std::int64_t{d.NKV}) * hs;
+  if (std::int64_t{d.B} * d.NH * n_tiles > std::numeric_limits<int>::max() ||
+      std::int64_t{d.B} * d.NH * d.T > std::int64_t{std::numeric_limits<int>::max()} * 8 ||
+      ld_qkv > std::numeric_limits<int>::max()) {
+    detail::bad_arg(op, "B * NH * T = " + std::to_string(std::int64_t{d.B} * d.NH * d.T) +
+                            " or the qkv row is too large for one launch");
   }
 
   AttentionShape sh{};
-  sh.B = B;
-  sh.T = T;
-  sh.C = C;
-  sh.NH = NH;
+  sh.B = d.B;
+  sh.T = d.T;
+  sh.NH = d.NH;
+  sh.NKV = d.NKV;
   sh.hs = hs;
+  sh.C = d.NH * hs;
+  sh.group = d.NH / d.NKV;
+  sh.ld_qkv = static_cast<int>(ld_qkv);
   sh.n4 = (hs + 3) / 4;
   sh.ld = 4 * (sh.n4 | 1);
   sh.n_tiles = static_cast<int>(n_tiles);
@@ -379,13 +404,13 @@ inline std::size_t smem_bytes(const AttentionShape& sh, int tile, int tiles, int
           rows);
 }
 
-// Launches `kernel` on one block of `threads` per (b, h, tile of sh.n_tiles), with `smem` bytes
-// of dynamic shared memory (opted into when above the default).
+// Launches `kernel` on one block of `threads` per (b, head of `heads`, tile of sh.n_tiles), with
+// `smem` bytes of dynamic shared memory (opted into when above the default).
 template <typename Kernel, typename... Args>
-void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, int threads,
+void launch_tiles(const char* op, Kernel* kernel, std::size_t smem, int threads, int heads,
                   const AttentionShape& sh, cudaStream_t s, Args... args) {
   set_smem(op, kernel, smem);
-  const std::size_t blocks = static_cast<std::size_t>(sh.B) * sh.NH * sh.n_tiles;
+  const std::size_t blocks = static_cast<std::size_t>(sh.B) * heads * sh.n_tiles;
   ZO_LAUNCH(static_cast<unsigned>(blocks), threads, smem, s, kernel)(args..., sh);
   ZO_CUDA_CHECK_LAUNCH();
 }

@@ -35,8 +35,9 @@ __global__ void attention_backward_d_kernel(float* __restrict__ D, const T* __re
   if (lane == 0) D[row] = sum;
 }
 
-// dk, dv: one block per (b, h, key tile); loops over query tiles tile..n_tiles-1. The thread
-// owns keys 4ty..4ty+3 of the tile and queries tx, tx+16, ... of each query tile.
+// dk, dv: one block per (b, kv head g, key tile); loops over the query heads of g's group and for
+// each over query tiles tile..n_tiles-1. The thread owns keys 4ty..4ty+3 of the tile and queries
+// tx, tx+16, ... of each query tile.
 template <typename T, int kTile, int kChunks>
 __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backward(kTile))
     attention_backward_dkv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
@@ -56,27 +57,27 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   float* sD = sL + kTile;                                // (kTile)
 
   const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  const BlockCoords bc = block_coords(sh, /*reverse=*/false);
-  const int kt = bc.tile, k0 = kt * kTile;
-  const std::int64_t c3 = 3LL * sh.C;
+  const BlockCoords bc = block_coords(sh, /*reverse=*/false, sh.NKV);
+  const int kt = bc.tile, k0 = kt * kTile, g = bc.h;
+  const std::int64_t c3 = sh.ld_qkv;
   const std::int64_t tok0 = static_cast<std::int64_t>(bc.b) * sh.T;  // token index of t = 0
-  const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
-  const T* dout_head = dout + tok0 * sh.C + bc.h * sh.hs;
-  const float* lse_bh = lse + static_cast<std::int64_t>(bc.bh) * sh.T;
-  const float* D_bh = D + static_cast<std::int64_t>(bc.bh) * sh.T;
+  const T* seq = qkv + tok0 * c3;
 
-  load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
+  load_kv_tiles<T, kTile>(sK, sV, seq + k0 * c3, g, min(kTile, sh.T - k0), sh);
 
   float4 dk[4][kChunks], dv[4][kChunks];
   zero_acc(dk);
   zero_acc(dv);
 
-  for (int qt = kt; qt < sh.n_tiles; ++qt) {
+  const int q_tiles = sh.n_tiles - kt;  // per query head
+  for (int step = 0; step < sh.group * q_tiles; ++step) {
+    const int h = g * sh.group + step / q_tiles, qt = kt + step % q_tiles;
+    const std::int64_t bh = static_cast<std::int64_t>(bc.b) * sh.NH + h;
     const int q0 = qt * kTile, rows = min(kTile, sh.T - q0);
     __syncthreads();  // the previous tile's readers of sQ, sdO, sP, sdS, sL, sD are done
-    load_query_tiles<T, kTile>(sQ, sdO, sL, sD, head + q0 * c3,
-                               dout_head + static_cast<std::int64_t>(q0) * sh.C, lse_bh + q0,
-                               D_bh + q0, c3, rows, sh);
+    load_query_tiles<T, kTile>(sQ, sdO, sL, sD, seq + q0 * c3 + h * sh.hs,
+                               dout + (tok0 + q0) * sh.C + h * sh.hs, lse + bh * sh.T + q0,
+                               D + bh * sh.T + q0, c3, rows, sh);
     __syncthreads();
 
     float s[4][kCols] = {}, dp[4][kCols] = {};  // [key i][query k]
@@ -107,9 +108,9 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   for (int i = 0; i < 4; ++i) {
     const int key = k0 + 4 * ty + i;
     if (key >= sh.T) continue;
-    T* dst = dqkv + (tok0 + key) * c3 + bc.h * sh.hs;
-    store_row<T, true>(dst + sh.C, dk[i], sh.scale, tx, sh);
-    store_row<T, true>(dst + 2 * sh.C, dv[i], 1.0f, tx, sh);
+    T* dst = dqkv + (tok0 + key) * c3;
+    store_row<T, true>(dst + k_col(sh, g), dk[i], sh.scale, tx, sh);
+    store_row<T, true>(dst + v_col(sh, g), dv[i], 1.0f, tx, sh);
   }
 }
 
@@ -133,13 +134,13 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   float* sD = sL + kTile;                                // (kTile)
 
   const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  const BlockCoords bc = block_coords(sh, /*reverse=*/true);
-  const int qt = bc.tile, q0 = qt * kTile, rows = min(kTile, sh.T - q0);
-  const std::int64_t c3 = 3LL * sh.C;
+  const BlockCoords bc = block_coords(sh, /*reverse=*/true, sh.NH);
+  const int qt = bc.tile, q0 = qt * kTile, rows = min(kTile, sh.T - q0), kv = bc.h / sh.group;
+  const std::int64_t c3 = sh.ld_qkv;
   const std::int64_t tok0 = static_cast<std::int64_t>(bc.b) * sh.T;
-  const T* head = qkv + tok0 * c3 + bc.h * sh.hs;
+  const T* seq = qkv + tok0 * c3;
 
-  load_query_tiles<T, kTile>(sQ, sdO, sL, sD, head + q0 * c3,
+  load_query_tiles<T, kTile>(sQ, sdO, sL, sD, seq + q0 * c3 + bc.h * sh.hs,
                              dout + (tok0 + q0) * sh.C + bc.h * sh.hs,
                              lse + static_cast<std::int64_t>(bc.bh) * sh.T + q0,
                              D + static_cast<std::int64_t>(bc.bh) * sh.T + q0, c3, rows, sh);
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's readers of sK, sV, sdSt are done
-    load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
+    load_kv_tiles<T, kTile>(sK, sV, seq + k0 * c3, kv, min(kTile, sh.T - k0), sh);
     __syncthreads();
 
     float s[4][kCols] = {}, dp[4][kCols] = {};  // [query i][key k]
@@ -209,27 +210,27 @@ void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* o
     attention_tc::backward(dqkv, dout, qkv, lse, scratch, sh, t, s);
     return;
   }
-  // dk/dv and dq write disjoint thirds of dqkv, so their order does not matter.
+  // dk/dv and dq write disjoint parts of dqkv, so their order does not matter.
   launch_tiles(op, &attention_backward_dkv_kernel<T, kTile, kChunks>,
-               smem_bytes(sh, kTile, 4, 2, 2), kTile * 4, sh, s, dqkv_t, dout_t, qkv_t, lse,
+               smem_bytes(sh, kTile, 4, 2, 2), kTile * 4, sh.NKV, sh, s, dqkv_t, dout_t, qkv_t, lse,
                scratch);
   launch_tiles(op, &attention_backward_dq_kernel<T, kTile, kChunks>, smem_bytes(sh, kTile, 4, 1, 2),
-               kTile * 4, sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
+               kTile * 4, sh.NH, sh, s, dqkv_t, dout_t, qkv_t, lse, scratch);
 }
 
 }  // namespace
 
-std::size_t attention_backward_scratch_floats(int B, int T, int C, int NH) {
-  const AttentionShape sh = make_shape("launch_attention_backward", B, T, C, NH, DType::kF32, {});
+std::size_t attention_backward_scratch_floats(const AttentionDims& d) {
+  const AttentionShape sh = make_shape("launch_attention_backward", d, DType::kF32, {});
   return static_cast<std::size_t>(sh.B) * static_cast<std::size_t>(sh.NH) *
          static_cast<std::size_t>(sh.T);
 }
 
 void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                               const float* lse, float* scratch, int B, int T, int C, int NH,
-                               DType t, cudaStream_t s) {
+                               const float* lse, float* scratch, const AttentionDims& d, DType t,
+                               cudaStream_t s) {
   const AttentionShape sh =
-      make_shape("launch_attention_backward", B, T, C, NH, t,
+      make_shape("launch_attention_backward", d, t,
                  {{dqkv, "dqkv"}, {dout, "dout"}, {qkv, "qkv"}, {out, "out"}});
   detail::check_not_null("launch_attention_backward", {{lse, "lse"}, {scratch, "scratch"}});
   ZO_DISPATCH_DTYPE(t, T_, {

@@ -27,12 +27,12 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forwar
   float* sPt = sV + kTile * sh.ld;                       // (kTile keys, kLdp) P^T
 
   const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
-  const BlockCoords bc = block_coords(sh, /*reverse=*/true);
-  const int qt = bc.tile, q0 = qt * kTile;
-  const std::int64_t c3 = 3LL * sh.C;
-  const T* head = qkv + static_cast<std::int64_t>(bc.b) * sh.T * c3 + bc.h * sh.hs;  // q, token 0
+  const BlockCoords bc = block_coords(sh, /*reverse=*/true, sh.NH);
+  const int qt = bc.tile, q0 = qt * kTile, kv = bc.h / sh.group;
+  const std::int64_t c3 = sh.ld_qkv;
+  const T* seq = qkv + static_cast<std::int64_t>(bc.b) * sh.T * c3;  // token 0's row
 
-  load_tile<T, kTile>(sQ, head + q0 * c3, c3, min(kTile, sh.T - q0), sh);
+  load_tile<T, kTile>(sQ, seq + q0 * c3 + bc.h * sh.hs, c3, min(kTile, sh.T - q0), sh);
 
   float m[4], l[4];  // running max (log2 units) and this thread's partial row sums
   float4 o[4][kChunks];
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_forwar
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's readers of sK, sV, sPt are done
-    load_kv_tiles<T, kTile>(sK, sV, head + k0 * c3, c3, min(kTile, sh.T - k0), sh);
+    load_kv_tiles<T, kTile>(sK, sV, seq + k0 * c3, kv, min(kTile, sh.T - k0), sh);
     __syncthreads();
 
     float s[4][kCols] = {};
@@ -104,16 +104,16 @@ template <typename T, int kTile, int kChunks>
 void forward_typed(void* out, float* lse, const void* qkv, const AttentionShape& sh,
                    cudaStream_t s) {
   launch_tiles("launch_attention_forward", &attention_forward_kernel<T, kTile, kChunks>,
-               smem_bytes(sh, kTile, 3, 1, 0), kTile * 4, sh, s, static_cast<T*>(out), lse,
+               smem_bytes(sh, kTile, 3, 1, 0), kTile * 4, sh.NH, sh, s, static_cast<T*>(out), lse,
                static_cast<const T*>(qkv));
 }
 
 }  // namespace
 
-void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
+void launch_attention_forward(void* out, float* lse, const void* qkv, const AttentionDims& d,
                               DType t, cudaStream_t s) {
   const AttentionShape sh =
-      make_shape("launch_attention_forward", B, T, C, NH, t, {{out, "out"}, {qkv, "qkv"}});
+      make_shape("launch_attention_forward", d, t, {{out, "out"}, {qkv, "qkv"}});
   detail::check_not_null("launch_attention_forward", {{lse, "lse"}});
   if (attention_tc::eligible(sh.hs, t)) {
     attention_tc::forward(out, lse, qkv, sh, t, s);

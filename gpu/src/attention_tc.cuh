@@ -165,30 +165,33 @@ __device__ __forceinline__ void load_rows(float* dst, const float* src, int rows
     mma::cp_async_ca<4>(dst + r, src + min(r, rows - 1), r < rows ? 4 : 0);
 }
 
-// K and V of loop tile kt (kN keys from token kt kN) into buffer `buf` of sK and sV; `head` is
-// the q slice of token 0 of the block's (b, h) in qkv (row stride c3 = 3C).
+// K and V of kv head g's loop tile kt (kN keys from token kt kN) into buffer `buf` of sK and
+// sV; `seq` is token 0's row of the block's sequence in qkv (row stride c3 = sh.ld_qkv).
 template <typename T, int kN, int kD>
-__device__ __forceinline__ void load_kv(T* sK, T* sV, const T* head, std::int64_t c3, int kt,
+__device__ __forceinline__ void load_kv(T* sK, T* sV, const T* seq, std::int64_t c3, int g, int kt,
                                         int buf, const AttentionShape& sh) {
-  const T* row = head + static_cast<std::int64_t>(kt) * kN * c3;
+  const T* row = seq + static_cast<std::int64_t>(kt) * kN * c3;
   const int rows = min(kN, sh.T - kt * kN);
-  load_tile<T, kN, kD>(sK + buf * kN * ld<kD>(), row + sh.C, c3, rows, sh.async16);
-  load_tile<T, kN, kD>(sV + buf * kN * ld<kD>(), row + 2 * sh.C, c3, rows, sh.async16);
+  load_tile<T, kN, kD>(sK + buf * kN * ld<kD>(), row + attention_detail::k_col(sh, g), c3, rows,
+                       sh.async16);
+  load_tile<T, kN, kD>(sV + buf * kN * ld<kD>(), row + attention_detail::v_col(sh, g), c3, rows,
+                       sh.async16);
 }
 
-// A thread's place: lane, warp, the block's (b, h, tile), and the element offsets of token 0 of
-// its (b, h) head in qkv-shaped (B, T, 3C; row stride c3) and out-shaped (B, T, C) tensors.
+// A thread's place: lane, warp, the block's (b, h, tile) with h a query head (kv_blocks: a kv
+// head), the row stride c3 of qkv (B, T, (NH + 2 NKV) hs) and the element offsets of token 0 of
+// its sequence in qkv and of its head in out-shaped (B, T, C = NH hs) tensors.
 struct Frame {
   int lane, warp;
   attention_detail::BlockCoords bc;
-  std::int64_t c3, qkv0, out0;
+  std::int64_t c3, seq0, out0;
 
-  __device__ Frame(const AttentionShape& sh, bool reverse)
+  __device__ Frame(const AttentionShape& sh, bool reverse, bool kv_blocks = false)
       : lane(static_cast<int>(threadIdx.x) % 32),
         warp(static_cast<int>(threadIdx.x) / 32),
-        bc(attention_detail::block_coords(sh, reverse)),
-        c3(3LL * sh.C),
-        qkv0(static_cast<std::int64_t>(bc.b) * sh.T * c3 + bc.h * sh.hs),
+        bc(attention_detail::block_coords(sh, reverse, kv_blocks ? sh.NKV : sh.NH)),
+        c3(sh.ld_qkv),
+        seq0(static_cast<std::int64_t>(bc.b) * sh.T * c3),
         out0(static_cast<std::int64_t>(bc.b) * sh.T * sh.C + bc.h * sh.hs) {}
 };
 

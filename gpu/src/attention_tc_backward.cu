@@ -19,8 +19,9 @@ struct Grads {
   const float *lse, *D;
 };
 
-// dK, dV: one block per (b, h, 64 keys); warp w owns keys 16w..16w+15 and works in the
-// transposed frame (rows = keys), so that dK and dV accumulate in its registers.
+// dK, dV: one block per (b, kv head, 64 keys), looping over the query tiles from the diagonal on
+// of each query head of the kv head's group in turn; warp w owns keys 16w..16w+15 and works in
+// the transposed frame (rows = keys), so that dK and dV accumulate in its registers.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_dkv_kernel(const Grads<T> g, const AttentionShape sh) {
@@ -33,25 +34,28 @@ __global__ void __launch_bounds__(kThreads)
   float* sL = reinterpret_cast<float*>(sdO + 2 * kN * kLd);  // 2 x kN: lse
   float* sD = sL + 2 * kN;                                   // 2 x kN: D
 
-  const Frame f(sh, /*reverse=*/false);
-  const int lane = f.lane, k0 = f.bc.tile * kRows;
+  const Frame f(sh, /*reverse=*/false, /*kv_blocks=*/true);
+  const int lane = f.lane, k0 = f.bc.tile * kRows, kv = f.bc.h;
   const std::int64_t c3 = f.c3;
-  const T* head = g.qkv + f.qkv0;
-  const T* dout_head = g.dout + f.out0;
-  const float* lse_bh = g.lse + static_cast<std::int64_t>(f.bc.bh) * sh.T;
-  const float* D_bh = g.D + static_cast<std::int64_t>(f.bc.bh) * sh.T;
-  const int first = k0 / kN, tiles = (sh.T + kN - 1) / kN - first;
+  const T* seq = g.qkv + f.seq0;
+  const int first = k0 / kN, q_tiles = (sh.T + kN - 1) / kN - first, tiles = sh.group * q_tiles;
+  // Step i: query head kv * group + i / q_tiles, query tile first + i % q_tiles.
+  auto query0 = [&](int i) { return (first + i % q_tiles) * kN; };
   auto load_q = [&](int i, int buf) {
-    const int q0 = (first + i) * kN, rows = min(kN, sh.T - q0);
-    load_tile<T, kN, kD>(sQ + buf * kN * kLd, head + q0 * c3, c3, rows, sh.async16);
-    load_tile<T, kN, kD>(sdO + buf * kN * kLd, dout_head + static_cast<std::int64_t>(q0) * sh.C,
-                         sh.C, rows, sh.async16);
-    load_rows<kN>(sL + buf * kN, lse_bh + q0, rows);
-    load_rows<kN>(sD + buf * kN, D_bh + q0, rows);
+    const int h = kv * sh.group + i / q_tiles, q0 = query0(i), rows = min(kN, sh.T - q0);
+    const std::int64_t bh = static_cast<std::int64_t>(f.bc.b) * sh.NH + h,
+                       tok = static_cast<std::int64_t>(f.bc.b) * sh.T + q0;
+    load_tile<T, kN, kD>(sQ + buf * kN * kLd, seq + q0 * c3 + h * sh.hs, c3, rows, sh.async16);
+    load_tile<T, kN, kD>(sdO + buf * kN * kLd, g.dout + tok * sh.C + h * sh.hs, sh.C, rows,
+                         sh.async16);
+    load_rows<kN>(sL + buf * kN, g.lse + bh * sh.T + q0, rows);
+    load_rows<kN>(sD + buf * kN, g.D + bh * sh.T + q0, rows);
   };
   const int k_rows = min(kRows, sh.T - k0);
-  load_tile<T, kRows, kD>(sK, head + sh.C + k0 * c3, c3, k_rows, sh.async16);
-  load_tile<T, kRows, kD>(sV, head + 2 * sh.C + k0 * c3, c3, k_rows, sh.async16);
+  load_tile<T, kRows, kD>(sK, seq + attention_detail::k_col(sh, kv) + k0 * c3, c3, k_rows,
+                          sh.async16);
+  load_tile<T, kRows, kD>(sV, seq + attention_detail::v_col(sh, kv) + k0 * c3, c3, k_rows,
+                          sh.async16);
   load_q(0, 0);
   mma::cp_async_commit();
 
@@ -59,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
   const int key0 = k0 + 16 * f.warp + lane / 4, col = 2 * (lane % 4);
   float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
   for (int i = 0; i < tiles; ++i) {
-    const int buf = i & 1, q0 = (first + i) * kN;
+    const int buf = i & 1, q0 = query0(i);
     if (i + 1 < tiles) load_q(i + 1, buf ^ 1);
     mma::cp_async_commit();
     mma::cp_async_wait<1>();
@@ -91,10 +95,12 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();                     // buffer buf is refilled at i + 1
   }
 
-  T* dst = g.dqkv + f.qkv0;
+  T* dst = g.dqkv + f.seq0;
   const float dk_scale[2] = {sh.scale, sh.scale}, one[2] = {1.0f, 1.0f};
-  store_rows<T, true, kD>(dst + sh.C, c3, dk, dk_scale, key0, sh.T, sh.async16, lane);
-  store_rows<T, true, kD>(dst + 2 * sh.C, c3, dv, one, key0, sh.T, sh.async16, lane);
+  store_rows<T, true, kD>(dst + attention_detail::k_col(sh, kv), c3, dk, dk_scale, key0, sh.T,
+                          sh.async16, lane);
+  store_rows<T, true, kD>(dst + attention_detail::v_col(sh, kv), c3, dv, one, key0, sh.T,
+                          sh.async16, lane);
 }
 
 // dQ: one block per (b, h, 64 queries); same frame as the forward kernel, dS in place of P.
@@ -110,11 +116,12 @@ __global__ void __launch_bounds__(kThreads)
 
   const Frame f(sh, /*reverse=*/true);
   const int lane = f.lane, q0 = f.bc.tile * kRows, q_rows = min(kRows, sh.T - q0);
-  const T* head = g.qkv + f.qkv0;
-  load_tile<T, kRows, kD>(sQ, head + q0 * f.c3, f.c3, q_rows, sh.async16);
+  const int kv = f.bc.h / sh.group;
+  const T* seq = g.qkv + f.seq0;
+  load_tile<T, kRows, kD>(sQ, seq + q0 * f.c3 + f.bc.h * sh.hs, f.c3, q_rows, sh.async16);
   load_tile<T, kRows, kD>(sdO, g.dout + f.out0 + static_cast<std::int64_t>(q0) * sh.C, sh.C, q_rows,
                           sh.async16);
-  load_kv<T, kN, kD>(sK, sV, head, f.c3, 0, 0, sh);
+  load_kv<T, kN, kD>(sK, sV, seq, f.c3, kv, 0, 0, sh);
   mma::cp_async_commit();
 
   const int row0 = q0 + 16 * f.warp + lane / 4, col = 2 * (lane % 4);
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
   float dq[kD / 8][4] = {};
   for (int kt = 0; kt < tiles; ++kt) {
     const int buf = kt & 1, k0 = kt * kN;
-    if (kt + 1 < tiles) load_kv<T, kN, kD>(sK, sV, head, f.c3, kt + 1, buf ^ 1, sh);
+    if (kt + 1 < tiles) load_kv<T, kN, kD>(sK, sV, seq, f.c3, kv, kt + 1, buf ^ 1, sh);
     mma::cp_async_commit();
     mma::cp_async_wait<1>();
     __syncthreads();
@@ -154,7 +161,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const float scale[2] = {sh.scale, sh.scale};
-  store_rows<T, true, kD>(g.dqkv + f.qkv0, f.c3, dq, scale, row0, sh.T, sh.async16, lane);
+  store_rows<T, true, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T, sh.async16,
+                          lane);
 }
 
 void backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,
@@ -169,10 +177,11 @@ void backward(void* dqkv, const void* dout, const void* qkv, const float* lse, c
     const std::size_t dq_smem = sizeof(T) * (2 * kRows + 4 * kN) * ld<kD>();
     const Grads<T> g{static_cast<T*>(dqkv), static_cast<const T*>(dout), static_cast<const T*>(qkv),
                      lse, D};
-    // dK/dV and dQ write disjoint thirds of dqkv, so their order does not matter.
-    attention_detail::launch_tiles(op, &attention_tc_dkv_kernel<T, kD>, dkv_smem, kThreads, tc, s,
-                                   g);
-    attention_detail::launch_tiles(op, &attention_tc_dq_kernel<T, kD>, dq_smem, kThreads, tc, s, g);
+    // dK/dV and dQ write disjoint parts of dqkv, so their order does not matter.
+    attention_detail::launch_tiles(op, &attention_tc_dkv_kernel<T, kD>, dkv_smem, kThreads, sh.NKV,
+                                   tc, s, g);
+    attention_detail::launch_tiles(op, &attention_tc_dq_kernel<T, kD>, dq_smem, kThreads, sh.NH, tc,
+                                   s, g);
   });
 }
 

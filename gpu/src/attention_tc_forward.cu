@@ -25,10 +25,11 @@ __global__ void __launch_bounds__(kThreads)
   T* sV = sK + 2 * kTile;                        // 2 x (64, kLd)
 
   const Frame f(sh, /*reverse=*/true);
-  const int lane = f.lane, qt = f.bc.tile, q0 = qt * kRows;
-  const T* head = qkv + f.qkv0;
-  load_tile<T, kRows, kD>(sQ, head + q0 * f.c3, f.c3, min(kRows, sh.T - q0), sh.async16);
-  load_kv<T, kRows, kD>(sK, sV, head, f.c3, 0, 0, sh);
+  const int lane = f.lane, qt = f.bc.tile, q0 = qt * kRows, kv = f.bc.h / sh.group;
+  const T* seq = qkv + f.seq0;
+  load_tile<T, kRows, kD>(sQ, seq + q0 * f.c3 + f.bc.h * sh.hs, f.c3, min(kRows, sh.T - q0),
+                          sh.async16);
+  load_kv<T, kRows, kD>(sK, sV, seq, f.c3, kv, 0, 0, sh);
   mma::cp_async_commit();
 
   // This lane's rows: row0 and row0 + 8 (h = 0, 1); its columns of each 8-key tile j: 8 j + col.
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // max (log2 units), partial sums
   for (int kt = 0; kt <= qt; ++kt) {
     const int buf = kt & 1, k0 = kt * kRows;
-    if (kt < qt) load_kv<T, kRows, kD>(sK, sV, head, f.c3, kt + 1, buf ^ 1, sh);
+    if (kt < qt) load_kv<T, kRows, kD>(sK, sV, seq, f.c3, kv, kt + 1, buf ^ 1, sh);
     mma::cp_async_commit();  // an empty group on the last tile keeps the count uniform
     mma::cp_async_wait<1>();
     __syncthreads();  // every thread's copies of tile kt are in
@@ -103,7 +104,7 @@ void forward(void* out, float* lse, const void* qkv, const AttentionShape& sh, D
     constexpr int kD = decltype(size)::value;
     const std::size_t smem = sizeof(T) * 5 * kRows * ld<kD>();
     attention_detail::launch_tiles("launch_attention_forward", &attention_tc_forward_kernel<T, kD>,
-                                   smem, kThreads, tc, s, static_cast<T*>(out), lse,
+                                   smem, kThreads, sh.NH, tc, s, static_cast<T*>(out), lse,
                                    static_cast<const T*>(qkv));
   });
 }

@@ -42,4 +42,22 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+// kVec elements of T at p (aligned to the pack) widened to fp32, and stored back rounded.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_floats(const T* p, float (&x)[kVec]) {
+  const Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(p);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    x[k] = to_float(v.v[k]);
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_floats(T* p, const float (&x)[kVec]) {
+  Pack<T, kVec> v;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    v.v[k] = from_float<T>(x[k]);
+  *reinterpret_cast<Pack<T, kVec>*>(p) = v;
+}
+
 }  // namespace zo::gpu

@@ -62,16 +62,6 @@ __device__ __forceinline__ void add_pack(float (&acc)[kVec], const T* src) {
     acc[k] += to_float(p.v[k]);
 }
 
-// The kVec elements at dst (one aligned pack) = acc, rounded to T.
-template <typename T, int kVec>
-__device__ __forceinline__ void store_pack(T* dst, const float (&acc)[kVec]) {
-  Pack<T, kVec> p;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k)
-    p.v[k] = from_float<T>(acc[k]);
-  *reinterpret_cast<Pack<T, kVec>*>(dst) = p;
-}
-
 }  // namespace embedding_detail
 
 // out (N, C) written. seq_len = T.
@@ -125,7 +115,7 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     load_pack<T, kVec>(acc, dst);
     for (int b = 0; b < B; ++b)
       add_pack<T, kVec>(acc, dout + static_cast<std::size_t>(b) * batch_stride + t * C + c);
-    store_pack<T, kVec>(dst, acc);
+    store_floats<T, kVec>(dst, acc);
   }
 }
 
@@ -159,7 +149,7 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     load_pack<T, kVec>(acc, dst);
     for (int j = i; j < N && sorted_tokens[j] == tok; ++j)
       add_pack<T, kVec>(acc, dout + static_cast<std::size_t>(sorted_rows[j]) * C + c);
-    store_pack<T, kVec>(dst, acc);
+    store_floats<T, kVec>(dst, acc);
   }
 }
 

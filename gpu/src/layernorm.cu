@@ -59,23 +59,6 @@ inline int layernorm_backward_rows_per_chunk(int N, int C) {
   return static_cast<int>((N + chunks - 1) / chunks);
 }
 
-template <typename T, int kVec>
-__device__ __forceinline__ void load_floats(const T* p, float (&x)[kVec]) {
-  const Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(p);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k)
-    x[k] = to_float(v.v[k]);
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_floats(T* p, const float (&x)[kVec]) {
-  Pack<T, kVec> v;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k)
-    v.v[k] = from_float<T>(x[k]);
-  *reinterpret_cast<Pack<T, kVec>*>(p) = v;
-}
-
 // out (N,C) written; mean, rstd (N) written. kResidual: res (N,C) written = inp + inp2, the row
 // normalised; otherwise the row is inp (res and inp2 unused).
 template <typename T, int kVec, bool kResidual>

@@ -211,18 +211,53 @@ class CudaDevice final : public Device {
   void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                          Stream& s) override {
     launch(s, "attention_forward", [&](cudaStream_t cs) {
-      gpu::launch_attention_forward(out, lse, qkv, a.B, a.T, a.C, a.NH, act_, cs);
+      gpu::launch_attention_forward(out, lse, qkv, dims("attention_forward", a), act_, cs);
     });
   }
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                           const float* lse, const AttentionArgs& a, Stream& s) override {
+    const gpu::AttentionDims d = dims("attention_backward", a);
     launch_with_scratch(s, "attention_backward",
-                        gpu::attention_backward_scratch_floats(a.B, a.T, a.C, a.NH) * sizeof(float),
+                        gpu::attention_backward_scratch_floats(d) * sizeof(float),
                         [&](cudaStream_t cs, void* scratch) {
                           gpu::launch_attention_backward(dqkv, dout, qkv, out, lse,
-                                                         static_cast<float*>(scratch), a.B, a.T,
-                                                         a.C, a.NH, act_, cs);
+                                                         static_cast<float*>(scratch), d, act_, cs);
                         });
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C,
+                       float eps, Stream& s) override {
+    launch(s, "rmsnorm_forward", [&](cudaStream_t cs) {
+      gpu::launch_rmsnorm_forward(out, rstd, inp, weight, N, C, eps, act_, cs);
+    });
+  }
+  void rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N, int C,
+                        Stream& s) override {
+    launch(s, "rmsnorm_backward", [&](cudaStream_t cs) {
+      gpu::launch_rmsnorm_backward(dinp, dresidual, dweight, dout, inp, weight, rstd, N, C, act_,
+                                   cs);
+    });
+  }
+  void rope_forward(void* qkv, const float* inv_freq, const AttentionArgs& a, Stream& s) override {
+    launch(s, "rope_forward", [&](cudaStream_t cs) {
+      gpu::launch_rope_forward(qkv, inv_freq, dims("rope_forward", a), act_, cs);
+    });
+  }
+  void rope_backward(void* dqkv, const float* inv_freq, const AttentionArgs& a,
+                     Stream& s) override {
+    launch(s, "rope_backward", [&](cudaStream_t cs) {
+      gpu::launch_rope_backward(dqkv, inv_freq, dims("rope_backward", a), act_, cs);
+    });
+  }
+  void swiglu_forward(void* out, const void* gate_up, int N, int I, Stream& s) override {
+    launch(s, "swiglu_forward",
+           [&](cudaStream_t cs) { gpu::launch_swiglu_forward(out, gate_up, N, I, act_, cs); });
+  }
+  void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int N, int I,
+                       Stream& s) override {
+    launch(s, "swiglu_backward", [&](cudaStream_t cs) {
+      gpu::launch_swiglu_backward(dgate_up, dout, gate_up, N, I, act_, cs);
+    });
   }
   void cross_entropy(float* losses, void* dlogits, const void* logits, const std::int32_t* targets,
                      int N, int V, int ld, float dloss_scale, Stream& s) override {
@@ -276,6 +311,14 @@ class CudaDevice final : public Device {
     run(s, op, [&](gpu::Stream& cs) {
       cs.with_scratch(bytes, op, [&](void* scratch) { fn(cs.get(), scratch); });
     });
+  }
+  // AttentionArgs' defaults resolved (C / NH must be whole when HS is 0); gpu/ checks the rest.
+  static gpu::AttentionDims dims(const char* op, const AttentionArgs& a) {
+    if (a.HS == 0 && a.NH > 0 && a.C % a.NH != 0) {
+      bad_arg(op, "C = " + std::to_string(a.C) + " is not a multiple of NH = " +
+                      std::to_string(a.NH) + "; the head size must be a whole number");
+    }
+    return {a.B, a.T, a.NH, a.kv_heads(), a.NH > 0 ? a.head_size() : 0};
   }
   // The GELU matmuls take packed rows (the Device contract), which gpu/ does not see.
   static void require_packed(const char* op, const MatmulArgs& m) {

@@ -91,8 +91,21 @@ struct MatmulArgs {  // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
 
 // Columns the CUDA backend rounds a padded row up to a multiple of (Device::gemm_row_stride).
 inline constexpr int kGemmRowAlign = 128;
+// Causal self-attention over a fused qkv buffer, multi-head or grouped-query (GQA, arXiv
+// 2305.13245): NH query heads share NKV key/value heads, query head h reading kv head
+// h / (NH / NKV). hs = head_size(); qkv (B, T, (NH + 2 NKV) hs) per token as
+// [q (NH hs) | k (NKV hs) | v (NKV hs)], head h of each part at columns [h hs, (h+1) hs) of it:
+// what one matmul with the q, k and v projections stacked row-wise writes. out (B, T, NH hs).
+// With NKV = NH and hs = C / NH (GPT-2) that is qkv (B, T, 3C) and out (B, T, C).
 struct AttentionArgs {
-  int B, T, C, NH;  // head size C / NH; causal
+  int B, T, C, NH;  // C: the model's channels, read only to derive hs when HS is 0
+  int NKV = 0;      // key/value heads, a divisor of NH; 0: NH (multi-head attention)
+  int HS = 0;       // head size; 0: C / NH
+
+  int kv_heads() const { return NKV != 0 ? NKV : NH; }
+  int head_size() const { return HS != 0 ? HS : C / NH; }
+  int qkv_width() const { return (NH + 2 * kv_heads()) * head_size(); }  // qkv's row length
+  int out_width() const { return NH * head_size(); }                     // out's row length
 };
 
 // The checks every backend's adamw makes (hyperparameters, step, AdamW only); throws
@@ -192,14 +205,47 @@ class Device {
   // dst (N, fp32) += src (N, act dtype): gradients summed over micro-batches in fp32
   virtual void accumulate_f32(float* dst, const void* src, std::size_t n, Stream& s) = 0;
 
-  // Causal self-attention. qkv (B,T,3C) as [q | k | v], head h uses channels [h*hs, (h+1)*hs).
-  // out (B,T,C) written; lse (B,NH,T) fp32 written: per-row log-sum-exp of the scaled scores,
+  // Causal self-attention, shapes in AttentionArgs: qkv (B, T, qkv_width), out (B, T, out_width)
+  // written; lse (B,NH,T) fp32 written: per-row log-sum-exp of the scaled scores (q.k / sqrt(hs)),
   // kept for the backward pass instead of the (B,NH,T,T) probability matrix.
   virtual void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                                  Stream& s) = 0;
-  // dqkv (B,T,3C) += (the model zero-fills it: an accumulate the attention kernels still own)
+  // dqkv (B, T, qkv_width) += (the model zero-fills it: an accumulate the attention kernels still
+  // own); dk, dv of a kv head sum over the NH / NKV query heads sharing it, in a fixed order.
   virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, const AttentionArgs& a, Stream& s) = 0;
+
+  // ---- Llama-family ops ---------------------------------------------------------------------
+  // RMSNorm (arXiv 1910.07467), no bias: out (N,C) written = inp * rstd * weight; rstd (N) fp32
+  // written = 1 / sqrt(mean(inp^2) + eps); weight (C). Llama uses eps = rms_norm_eps (1e-5).
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N,
+                               int C, float eps, Stream& s) = 0;
+  // dinp (N,C) written = dresidual + d(RMSNorm)/d(inp); dweight (C) +=. dresidual as in
+  // layernorm_backward: null (nothing to add), dinp itself (accumulated in place) or separate.
+  virtual void rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, const void* dout,
+                                const void* inp, const void* weight, const float* rstd, int N,
+                                int C, Stream& s) = 0;
+
+  // Rotary position embedding (RoFormer, arXiv 2104.09864) in Hugging Face's rotate_half layout:
+  // in each q and k head of qkv (the layout of AttentionArgs), the pair (x_i, x_{i+hs/2}) of token
+  // t, i < hs/2, becomes (x_i cos - x_{i+hs/2} sin, x_{i+hs/2} cos + x_i sin) with angle
+  // t * inv_freq[i] (t = 0..T-1 in each sequence), in place; v is left alone. inv_freq (hs/2)
+  // fp32 (model/rope.h); the angle, cos and sin are fp32, as Hugging Face computes them. hs even.
+  virtual void rope_forward(void* qkv, const float* inv_freq, const AttentionArgs& a,
+                            Stream& s) = 0;
+  // The transpose rotation of the dq and dk parts of dqkv (B, T, qkv_width), in place: run after
+  // attention_backward, it turns the gradient of the rotated q, k into that of the unrotated.
+  virtual void rope_backward(void* dqkv, const float* inv_freq, const AttentionArgs& a,
+                             Stream& s) = 0;
+
+  // SwiGLU (arXiv 2002.05202): out (N,I) written = silu(gate) * up, silu(x) = x sigmoid(x).
+  // gate_up (N, 2I) per row as [gate (I) | up (I)]: one matmul with Llama's gate_proj and
+  // up_proj weights stacked row-wise writes it.
+  virtual void swiglu_forward(void* out, const void* gate_up, int N, int I, Stream& s) = 0;
+  // dgate_up (N, 2I) written = [dout * up * silu'(gate) | dout * silu(gate)]; it may be gate_up
+  // itself (each row is read before it is written).
+  virtual void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int N, int I,
+                               Stream& s) = 0;
 
   // Softmax cross-entropy over V classes per row. logits (N,V), rows ld >= V elements apart (the
   // columns past V are neither read nor written); targets (N) int32. losses (N) fp32 written.

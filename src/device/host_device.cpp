@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -291,7 +292,8 @@ class HostDevice final : public Device {
     require_attention(op, at);
     require_ptrs(op, {{out, "out"}, {lse, "lse"}, {qkv, "qkv"}});
     launch(s, op, [=](host::Arena& a) {
-      host::attention_forward(a, f32(out), lse, f32(qkv), at.B, at.T, at.C, at.NH);
+      host::attention_forward(a, f32(out), lse, f32(qkv), at.B, at.T, at.NH, at.kv_heads(),
+                              at.head_size());
     });
   }
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
@@ -300,8 +302,57 @@ class HostDevice final : public Device {
     require_attention(op, at);
     require_ptrs(op, {{dqkv, "dqkv"}, {dout, "dout"}, {qkv, "qkv"}, {out, "out"}, {lse, "lse"}});
     launch(s, op, [=](host::Arena& a) {
-      host::attention_backward(a, f32(dqkv), f32(dout), f32(qkv), f32(out), lse, at.B, at.T, at.C,
-                               at.NH);
+      host::attention_backward(a, f32(dqkv), f32(dout), f32(qkv), f32(out), lse, at.B, at.T, at.NH,
+                               at.kv_heads(), at.head_size());
+    });
+  }
+
+  void rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N, int C,
+                       float eps, Stream& s) override {
+    constexpr const char* op = "rmsnorm_forward";
+    require_rows(op, N, C, "C");
+    if (!(eps >= 0.0f) || !std::isfinite(eps)) bad_arg(op, "eps must be finite and >= 0");
+    require_ptrs(op, {{out, "out"}, {rstd, "rstd"}, {inp, "inp"}, {weight, "weight"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::rmsnorm_forward(a, f32(out), rstd, f32(inp), f32(weight), N, C, eps);
+    });
+  }
+  void rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N, int C,
+                        Stream& s) override {
+    constexpr const char* op = "rmsnorm_backward";
+    require_rows(op, N, C, "C");
+    require_ptrs(op, {{dinp, "dinp"},
+                      {dweight, "dweight"},
+                      {dout, "dout"},
+                      {inp, "inp"},
+                      {weight, "weight"},
+                      {rstd, "rstd"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::rmsnorm_backward(a, f32(dinp), f32(dresidual), f32(dweight), f32(dout), f32(inp),
+                             f32(weight), rstd, N, C);
+    });
+  }
+  void rope_forward(void* qkv, const float* inv_freq, const AttentionArgs& at, Stream& s) override {
+    rope("rope_forward", qkv, inv_freq, at, false, s);
+  }
+  void rope_backward(void* dqkv, const float* inv_freq, const AttentionArgs& at,
+                     Stream& s) override {
+    rope("rope_backward", dqkv, inv_freq, at, true, s);
+  }
+  void swiglu_forward(void* out, const void* gate_up, int N, int I, Stream& s) override {
+    constexpr const char* op = "swiglu_forward";
+    require_rows(op, N, I, "I");
+    require_ptrs(op, {{out, "out"}, {gate_up, "gate_up"}});
+    launch(s, op, [=](host::Arena& a) { host::swiglu_forward(a, f32(out), f32(gate_up), N, I); });
+  }
+  void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int N, int I,
+                       Stream& s) override {
+    constexpr const char* op = "swiglu_backward";
+    require_rows(op, N, I, "I");
+    require_ptrs(op, {{dgate_up, "dgate_up"}, {dout, "dout"}, {gate_up, "gate_up"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::swiglu_backward(a, f32(dgate_up), f32(dout), f32(gate_up), N, I);
     });
   }
 
@@ -409,13 +460,34 @@ class HostDevice final : public Device {
     }
   }
   static int ld_out(const MatmulArgs& m) { return m.ld_out != 0 ? m.ld_out : m.OC; }
+  static void require_rows(const char* op, int N, int C, const char* c_name) {
+    require_positive(N, op, "N");
+    require_positive(C, op, c_name);
+  }
   static void require_attention(const char* op, const AttentionArgs& a) {
     require_btc(op, a.B, a.T, a.C);
     require_positive(a.NH, op, "NH");
-    if (a.C % a.NH != 0) {
+    if (a.NKV < 0 || a.HS < 0) bad_arg(op, "NKV and HS must be >= 0 (0: the default)");
+    if (a.HS == 0 && a.C % a.NH != 0) {
       bad_arg(op, "C = " + std::to_string(a.C) + " is not a multiple of NH = " +
                       std::to_string(a.NH) + "; the head size must be a whole number");
     }
+    if (a.NH % a.kv_heads() != 0) {
+      bad_arg(op, "NH = " + std::to_string(a.NH) + " is not a multiple of NKV = " +
+                      std::to_string(a.NKV) + "; each kv head serves a whole group of query heads");
+    }
+  }
+  void rope(const char* op, void* qkv, const float* inv_freq, const AttentionArgs& at, bool inverse,
+            Stream& s) {
+    require_attention(op, at);
+    if (at.head_size() % 2 != 0) {
+      bad_arg(op,
+              "head size " + std::to_string(at.head_size()) + " must be even (pairs i, i+hs/2)");
+    }
+    require_ptrs(op, {{qkv, "qkv"}, {inv_freq, "inv_freq"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::rope(a, f32(qkv), inv_freq, at.B, at.T, at.NH, at.kv_heads(), at.head_size(), inverse);
+    });
   }
   // Validates an n-element op; false when n == 0 (nothing to enqueue).
   static bool require_elementwise(Stream& s, const char* op, std::size_t n,

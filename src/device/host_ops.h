@@ -48,10 +48,25 @@ void gelu_grad_in_place(Arena& arena, float* d, const float* pre, std::size_t n)
 void residual_forward(Arena& arena, float* out, const float* a, const float* b, std::size_t n);
 void accumulate(Arena& arena, float* dst, const float* src, std::size_t n);
 
-void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, int B, int T, int C,
-                       int NH);
+// NKV key/value heads (grouped-query when < NH), head size hs: the layout of dev::AttentionArgs.
+void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, int B, int T, int NH,
+                       int NKV, int hs);
 void attention_backward(Arena& arena, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int B, int T, int C, int NH);
+                        const float* out, const float* lse, int B, int T, int NH, int NKV, int hs);
+
+// The Llama-family ops (host_ops_llama.cpp).
+void rmsnorm_forward(Arena& arena, float* out, float* rstd, const float* inp, const float* weight,
+                     int N, int C, float eps);
+void rmsnorm_backward(Arena& arena, float* dinp, const float* dresidual, float* dweight,
+                      const float* dout, const float* inp, const float* weight, const float* rstd,
+                      int N, int C);
+// kInverse: the transpose rotation (the backward). Rotates the NH + NKV q and k heads of each
+// token of qkv (B, T, (NH + 2 NKV) hs) in place.
+void rope(Arena& arena, float* qkv, const float* inv_freq, int B, int T, int NH, int NKV, int hs,
+          bool inverse);
+void swiglu_forward(Arena& arena, float* out, const float* gate_up, int N, int I);
+void swiglu_backward(Arena& arena, float* dgate_up, const float* dout, const float* gate_up, int N,
+                     int I);
 
 void cross_entropy(Arena& arena, float* losses, float* dlogits, const float* logits,
                    const std::int32_t* targets, int N, int V, int ld, float dloss_scale);

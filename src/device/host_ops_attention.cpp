@@ -15,20 +15,23 @@ namespace zo::dev::host {
 // Per (batch, head): S = Q K^T / sqrt(hs) masked to j <= i, P = softmax(S), out = P V. Only the
 // per-row log-sum-exp is kept; backward recomputes P from it (FlashAttention-2, arXiv 2307.08691).
 
-void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, int B, int T, int C,
-                       int NH) {
-  const std::size_t t_len = T, c = C, c3 = 3 * c, nh = NH, hs = c / nh;
+void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, int B, int T, int NH,
+                       int NKV, int hs_in) {
+  const std::size_t t_len = T, nh = NH, hs = hs_in, group = std::size_t(NH / NKV);
+  const std::size_t ld = (nh + 2 * std::size_t(NKV)) * hs, c = nh * hs;  // qkv's, out's rows
+  const std::size_t k_col = c, v_col = c + std::size_t(NKV) * hs;        // k and v parts of qkv
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t q_blocks = ceil_div(t_len, kQueryRows);
   for_blocks(arena, std::size_t(B) * nh * q_blocks, [&](std::size_t task) {
     const std::size_t bh = task / q_blocks, b = bh / nh, h = bh % nh;
     const Range q = block_range(task % q_blocks, kQueryRows, t_len);
     const std::size_t keys = q.end;  // causal: rows of this block see keys [0, q.end)
-    const float* base = qkv + b * t_len * c3 + h * hs;
-    const ConstMatMap qm = cmap(base + q.begin * c3, q.size(), hs, c3);  // (rows, hs)
-    const ConstMatMap km = cmap(base + c, keys, hs, c3);                 // (keys, hs)
-    const ConstMatMap vm = cmap(base + 2 * c, keys, hs, c3);             // (keys, hs)
-    RowMat p(ix(q.size()), ix(keys));                                    // (rows, keys)
+    const float* seq = qkv + b * t_len * ld;
+    const std::size_t kv = (h / group) * hs;  // kv head h / group
+    const ConstMatMap qm = cmap(seq + q.begin * ld + h * hs, q.size(), hs, ld);  // (rows, hs)
+    const ConstMatMap km = cmap(seq + k_col + kv, keys, hs, ld);                 // (keys, hs)
+    const ConstMatMap vm = cmap(seq + v_col + kv, keys, hs, ld);                 // (keys, hs)
+    RowMat p(ix(q.size()), ix(keys));                                            // (rows, keys)
     p.noalias() = qm * km.transpose();
     for (std::size_t r = 0; r < q.size(); ++r) {
       const std::size_t i = q.begin + r;
@@ -53,24 +56,30 @@ void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, i
 }
 
 void attention_backward(Arena& arena, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int B, int T, int C, int NH) {
-  const std::size_t t_len = T, c = C, c3 = 3 * c, nh = NH, hs = c / nh;
+                        const float* out, const float* lse, int B, int T, int NH, int NKV,
+                        int hs_in) {
+  const std::size_t t_len = T, nh = NH, nkv = NKV, hs = hs_in, group = nh / nkv;
+  const std::size_t ld = (nh + 2 * nkv) * hs, c = nh * hs;  // qkv's, out's rows
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // One block per (batch, head): dk and dv sum over query rows, so the query blocks of a head
-  // run in order inside it and add into per-head accumulators.
-  for_blocks(arena, std::size_t(B) * nh, [&](std::size_t bh) {
-    const std::size_t b = bh / nh, h = bh % nh;
-    const float* base = qkv + b * t_len * c3 + h * hs;
-    float* dbase = dqkv + b * t_len * c3 + h * hs;
+  // One block per (batch, kv head): dk and dv sum over the query rows of the group's query heads,
+  // so those heads and their query blocks run in order inside it and add into per-kv-head
+  // accumulators.
+  for_blocks(arena, std::size_t(B) * nkv, [&](std::size_t bg) {
+    const std::size_t b = bg / nkv, g = bg % nkv;
+    const float* seq = qkv + b * t_len * ld;
+    float* dseq = dqkv + b * t_len * ld;
+    const std::size_t k_col = c + g * hs, v_col = c + (nkv + g) * hs;
     RowMat dk = RowMat::Zero(ix(t_len), ix(hs));  // (T, hs)
     RowMat dv = RowMat::Zero(ix(t_len), ix(hs));  // (T, hs)
     RowMat p, ds;
-    for (std::size_t qb = 0; qb < ceil_div(t_len, kQueryRows); ++qb) {
-      const Range q = block_range(qb, kQueryRows, t_len);
+    for (std::size_t task = 0; task < group * ceil_div(t_len, kQueryRows); ++task) {
+      const std::size_t h = g * group + task / ceil_div(t_len, kQueryRows);
+      const std::size_t bh = b * nh + h;
+      const Range q = block_range(task % ceil_div(t_len, kQueryRows), kQueryRows, t_len);
       const std::size_t keys = q.end;
-      const ConstMatMap qm = cmap(base + q.begin * c3, q.size(), hs, c3);  // (rows, hs)
-      const ConstMatMap km = cmap(base + c, keys, hs, c3);                 // (keys, hs)
-      const ConstMatMap vm = cmap(base + 2 * c, keys, hs, c3);             // (keys, hs)
+      const ConstMatMap qm = cmap(seq + q.begin * ld + h * hs, q.size(), hs, ld);  // (rows, hs)
+      const ConstMatMap km = cmap(seq + k_col, keys, hs, ld);                      // (keys, hs)
+      const ConstMatMap vm = cmap(seq + v_col, keys, hs, ld);                      // (keys, hs)
       const std::size_t row0 = (b * t_len + q.begin) * c + h * hs;
       const ConstMatMap dom = cmap(dout + row0, q.size(), hs, c);  // (rows, hs)
       const ConstMatMap om = cmap(out + row0, q.size(), hs, c);    // (rows, hs)
@@ -94,12 +103,12 @@ void attention_backward(Arena& arena, float* dqkv, const float* dout, const floa
         for (std::size_t j = i + 1; j < keys; ++j)
           prow[j] = srow[j] = 0.0f;
       }
-      map(dbase + q.begin * c3, q.size(), hs, c3).noalias() += scale * (ds * km);
+      map(dseq + q.begin * ld + h * hs, q.size(), hs, ld).noalias() += scale * (ds * km);
       dk.topRows(ix(keys)).noalias() += scale * (ds.transpose() * qm);
       dv.topRows(ix(keys)).noalias() += p.transpose() * dom;
     }
-    map(dbase + c, t_len, hs, c3) += dk;
-    map(dbase + 2 * c, t_len, hs, c3) += dv;
+    map(dseq + k_col, t_len, hs, ld) += dk;
+    map(dseq + v_col, t_len, hs, ld) += dv;
   });
 }
 

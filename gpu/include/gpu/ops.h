@@ -98,18 +98,46 @@ void launch_matmul_dgelu_backward(MatmulContext* ctx, void* dpre, void* dweight,
                                   const void* pre, int N, int C, int OC, DType t, cudaStream_t s);
 
 // ---- attention (attention_forward.cu, attention_backward.cu) ----------------------------------
+// Shapes of attention and the rotary embedding (dev::AttentionArgs): NH query heads, NKV key/value
+// heads (a divisor of NH; query head h reads kv head h / (NH / NKV)), head size hs. qkv (B, T,
+// (NH + 2 NKV) hs) per token as [q (NH hs) | k (NKV hs) | v (NKV hs)]; out (B, T, NH hs).
+struct AttentionDims {
+  int B, T, NH, NKV, hs;
+};
 // Causal, flash-style: never materialises (B,NH,T,T). bf16/fp16 with head sizes 64 and 128 run on
 // tensor cores (fp32 accumulation), everything else on fp32 FMA; both deterministic.
-// qkv (B,T,3C) as [q | k | v]; out (B,T,C) written; lse (B,NH,T) fp32 written (natural log of
-// the row sums of exp(score) with score = q.k / sqrt(hs)).
-void launch_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
+// out written; lse (B,NH,T) fp32 written (natural log of the row sums of exp(score) with
+// score = q.k / sqrt(hs)).
+void launch_attention_forward(void* out, float* lse, const void* qkv, const AttentionDims& d,
                               DType t, cudaStream_t s);
-// dqkv (B,T,3C) +=. `scratch` holds attention_backward_scratch_floats(B, T, C, NH) = B*NH*T floats
-// (D = rowsum(dout * out)); the caller keeps it alive until the launch has run.
-std::size_t attention_backward_scratch_floats(int B, int T, int C, int NH);  // checks the shape
+// dqkv +=; the dk, dv of a kv head sum over its query heads in a fixed order. `scratch` holds
+// attention_backward_scratch_floats(d) = B*NH*T floats (D = rowsum(dout * out)); the caller keeps
+// it alive until the launch has run.
+std::size_t attention_backward_scratch_floats(const AttentionDims& d);  // checks the shape
 void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                               const float* lse, float* scratch, int B, int T, int C, int NH,
-                               DType t, cudaStream_t s);
+                               const float* lse, float* scratch, const AttentionDims& d, DType t,
+                               cudaStream_t s);
+
+// ---- Llama-family ops (rmsnorm.cu, rope.cu, swiglu.cu) -----------------------------------------
+// out (N,C) written = inp * rstd * weight; rstd (N) fp32 written = 1 / sqrt(mean(inp^2) + eps).
+void launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N,
+                            int C, float eps, DType t, cudaStream_t s);
+// dinp (N,C) written = dresidual + d(RMSNorm)/d(inp); dresidual (N,C) may be null or dinp itself.
+// dweight (C) +=. Deterministic.
+void launch_rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, const void* dout,
+                             const void* inp, const void* weight, const float* rstd, int N, int C,
+                             DType t, cudaStream_t s);
+// The q and k heads of qkv rotated in place by t * inv_freq[i] (Hugging Face's rotate_half pairs
+// (i, i + hs/2)); the backward rotates dq, dk back (the transpose). inv_freq (hs/2) fp32; hs even.
+void launch_rope_forward(void* qkv, const float* inv_freq, const AttentionDims& d, DType t,
+                         cudaStream_t s);
+void launch_rope_backward(void* dqkv, const float* inv_freq, const AttentionDims& d, DType t,
+                          cudaStream_t s);
+// out (N,I) written = silu(gate) * up, gate_up (N, 2I) rows [gate | up]; the backward writes
+// dgate_up (N, 2I) = [dgate | dup] from dout (N, I); dgate_up may be gate_up.
+void launch_swiglu_forward(void* out, const void* gate_up, int N, int I, DType t, cudaStream_t s);
+void launch_swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int N, int I,
+                            DType t, cudaStream_t s);
 
 // ---- loss and reductions (cross_entropy.cu, reduce.cu) ----------------------------------------
 // losses (N) fp32 written; dlogits (may alias logits or be null) written with
