@@ -278,12 +278,12 @@ TEST_F(GpuTest, StreamsAndEventsMoveAndOrderWork) {
   const auto pool = std::make_shared<zo::gpu::MemoryPool>(usable_device(), std::size_t{64} << 20);
   {
     zo::gpu::Stream s(usable_device(), pool);
-    void* first = nullptr;
-    s.with_scratch(4000, "test scratch", [&](void* p) { first = p; });
-    EXPECT_NE(first, nullptr);
+    void* block = nullptr;
+    s.with_scratch(4000, "test scratch", [&](void* p) { block = p; });
+    EXPECT_NE(block, nullptr);
     EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(4000));
     // It persists: a request it already covers gets the same block, no allocation.
-    s.with_scratch(100, "test scratch", [&](void* p) { EXPECT_EQ(p, first); });
+    s.with_scratch(100, "test scratch", [&](void* p) { EXPECT_EQ(p, block); });
     EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(4000));
     s.with_scratch(40000, "test scratch", [](void* p) { EXPECT_NE(p, nullptr); });
     EXPECT_EQ(pool->in_use(), zo::gpu::MemoryPool::size_class(40000));
