@@ -215,11 +215,14 @@ void Session::open_device_and_plan() {
       // Ranks on one machine share its memory.
       cfg.host_memory ? cfg.host_memory : pinned::host_available_bytes() / std::size_t(local_ranks),
       false,
-      engine_config()};
+      engine_config(),
+      parse_accum_placement(cfg.grad_accum_on)};
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
   resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
   pi.resident = resident;
+  // Each rank decides by its own device: the collectives are the same either way.
+  accumulate_on_device = !resident && choice.offload_engine.accumulate_on_device;
   const MemoryPlan& plan = resident ? choice.resident : choice.offload;
   if (!plan.device_fits || !plan.host_fits) {
     throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
@@ -334,6 +337,7 @@ offload::EngineConfig Session::engine_config() const {
   offload::EngineConfig e;
   e.bucket_bytes = cfg.bucket_size;
   e.grad_accum = cfg.grad_accum;
+  e.accumulate_on_device = accumulate_on_device;
   e.pin = cfg.pin;
   e.dpu = cfg.dpu;
   e.ranks = ranks;

@@ -54,6 +54,8 @@ struct Session {
   std::unique_ptr<dev::Stream> stream;  // forward and backward
   std::unique_ptr<optim::HostOptimizer> opt;
   bool resident = false;  // optimizer state on the device (TrainConfig::mode)
+  // Offload, grad_accum > 1: micro-batches summed on the device (TrainConfig::grad_accum_on).
+  bool accumulate_on_device = false;
   report::Trace trace;
   std::unique_ptr<Updater> updater;
   std::unique_ptr<model::Model> model;
