@@ -70,7 +70,7 @@ struct Rig {
     ec.accumulate_on_device = on_device;
     engine = std::make_unique<Engine>(*d, *stream, layout, *opt, ec);
     engine->upload_all();
-    gpt = std::make_unique<zo::model::Gpt>(*d, layout, zo::model::GptShape{kB, kT, false});
+    gpt = std::make_unique<zo::model::Gpt>(*d, layout, zo::model::ModelShape{kB, kT, false});
   }
   // One step's gradients (no update: the next step reads the same weights).
   zo::offload::GradStats gradients(const Batches& b, zo::model::ParameterStore* store = nullptr) {
