@@ -3,6 +3,7 @@
 // from random junk (every element must be written); gradients it accumulates start from random
 // values (+= onto them). Padded rows (a row stride past the last column) hold NaN in inputs, so
 // that reading them shows, and junk in outputs, which must stay as it was.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -275,6 +276,20 @@ void attention(OpRun& r, zo::dev::AttentionArgs a) {
   r.out("dqkv", dqkv, Check::kAct);
 }
 
+// Decode attention: the query of position pos against the cache rows [0, pos]; the rows past pos
+// hold NaN, which must not be read.
+void attention_decode(OpRun& r, zo::dev::AttentionArgs a, int pos) {
+  const std::size_t C3 = a.qkv_width(), n_out = std::size_t(a.B) * a.out_width();
+  std::vector<float> qkv = r.normal(std::size_t(a.B) * a.T * C3);
+  for (std::size_t row = 0; row < std::size_t(a.B) * a.T; ++row) {
+    if (int(row % std::size_t(a.T)) <= pos) continue;
+    std::fill_n(qkv.begin() + std::ptrdiff_t(row * C3), C3, std::nanf(""));
+  }
+  const Tensor cache = r.act(qkv), out = r.rand(n_out);
+  r.dev().attention_decode(out.p, cache.p, pos, a, r.s());
+  r.out("out", out, Check::kAct);
+}
+
 // ---- Llama-family ops
 // ----------------------------------------------------------------------------
 
@@ -323,6 +338,29 @@ void rope(OpRun& r, zo::dev::AttentionArgs a, double theta) {
       changed += i % ld >= qk && std::memcmp(&after[i], &before[i], sizeof(float)) != 0 ? 1 : 0;
     EXPECT_EQ(changed, 0u) << (forward ? "rope_forward" : "rope_backward") << " wrote into v";
   }
+}
+
+// rope_forward at a position offset (as a decode step calls it), and the invariant that defines
+// the offset: the same bits as rows pos0.. of a sequence rotated from position 0.
+void rope_at_offset(OpRun& r, zo::dev::AttentionArgs a, double theta) {
+  rope(r, a, theta);
+  const std::size_t ld = a.qkv_width(), rows = std::size_t(a.T), lead = std::size_t(a.pos0);
+  const Tensor inv_freq = r.f32(rope_inv_freq(a.head_size(), theta));
+  const std::vector<float> x = r.normal(rows * ld);
+  std::vector<float> full((lead + rows) * ld, 0.0f);
+  std::copy(x.begin(), x.end(), full.begin() + std::ptrdiff_t(lead * ld));
+  const Tensor at_offset = r.act(x), from_zero = r.act(full);
+  zo::dev::AttentionArgs one = a, whole = a;
+  one.B = whole.B = 1;
+  whole.T = a.pos0 + a.T;
+  whole.pos0 = 0;
+  r.dev().rope_forward(at_offset.p, inv_freq.f(), one, r.s());
+  r.dev().rope_forward(from_zero.p, inv_freq.f(), whole, r.s());
+  const std::vector<std::uint8_t> got = r.raw(at_offset), want = r.raw(from_zero);
+  const std::size_t esize = want.size() / full.size();
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + std::ptrdiff_t(lead * ld * esize)))
+      << "rope_forward at pos0 = " << a.pos0 << " differs from positions " << a.pos0 << ".. of a "
+      << "sequence rotated from 0";
 }
 
 // out = silu(gate) * up; the gradient into a separate buffer and in place of gate_up: same bits.
@@ -528,6 +566,21 @@ std::vector<OpCase> make_cases() {
                        dim("NKV", a.NKV) + dim("HS", a.HS),
                    [a](OpRun& r) { attention(r, a); });
   }
+  // Decode attention at the first position, one in the middle and the last of the cache, past
+  // one 128-key chunk (T 150 and 300); GQA groups of 1, 2, 3 and 6 query heads; head sizes 16, 10
+  // (odd lanes), 48, 64, 100 and 128 (more than one pass of the 128 threads over hs).
+  for (const auto& [a, pos] :
+       {std::pair{AttentionArgs{2, 13, 48, 3}, 12}, std::pair{AttentionArgs{1, 9, 30, 3}, 0},
+        std::pair{AttentionArgs{2, 150, 40, 6, 2, 48}, 140},
+        std::pair{AttentionArgs{1, 300, 40, 6, 3, 64}, 257},
+        std::pair{AttentionArgs{2, 40, 40, 6, 1, 100}, 20},
+        std::pair{AttentionArgs{1, 7, 40, 2, 2, 10}, 6},
+        std::pair{AttentionArgs{1, 33, 40, 6, 6, 128}, 31},
+        std::pair{AttentionArgs{1, 1, 40, 6, 6, 16}, 0}}) {
+    add_repeatable("AttentionDecode" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) +
+                       dim("NKV", a.kv_heads()) + dim("HS", a.head_size()) + dim("pos", pos),
+                   [a, pos](OpRun& r) { attention_decode(r, a, pos); });
+  }
   for (const Rows s : {Rows{13, 48}, Rows{13, 37}, Rows{300, 200}}) {
     add_repeatable("RmsNorm" + dim("N", s.N) + dim("C", s.C),
                    [s](OpRun& r) { rmsnorm(r, s.N, s.C, 1e-5f); });
@@ -542,6 +595,13 @@ std::vector<OpCase> make_cases() {
               dim("HS", a.HS) + dim("theta", static_cast<long>(theta)),
           [a, theta](OpRun& r) { rope(r, a, theta); });
     }
+  }
+  // At a position offset: one decode row at position 77, three rows from 1000 (large angles).
+  for (AttentionArgs a : {AttentionArgs{1, 1, 40, 6, 2, 48}, AttentionArgs{2, 3, 40, 6, 3, 64}}) {
+    a.pos0 = a.T == 1 ? 77 : 1000;
+    add("Rope" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) + dim("NKV", a.NKV) +
+            dim("HS", a.HS) + dim("pos0", a.pos0),
+        [a](OpRun& r) { rope_at_offset(r, a, 5e5); });
   }
   for (const Rows s : {Rows{13, 37}, Rows{26, 64}, Rows{1, 1}}) {
     add("SwiGlu" + dim("N", s.N) + dim("I", s.C), [s](OpRun& r) { swiglu(r, s.N, s.C); });

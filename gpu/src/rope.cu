@@ -5,7 +5,7 @@
 // of each row. inv_freq (hs / 2) fp32.
 //
 // One thread per (token, q or k head, pair i < hs/2), grid-stride: it rotates (x_i, x_{i+hs/2})
-// by the angle t * inv_freq[i] (t: the token's position in its sequence; fp32 product, then
+// by the angle t * inv_freq[i] (t: pos0 + the token's row in its sequence; fp32 product, then
 // fp32 sincosf, as Hugging Face's fp32 cos/sin), or by its negative for the backward (the
 // transpose). Each element is read and written by one thread. Memory-bound and scalar: two T
 // loads and stores per thread.
@@ -27,7 +27,7 @@ constexpr int kRopeThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kRopeThreads)
     rope_kernel(T* __restrict__ qkv, const float* __restrict__ inv_freq, std::int64_t pairs, int T_,
-                int heads, int ld, int hs, float sign) {
+                int pos0, int heads, int ld, int hs, float sign) {
   const int half = hs / 2;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        idx < pairs; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     const std::int64_t rest = idx / half;
     const int h = static_cast<int>(rest % heads);
     const std::int64_t tok = rest / heads;
-    const float angle = static_cast<float>(tok % T_) * inv_freq[i];
+    const float angle = static_cast<float>(pos0 + tok % T_) * inv_freq[i];
     float sn, cs;
     sincosf(angle, &sn, &cs);
     sn *= sign;
@@ -54,8 +54,10 @@ void launch_rope(const char* op, void* qkv, const float* inv_freq, const Attenti
   const std::string shape = "B = " + std::to_string(d.B) + ", T = " + std::to_string(d.T) +
                             ", NH = " + std::to_string(d.NH) + ", NKV = " + std::to_string(d.NKV) +
                             ", hs = " + std::to_string(d.hs);
-  if (d.B <= 0 || d.T <= 0 || d.NH <= 0 || d.NKV <= 0 || d.hs <= 0 || d.hs % 2 != 0) {
-    detail::bad_arg(op, "B, T, NH, NKV and hs must be > 0 and hs even (" + shape + ")");
+  if (d.B <= 0 || d.T <= 0 || d.NH <= 0 || d.NKV <= 0 || d.hs <= 0 || d.hs % 2 != 0 ||
+      d.pos0 < 0) {
+    detail::bad_arg(op, "B, T, NH, NKV and hs must be > 0, hs even and pos0 >= 0 (" + shape +
+                            ", pos0 = " + std::to_string(d.pos0) + ")");
   }
   detail::check_not_null(op, {{qkv, "qkv"}, {inv_freq, "inv_freq"}}, [&] { return shape; });
   const int heads = d.NH + d.NKV;
@@ -65,7 +67,7 @@ void launch_rope(const char* op, void* qkv, const float* inv_freq, const Attenti
   ZO_DISPATCH_DTYPE(t, T, {
     ZO_LAUNCH(detail::fill_grid(static_cast<std::size_t>(pairs), kRopeThreads), kRopeThreads, 0, s,
               rope_kernel<T>)
-    (static_cast<T*>(qkv), inv_freq, pairs, d.T, heads, ld, d.hs, sign);
+    (static_cast<T*>(qkv), inv_freq, pairs, d.T, d.pos0, heads, ld, d.hs, sign);
   });
   ZO_CUDA_CHECK_LAUNCH();
 }

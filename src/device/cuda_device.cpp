@@ -214,6 +214,12 @@ class CudaDevice final : public Device {
       gpu::launch_attention_forward(out, lse, qkv, dims("attention_forward", a), act_, cs);
     });
   }
+  void attention_decode(void* out, const void* qkv, int pos, const AttentionArgs& a,
+                        Stream& s) override {
+    launch(s, "attention_decode", [&](cudaStream_t cs) {
+      gpu::launch_attention_decode(out, qkv, pos, dims("attention_decode", a), act_, cs);
+    });
+  }
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                           const float* lse, const AttentionArgs& a, Stream& s) override {
     const gpu::AttentionDims d = dims("attention_backward", a);
@@ -318,7 +324,7 @@ class CudaDevice final : public Device {
       bad_arg(op, "C = " + std::to_string(a.C) + " is not a multiple of NH = " +
                       std::to_string(a.NH) + "; the head size must be a whole number");
     }
-    return {a.B, a.T, a.NH, a.kv_heads(), a.NH > 0 ? a.head_size() : 0};
+    return {a.B, a.T, a.NH, a.kv_heads(), a.NH > 0 ? a.head_size() : 0, a.pos0};
   }
   // The GELU matmuls take packed rows (the Device contract), which gpu/ does not see.
   static void require_packed(const char* op, const MatmulArgs& m) {

@@ -101,6 +101,7 @@ struct AttentionArgs {
   int B, T, C, NH;  // C: the model's channels, read only to derive hs when HS is 0
   int NKV = 0;      // key/value heads, a divisor of NH; 0: NH (multi-head attention)
   int HS = 0;       // head size; 0: C / NH
+  int pos0 = 0;     // rope_forward/backward: the position of each sequence's first row
 
   int kv_heads() const { return NKV != 0 ? NKV : NH; }
   int head_size() const { return HS != 0 ? HS : C / NH; }
@@ -215,6 +216,14 @@ class Device {
   virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, const AttentionArgs& a, Stream& s) = 0;
 
+  // One step of incremental decoding with a KV cache: per sequence b, the query of position pos
+  // (0 <= pos < a.T) attends to the keys and values of positions [0, pos] (causal by
+  // construction) of qkv (B, T, qkv_width), the cache: a forward over the prompt fills its rows,
+  // each decode step writes row pos before this runs; rows past pos are not read. out (B,
+  // out_width) written. No lse: nothing goes backward through a decode step.
+  virtual void attention_decode(void* out, const void* qkv, int pos, const AttentionArgs& a,
+                                Stream& s) = 0;
+
   // ---- Llama-family ops ---------------------------------------------------------------------
   // RMSNorm (arXiv 1910.07467), no bias: out (N,C) written = inp * rstd * weight; rstd (N) fp32
   // written = 1 / sqrt(mean(inp^2) + eps); weight (C). Llama uses eps = rms_norm_eps (1e-5).
@@ -229,7 +238,8 @@ class Device {
   // Rotary position embedding (RoFormer, arXiv 2104.09864) in Hugging Face's rotate_half layout:
   // in each q and k head of qkv (the layout of AttentionArgs), the pair (x_i, x_{i+hs/2}) of token
   // t, i < hs/2, becomes (x_i cos - x_{i+hs/2} sin, x_{i+hs/2} cos + x_i sin) with angle
-  // t * inv_freq[i] (t = 0..T-1 in each sequence), in place; v is left alone. inv_freq (hs/2)
+  // t * inv_freq[i] (t = a.pos0 .. a.pos0 + T-1 in each sequence: a decode step rotates its one
+  // row at its position), in place; v is left alone. inv_freq (hs/2)
   // fp32 (model/rope.h); the angle, cos and sin are fp32, as Hugging Face computes them. hs even.
   virtual void rope_forward(void* qkv, const float* inv_freq, const AttentionArgs& a,
                             Stream& s) = 0;

@@ -296,6 +296,20 @@ class HostDevice final : public Device {
                               at.head_size());
     });
   }
+  void attention_decode(void* out, const void* qkv, int pos, const AttentionArgs& at,
+                        Stream& s) override {
+    constexpr const char* op = "attention_decode";
+    require_attention(op, at);
+    if (pos < 0 || pos >= at.T) {
+      bad_arg(op, "position " + std::to_string(pos) + " is outside the cache's [0, T = " +
+                      std::to_string(at.T) + ")");
+    }
+    require_ptrs(op, {{out, "out"}, {qkv, "qkv"}});
+    launch(s, op, [=](host::Arena& a) {
+      host::attention_decode(a, f32(out), f32(qkv), at.B, at.T, at.NH, at.kv_heads(),
+                             at.head_size(), pos);
+    });
+  }
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                           const float* lse, const AttentionArgs& at, Stream& s) override {
     constexpr const char* op = "attention_backward";
@@ -480,13 +494,15 @@ class HostDevice final : public Device {
   void rope(const char* op, void* qkv, const float* inv_freq, const AttentionArgs& at, bool inverse,
             Stream& s) {
     require_attention(op, at);
+    if (at.pos0 < 0) bad_arg(op, "pos0 = " + std::to_string(at.pos0) + " must be >= 0");
     if (at.head_size() % 2 != 0) {
       bad_arg(op,
               "head size " + std::to_string(at.head_size()) + " must be even (pairs i, i+hs/2)");
     }
     require_ptrs(op, {{qkv, "qkv"}, {inv_freq, "inv_freq"}});
     launch(s, op, [=](host::Arena& a) {
-      host::rope(a, f32(qkv), inv_freq, at.B, at.T, at.NH, at.kv_heads(), at.head_size(), inverse);
+      host::rope(a, f32(qkv), inv_freq, at.B, at.T, at.NH, at.kv_heads(), at.head_size(), at.pos0,
+                 inverse);
     });
   }
   // Validates an n-element op; false when n == 0 (nothing to enqueue).

@@ -53,6 +53,9 @@ void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, i
                        int NKV, int hs);
 void attention_backward(Arena& arena, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int B, int T, int NH, int NKV, int hs);
+// The query of position pos against keys and values [0, pos] of qkv (B, T, ...); out (B, NH hs).
+void attention_decode(Arena& arena, float* out, const float* qkv, int B, int T, int NH, int NKV,
+                      int hs, int pos);
 
 // The Llama-family ops (host_ops_llama.cpp).
 void rmsnorm_forward(Arena& arena, float* out, float* rstd, const float* inp, const float* weight,
@@ -61,9 +64,9 @@ void rmsnorm_backward(Arena& arena, float* dinp, const float* dresidual, float* 
                       const float* dout, const float* inp, const float* weight, const float* rstd,
                       int N, int C);
 // kInverse: the transpose rotation (the backward). Rotates the NH + NKV q and k heads of each
-// token of qkv (B, T, (NH + 2 NKV) hs) in place.
+// token of qkv (B, T, (NH + 2 NKV) hs) in place; row t of a sequence is at position pos0 + t.
 void rope(Arena& arena, float* qkv, const float* inv_freq, int B, int T, int NH, int NKV, int hs,
-          bool inverse);
+          int pos0, bool inverse);
 void swiglu_forward(Arena& arena, float* out, const float* gate_up, int N, int I);
 void swiglu_backward(Arena& arena, float* dgate_up, const float* dout, const float* gate_up, int N,
                      int I);

@@ -55,6 +55,38 @@ void attention_forward(Arena& arena, float* out, float* lse, const float* qkv, i
   });
 }
 
+// The last row of attention_forward's causal softmax, for one query row per (batch, head): the
+// scores of keys [0, pos] scaled, their log-sum-exp in double as there, then the weighted values.
+void attention_decode(Arena& arena, float* out, const float* qkv, int B, int T, int NH, int NKV,
+                      int hs_in, int pos) {
+  const std::size_t nh = NH, hs = hs_in, group = std::size_t(NH / NKV), keys = std::size_t(pos) + 1;
+  const std::size_t ld = (nh + 2 * std::size_t(NKV)) * hs, c = nh * hs;  // qkv's, out's rows
+  const std::size_t k_col = c, v_col = c + std::size_t(NKV) * hs;        // k and v parts of qkv
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for_blocks(arena, std::size_t(B) * nh, [&](std::size_t bh) {
+    const std::size_t b = bh / nh, h = bh % nh, kv = (h / group) * hs;
+    const float* seq = qkv + b * std::size_t(T) * ld;
+    const ConstMatMap qm = cmap(seq + keys * ld - ld + h * hs, 1, hs, ld);  // (1, hs)
+    const ConstMatMap km = cmap(seq + k_col + kv, keys, hs, ld);           // (keys, hs)
+    const ConstMatMap vm = cmap(seq + v_col + kv, keys, hs, ld);           // (keys, hs)
+    RowMat p(1, ix(keys));                                                 // (1, keys)
+    p.noalias() = qm * km.transpose();
+    float* row = p.data();
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < keys; ++j) {
+      row[j] *= scale;
+      m = std::max(m, row[j]);
+    }
+    double sum = 0.0;
+    for (std::size_t j = 0; j < keys; ++j)
+      sum += std::exp(row[j] - m);
+    const float row_lse = static_cast<float>(double{m} + std::log(sum));
+    for (std::size_t j = 0; j < keys; ++j)
+      row[j] = std::exp(row[j] - row_lse);
+    map(out + bh * hs, 1, hs, c).noalias() = p * vm;
+  });
+}
+
 void attention_backward(Arena& arena, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int B, int T, int NH, int NKV,
                         int hs_in) {

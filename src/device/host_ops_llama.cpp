@@ -73,7 +73,7 @@ void rmsnorm_backward(Arena& arena, float* dinp, const float* dresidual, float* 
 // ---- rotary embeddings (arXiv 2104.09864; Hugging Face's rotate_half pairs (i, i + hs/2)) -------
 
 void rope(Arena& arena, float* qkv, const float* inv_freq, int B, int T, int NH, int NKV, int hs,
-          bool inverse) {
+          int pos0, bool inverse) {
   const std::size_t tokens = std::size_t(B) * T, half = std::size_t(hs) / 2;
   const std::size_t heads = std::size_t(NH) + NKV;  // q then k heads: adjacent in each row
   const std::size_t ld = (std::size_t(NH) + 2 * std::size_t(NKV)) * hs;
@@ -82,7 +82,7 @@ void rope(Arena& arena, float* qkv, const float* inv_freq, int B, int T, int NH,
   for_blocks(arena, ceil_div(tokens, rows), [&](std::size_t blk) {
     const Range r = block_range(blk, rows, tokens);
     for (std::size_t tok = r.begin; tok < r.end; ++tok) {
-      const float t = static_cast<float>(tok % std::size_t(T));  // position in its sequence
+      const float t = static_cast<float>(std::size_t(pos0) + tok % std::size_t(T));  // position
       for (std::size_t i = 0; i < half; ++i) {
         const float angle = t * inv_freq[i];  // fp32, as Hugging Face
         const float cs = std::cos(angle), sn = sign * std::sin(angle);

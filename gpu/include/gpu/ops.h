@@ -104,6 +104,7 @@ void launch_matmul_dgelu_backward(MatmulContext* ctx, void* dpre, void* dweight,
 // (NH + 2 NKV) hs) per token as [q (NH hs) | k (NKV hs) | v (NKV hs)]; out (B, T, NH hs).
 struct AttentionDims {
   int B, T, NH, NKV, hs;
+  int pos0 = 0;  // RoPE: the position of each sequence's first row (a decode step's position)
 };
 // Causal, flash-style: never materialises (B,NH,T,T). bf16/fp16 with head sizes 64 and 128 run on
 // tensor cores (fp32 accumulation), everything else on fp32 FMA; both deterministic.
@@ -119,6 +120,12 @@ void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, co
                                const float* lse, float* scratch, const AttentionDims& d, DType t,
                                cudaStream_t s);
 
+// Decode attention (attention_decode.cu): per sequence b, the query of position pos (0 <= pos < T)
+// attends to the keys and values of positions [0, pos] of qkv (B, T, (NH + 2 NKV) hs), the KV
+// cache; out (B, NH hs) written. Rows past pos are not read.
+void launch_attention_decode(void* out, const void* qkv, int pos, const AttentionDims& d, DType t,
+                             cudaStream_t s);
+
 // ---- Llama-family ops (rmsnorm.cu, rope.cu, swiglu.cu) -----------------------------------------
 // out (N,C) written = inp * rstd * weight; rstd (N) fp32 written = 1 / sqrt(mean(inp^2) + eps).
 void launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void* weight, int N,
@@ -128,7 +135,7 @@ void launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void*
 void launch_rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, const void* dout,
                              const void* inp, const void* weight, const float* rstd, int N, int C,
                              DType t, cudaStream_t s);
-// The q and k heads of qkv rotated in place by t * inv_freq[i] (Hugging Face's rotate_half pairs
+// The q and k heads of qkv rotated in place by (d.pos0 + t) * inv_freq[i] (Hugging Face's rotate_half pairs
 // (i, i + hs/2)); the backward rotates dq, dk back (the transpose). inv_freq (hs/2) fp32; hs even.
 void launch_rope_forward(void* qkv, const float* inv_freq, const AttentionDims& d, DType t,
                          cudaStream_t s);
