@@ -19,23 +19,43 @@ void DeviceBatch::set(const std::vector<std::int32_t>& tokens,
                                 std::to_string(targets.size()) + " targets; the model expects " +
                                 std::to_string(BT_) + " (B x T)");
   }
-  for (const auto* v : {&tokens, &targets}) {
-    for (std::int32_t x : *v) {
-      if (x < 0 || x >= vocab_size_) {
-        throw std::invalid_argument("token id " + std::to_string(x) +
-                                    " is outside the model's vocabulary [0, " +
-                                    std::to_string(vocab_size_) + ")");
-      }
-    }
-  }
-  const int k = stage_;
-  stage_ ^= 1;
-  staged_done_[k]->synchronize();
+  check_ids(tokens);
+  check_ids(targets);
+  const int k = next_stage();
   staged_tokens_[k] = tokens;
   staged_targets_[k] = targets;
   device_.copy_to_device(tokens_, staged_tokens_[k].data(), BT_ * 4, s);
   if (!targets.empty()) device_.copy_to_device(targets_, staged_targets_[k].data(), BT_ * 4, s);
   device_.record(*staged_done_[k], s);
+}
+
+void DeviceBatch::set_token(std::size_t i, std::int32_t token, dev::Stream& s) {
+  if (i >= BT_) {
+    throw std::invalid_argument("token index " + std::to_string(i) + " is outside the batch of " +
+                                std::to_string(BT_) + " tokens");
+  }
+  check_ids({token});
+  const int k = next_stage();
+  staged_tokens_[k].assign(1, token);
+  device_.copy_to_device(tokens_ + i, staged_tokens_[k].data(), 4, s);
+  device_.record(*staged_done_[k], s);
+}
+
+void DeviceBatch::check_ids(const std::vector<std::int32_t>& ids) const {
+  for (std::int32_t x : ids) {
+    if (x < 0 || x >= vocab_size_) {
+      throw std::invalid_argument("token id " + std::to_string(x) +
+                                  " is outside the model's vocabulary [0, " +
+                                  std::to_string(vocab_size_) + ")");
+    }
+  }
+}
+
+int DeviceBatch::next_stage() {
+  const int k = stage_;
+  stage_ ^= 1;
+  staged_done_[k]->synchronize();
+  return k;
 }
 
 }  // namespace zo::model

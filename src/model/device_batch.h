@@ -21,10 +21,16 @@ class DeviceBatch {
   void set(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
            dev::Stream& s);
 
+  // The token at index i of the (B*T) tokens alone (a decode step's), checked and staged alike.
+  void set_token(std::size_t i, std::int32_t token, dev::Stream& s);
+
   const std::int32_t* tokens() const { return tokens_; }
   const std::int32_t* targets() const { return targets_; }
 
  private:
+  void check_ids(const std::vector<std::int32_t>& ids) const;
+  int next_stage();  // the staging slot to fill, once its last copy is done
+
   dev::Device& device_;
   std::int32_t *tokens_, *targets_;  // (B,T) device
   std::size_t BT_;

@@ -92,29 +92,38 @@ void* Gpt::at(const void* base, std::size_t elements) const {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
 }
 
-// Block l from its first LayerNorm to the MLP's projection into fcproj_. In forward, the LayerNorm
-// comes from the residual add that ends the previous block (forward() fuses the two); recomputing
-// for backward, the block computes it itself and stops after the GELU: backward reads nothing
-// later, and residuals_[l + 1] still holds the block's output (and acts(l + 1), shared with this
-// block under recompute, must not be written).
-void Gpt::block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s) {
+// Block l from its first LayerNorm to the MLP's projection into fcproj_, over the rows of r. In
+// forward, the LayerNorm comes from the residual add that ends the previous block (run() fuses
+// the two); recomputing for backward, the block computes it itself and stops after the GELU:
+// backward reads nothing later, and residuals_[l + 1] still holds the block's output (and
+// acts(l + 1), shared with this block under recompute, must not be written). A decode step
+// writes its qkv row into the cache (a.qkv) and attends to the cached rows.
+void Gpt::block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
+                        dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
-  const int N = shape_.B * t, C = spec.n_embd;
+  const int N = r.rows(), C = spec.n_embd;
   const BlockParams& bp = layout_.block(l);
   auto p = [&](std::size_t off) { return at(params, off); };
+  auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   LayerActs& a = acts(l);
-  const void* in = residuals_[static_cast<std::size_t>(l)];
+  const void* in = row(residuals_[static_cast<std::size_t>(l)], C);
+  void *ln1 = row(a.ln1, C), *atty = row(a.atty, C), *res2 = row(a.res2, C), *ln2 = row(a.ln2, C);
+  void *fch = row(a.fch, 4 * C), *fch_gelu = row(a.fch_gelu, 4 * C);
   if (recomputing) {
-    device_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+    device_.layernorm_forward(ln1, a.ln1_mean + r.row0, a.ln1_rstd + r.row0, in, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
   }
-  device_.matmul_forward(a.qkv, a.ln1, p(bp.qkv_w), p(bp.qkv_b), {N, C, 3 * C}, s);
-  device_.attention_forward(a.atty, a.lse, a.qkv, {shape_.B, t, C, spec.n_head}, s);
-  device_.matmul_forward(attproj_, a.atty, p(bp.attproj_w), p(bp.attproj_b), {N, C, C}, s);
-  device_.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, in, attproj_,
-                                     p(bp.ln2_w), p(bp.ln2_b), N, C, s);
-  device_.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, p(bp.fc_w), p(bp.fc_b), {N, C, 4 * C}, s);
+  device_.matmul_forward(row(a.qkv, 3 * C), ln1, p(bp.qkv_w), p(bp.qkv_b), {N, C, 3 * C}, s);
+  if (r.decode()) {
+    device_.attention_decode(atty, a.qkv, r.pos, {1, shape_.T, C, spec.n_head}, s);
+  } else {
+    device_.attention_forward(atty, a.lse, a.qkv, {r.B, r.T, C, spec.n_head}, s);
+  }
+  device_.matmul_forward(attproj_, atty, p(bp.attproj_w), p(bp.attproj_b), {N, C, C}, s);
+  device_.residual_layernorm_forward(res2, ln2, a.ln2_mean + r.row0, a.ln2_rstd + r.row0, in,
+                                     attproj_, p(bp.ln2_w), p(bp.ln2_b), N, C, s);
+  device_.matmul_gelu_forward(fch_gelu, fch, ln2, p(bp.fc_w), p(bp.fc_b), {N, C, 4 * C}, s);
   if (recomputing) return;
-  device_.matmul_forward(fcproj_, a.fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
+  device_.matmul_forward(fcproj_, fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
 }
 
 void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
@@ -127,38 +136,55 @@ void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_s
   }
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
-  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
+  forwarded(t);
+  run(store, RowSpan::whole(shape_.B, t), s);
+  if (with_targets) {
+    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_,
+                          shape_.B * t, spec.vocab_size, Vp_, dloss_scale, s);
+  }
+}
+
+void Gpt::decode_step(ParameterStore& store, int pos, dev::Stream& s) {
+  grads_ready_ = false;  // the logits row is overwritten
+  run(store, RowSpan::step(pos), s);
+}
+
+void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
   const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
+  auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
+  const int f = r.row0;  // the rows' offset into the per-row statistics
   store.before_read(0);
-  device_.embedding_forward(residuals_[0], tokens_, p(layout_.wte()), p(layout_.wpe()), shape_.B, t,
-                            C, s);
+  // A decode step's row is at position row0: wpe's row of that position.
+  device_.embedding_forward(row(residuals_[0], C), tokens_ + f, p(layout_.wte()),
+                            row(p(layout_.wpe()), C), r.B, r.T, C, s);
   store.before_read(1);
   const BlockParams& first = layout_.block(0);
-  device_.layernorm_forward(acts(0).ln1, acts(0).ln1_mean, acts(0).ln1_rstd, residuals_[0],
-                            p(first.ln1_w), p(first.ln1_b), N, C, s);
+  device_.layernorm_forward(row(acts(0).ln1, C), acts(0).ln1_mean + f, acts(0).ln1_rstd + f,
+                            row(residuals_[0], C), p(first.ln1_w), p(first.ln1_b), N, C, s);
   for (int l = 0; l < L; ++l) {
-    block_forward(params, l, t, false, s);
+    block_forward(params, l, r, false, s);
     // The residual add that ends block l, fused with the LayerNorm that reads its output: block
     // l + 1's first, or the final one.
     store.before_read(std::size_t(l) + 2);
-    const std::size_t out = std::size_t(l) + 1;
+    void* out = row(residuals_[std::size_t(l) + 1], C);
+    const void* res2 = row(acts(l).res2, C);
     if (l + 1 < L) {
       LayerActs& next = acts(l + 1);
       const BlockParams& bp = layout_.block(l + 1);
-      device_.residual_layernorm_forward(residuals_[out], next.ln1, next.ln1_mean, next.ln1_rstd,
-                                         acts(l).res2, fcproj_, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+      device_.residual_layernorm_forward(out, row(next.ln1, C), next.ln1_mean + f,
+                                         next.ln1_rstd + f, res2, fcproj_, p(bp.ln1_w),
+                                         p(bp.ln1_b), N, C, s);
     } else {
-      device_.residual_layernorm_forward(residuals_[out], lnf_, lnf_mean_, lnf_rstd_, acts(l).res2,
+      device_.residual_layernorm_forward(out, row(lnf_, C), lnf_mean_ + f, lnf_rstd_ + f, res2,
                                          fcproj_, p(layout_.lnf_w()), p(layout_.lnf_b()), N, C, s);
     }
   }
   // The LM head; logits rows Vp_ apart (the device's GEMM stride), only the first V columns used.
-  device_.matmul_forward(logits_, lnf_, p(layout_.wte()), nullptr, {N, C, V, Vp_}, s);
-  if (with_targets) {
-    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_, N, V, Vp_,
-                          dloss_scale, s);
-  }
+  device_.matmul_forward(row(logits_, Vp_), row(lnf_, C), p(layout_.wte()), nullptr,
+                         {N, C, V, Vp_}, s);
 }
 
 void Gpt::backward(ParameterStore& store, dev::Stream& s) {
@@ -188,7 +214,7 @@ void Gpt::backward(ParameterStore& store, dev::Stream& s) {
   // dres_ carries dL/d(residual stream) down through the blocks: each LayerNorm backward adds its
   // input gradient to it in place.
   for (int l = spec.n_layer - 1; l >= 0; --l) {
-    if (shape_.recompute) block_forward(params, l, t, true, s);
+    if (shape_.recompute) block_forward(params, l, RowSpan::whole(shape_.B, t), true, s);
     const BlockParams& bp = layout_.block(l);
     LayerActs& a = acts(l);
     const void* in = residuals_[static_cast<std::size_t>(l)];

@@ -31,6 +31,7 @@
 #include "model/device_batch.h"
 #include "model/layout.h"
 #include "model/model.h"
+#include "model/row_span.h"
 
 namespace zo::model {
 
@@ -53,9 +54,15 @@ class Gpt final : public Model {
   void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
                dev::Stream& s) override;
   void backward(ParameterStore& store, dev::Stream& s) override;
+  void set_token(int pos, std::int32_t token, dev::Stream& s) override {
+    batch_->set_token(static_cast<std::size_t>(pos), token, s);
+  }
   const float* losses() const override { return losses_; }
   const void* logits() const override { return logits_; }
   int logits_stride() const override { return Vp_; }
+
+ protected:
+  void decode_step(ParameterStore& store, int pos, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -63,7 +70,10 @@ class Gpt final : public Model {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
   };
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
-  void block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s);
+  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
+                     dev::Stream& s);
+  // Embedding, blocks and LM head over the rows of r (forward and decode_step).
+  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s);
   void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
 
   dev::Device& device_;

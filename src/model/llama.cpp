@@ -103,32 +103,40 @@ void* Llama::at(const void* base, std::size_t elements) const {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
 }
 
-dev::AttentionArgs Llama::attention(int t) const {
+dev::AttentionArgs Llama::attention(int B, int T, int pos0) const {
   const ModelSpec& s = layout_.spec();
-  return {shape_.B, t, s.n_embd, s.n_head, s.n_kv_head, s.head_dim};
+  return {B, T, s.n_embd, s.n_head, s.n_kv_head, s.head_dim, pos0};
 }
 
-void Llama::block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s) {
+void Llama::block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
+                          dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const Widths w(spec);
-  const int N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV), I = int(w.I);
+  const int N = r.rows(), C = int(w.C), Q = int(w.Q), QKV = int(w.QKV), I = int(w.I);
   const LlamaBlockParams& bp = layout_.llama_block(l);
   auto p = [&](std::size_t off) { return at(params, off); };
   auto bias = [&](std::size_t off) { return off == LlamaBlockParams::kNone ? nullptr : p(off); };
+  auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   LayerActs& a = acts(l);
-  const void* x = residuals_[static_cast<std::size_t>(l)];
-  const dev::AttentionArgs att = attention(t);
-  device_.rmsnorm_forward(a.ln1, a.rstd1, x, p(bp.attn_norm), N, C, eps_, s);
-  device_.matmul_forward(a.qkv, a.ln1, p(bp.qkv_w), bias(bp.qkv_b), {N, C, QKV}, s);
-  device_.rope_forward(a.qkv, inv_freq_.as<float>(), att, s);
-  device_.attention_forward(a.atty, a.lse, a.qkv, att, s);
-  device_.matmul_forward(attn_out_, a.atty, p(bp.o_w), bias(bp.o_b), {N, Q, C}, s);
-  device_.residual_forward(a.res2, x, attn_out_, std::size_t(N) * C, s);
-  device_.rmsnorm_forward(a.ln2, a.rstd2, a.res2, p(bp.mlp_norm), N, C, eps_, s);
-  device_.matmul_forward(a.gate_up, a.ln2, p(bp.gate_up_w), nullptr, {N, C, 2 * I}, s);
-  device_.swiglu_forward(a.h, a.gate_up, N, I, s);
+  const void* x = row(residuals_[static_cast<std::size_t>(l)], C);
+  void *ln1 = row(a.ln1, C), *qkv = row(a.qkv, QKV), *atty = row(a.atty, Q);
+  void *res2 = row(a.res2, C), *ln2 = row(a.ln2, C), *gate_up = row(a.gate_up, 2 * I);
+  void* h = row(a.h, I);
+  device_.rmsnorm_forward(ln1, a.rstd1 + r.row0, x, p(bp.attn_norm), N, C, eps_, s);
+  device_.matmul_forward(qkv, ln1, p(bp.qkv_w), bias(bp.qkv_b), {N, C, QKV}, s);
+  device_.rope_forward(qkv, inv_freq_.as<float>(), attention(r.B, r.T, r.row0), s);
+  if (r.decode()) {
+    device_.attention_decode(atty, a.qkv, r.pos, attention(1, shape_.T), s);
+  } else {
+    device_.attention_forward(atty, a.lse, a.qkv, attention(r.B, r.T), s);
+  }
+  device_.matmul_forward(attn_out_, atty, p(bp.o_w), bias(bp.o_b), {N, Q, C}, s);
+  device_.residual_forward(res2, x, attn_out_, std::size_t(N) * C, s);
+  device_.rmsnorm_forward(ln2, a.rstd2 + r.row0, res2, p(bp.mlp_norm), N, C, eps_, s);
+  device_.matmul_forward(gate_up, ln2, p(bp.gate_up_w), nullptr, {N, C, 2 * I}, s);
+  device_.swiglu_forward(h, gate_up, N, I, s);
   if (recomputing) return;  // backward reads nothing later
-  device_.matmul_forward(mlp_out_, a.h, p(bp.down_w), nullptr, {N, I, C}, s);
+  device_.matmul_forward(mlp_out_, h, p(bp.down_w), nullptr, {N, I, C}, s);
 }
 
 void Llama::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
@@ -141,25 +149,39 @@ void Llama::forward(ParameterStore& store, int t, bool with_targets, float dloss
   }
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
-  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
+  forwarded(t);
+  run(store, RowSpan::whole(shape_.B, t), s);
+  if (with_targets) {
+    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, batch_->targets(),
+                          shape_.B * t, spec.vocab_size, Vp_, dloss_scale, s);
+  }
+}
+
+void Llama::decode_step(ParameterStore& store, int pos, dev::Stream& s) {
+  grads_ready_ = false;  // the logits row is overwritten
+  run(store, RowSpan::step(pos), s);
+}
+
+void Llama::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
   const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
+  auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   store.before_read(0);
-  device_.embedding_forward(residuals_[0], batch_->tokens(), p(layout_.wte()), nullptr, shape_.B,
-                            t, C, s);
+  device_.embedding_forward(row(residuals_[0], C), batch_->tokens() + r.row0, p(layout_.wte()),
+                            nullptr, r.B, r.T, C, s);
   for (int l = 0; l < L; ++l) {
     store.before_read(std::size_t(l) + 1);
-    block_forward(params, l, t, false, s);
-    device_.residual_forward(residuals_[std::size_t(l) + 1], acts(l).res2, mlp_out_,
-                             std::size_t(N) * C, s);
+    block_forward(params, l, r, false, s);
+    device_.residual_forward(row(residuals_[std::size_t(l) + 1], C), row(acts(l).res2, C),
+                             mlp_out_, std::size_t(N) * C, s);
   }
   store.before_read(std::size_t(L) + 1);
-  device_.rmsnorm_forward(lnf_, lnf_rstd_, residuals_.back(), p(layout_.lnf_w()), N, C, eps_, s);
-  device_.matmul_forward(logits_, lnf_, p(layout_.lm_head()), nullptr, {N, C, V, Vp_}, s);
-  if (with_targets) {
-    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, batch_->targets(), N,
-                          V, Vp_, dloss_scale, s);
-  }
+  device_.rmsnorm_forward(row(lnf_, C), lnf_rstd_ + r.row0, row(residuals_.back(), C),
+                          p(layout_.lnf_w()), N, C, eps_, s);
+  device_.matmul_forward(row(logits_, Vp_), row(lnf_, C), p(layout_.lm_head()), nullptr,
+                         {N, C, V, Vp_}, s);
 }
 
 void Llama::backward(ParameterStore& store, dev::Stream& s) {
@@ -178,7 +200,7 @@ void Llama::backward(ParameterStore& store, dev::Stream& s) {
   auto g = [&](std::size_t off) { return store.grad(off); };
   auto gbias = [&](std::size_t off) { return off == LlamaBlockParams::kNone ? nullptr : g(off); };
   auto done = [&](std::size_t off) { store.complete_from(off); };
-  const dev::AttentionArgs att = attention(t);
+  const dev::AttentionArgs att = attention(shape_.B, t);
 
   // LM head and final RMSNorm; dln_ holds d(lnf). dres_ then carries dL/d(residual stream) down
   // through the blocks, each RMSNorm backward adding its input gradient to it in place.
@@ -189,7 +211,7 @@ void Llama::backward(ParameterStore& store, dev::Stream& s) {
   done(layout_.lnf_w());
 
   for (int l = spec.n_layer - 1; l >= 0; --l) {
-    if (shape_.recompute) block_forward(params, l, t, true, s);
+    if (shape_.recompute) block_forward(params, l, RowSpan::whole(shape_.B, t), true, s);
     const LlamaBlockParams& bp = layout_.llama_block(l);
     LayerActs& a = acts(l);
     // MLP. SwiGLU's gradient overwrites gate_up in place (nothing reads gate_up after it).

@@ -19,6 +19,7 @@
 #include "model/device_batch.h"
 #include "model/layout.h"
 #include "model/model.h"
+#include "model/row_span.h"
 
 namespace zo::model {
 
@@ -40,9 +41,15 @@ class Llama final : public Model {
   void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
                dev::Stream& s) override;
   void backward(ParameterStore& store, dev::Stream& s) override;
+  void set_token(int pos, std::int32_t token, dev::Stream& s) override {
+    batch_->set_token(static_cast<std::size_t>(pos), token, s);
+  }
   const float* losses() const override { return losses_; }
   const void* logits() const override { return logits_; }
   int logits_stride() const override { return Vp_; }
+
+ protected:
+  void decode_step(ParameterStore& store, int pos, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -50,10 +57,15 @@ class Llama final : public Model {
     float *rstd1, *rstd2, *lse;                         // (B,T), (B,T), (B,NH,T)
   };
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
-  // Block l up to its MLP output in mlp_out_; recomputing (backward), up to the SwiGLU.
-  void block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s);
+  // Block l over the rows of r up to its MLP output in mlp_out_; recomputing (backward), up to
+  // the SwiGLU. A decode step writes its qkv row into the cache and attends to the cached rows.
+  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
+                     dev::Stream& s);
+  // Embedding, blocks and LM head over the rows of r (forward and decode_step).
+  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s);
   void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
-  dev::AttentionArgs attention(int t) const;
+  // Attention's shapes for B sequences of T rows whose first row is at position pos0.
+  dev::AttentionArgs attention(int B, int T, int pos0 = 0) const;
 
   dev::Device& device_;
   const ParameterLayout& layout_;

@@ -23,6 +23,31 @@ void Model::backward(const void* params, void* grads, dev::Stream& s) {
   backward(flat, s);
 }
 
+void Model::decode(ParameterStore& store, int pos, dev::Stream& s) {
+  const ModelShape& sh = shape();
+  if (sh.B != 1 || sh.recompute) {
+    throw std::logic_error("decode needs a model of micro-batch 1 without recompute (micro-batch " +
+                           std::to_string(sh.B) + (sh.recompute ? ", recompute)" : ")"));
+  }
+  if (pos < 0 || pos >= sh.T || pos > cached_) {
+    throw std::invalid_argument("decode at position " + std::to_string(pos) +
+                                ": need 0 <= pos < T = " + std::to_string(sh.T) +
+                                " and pos <= the " + std::to_string(cached_) +
+                                " positions cached (forward over the prompt first)");
+  }
+  decode_step(store, pos, s);
+  cached_ = pos + 1;
+}
+
+void Model::decode(const void* params, int pos, dev::Stream& s) {
+  FlatParameters flat(params, nullptr, act_);
+  decode(flat, pos, s);
+}
+
+void Model::forwarded(int t) {
+  cached_ = shape().B == 1 && !shape().recompute ? t : 0;
+}
+
 void check_shape(const ModelSpec& spec, const ModelShape& shape) {
   if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
     throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +

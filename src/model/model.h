@@ -51,11 +51,29 @@ class Model {
   // The logits' row stride: V on the host backend, V rounded up to a multiple of 128 on CUDA.
   virtual int logits_stride() const = 0;
 
+  // Incremental decoding with a KV cache (micro-batch 1, recompute off). The cache is each
+  // layer's qkv activations, (T, qkv_width) with the row of position p as [q | k | v] (the
+  // layout of dev::AttentionArgs): no memory beyond the activations. A forward over the first t
+  // positions (the prompt) fills rows [0, t). decode(pos) runs the token of position pos
+  // (set_token) through every block as one row: it writes that position's qkv row (k and v
+  // rotated by RoPE at pos in the Llama family), attends to rows [0, pos] and writes logits row
+  // pos, equal to what a forward over pos + 1 positions would write. Needs pos < T and pos <=
+  // the positions cached so far (a forward over t caches t; decode(pos) leaves pos + 1).
+  void decode(ParameterStore& store, int pos, dev::Stream& s);
+  void decode(const void* params, int pos, dev::Stream& s);
+  // The token of position pos (sequence 0), for decode; the host value may be reused at once.
+  virtual void set_token(int pos, std::int32_t token, dev::Stream& s) = 0;
+
  protected:
   explicit Model(DType act) : act_(act) {}
+  // The implementations' part of decode, after its checks.
+  virtual void decode_step(ParameterStore& store, int pos, dev::Stream& s) = 0;
+  // A forward over t positions calls this: with micro-batch 1 and no recompute it fills the cache.
+  void forwarded(int t);
 
  private:
-  DType act_;  // of parameters, gradients and activations
+  DType act_;     // of parameters, gradients and activations
+  int cached_ = 0;  // positions [0, cached_) of the KV cache hold the current sequence's rows
 };
 
 // The model the layout's spec describes.

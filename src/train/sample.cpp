@@ -73,42 +73,64 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   } drain{*stream};
 
   std::mt19937_64 rng(c.seed);
-  std::vector<std::int32_t> seq = c.prompt, window(static_cast<std::size_t>(T));
-  std::vector<float> logits(static_cast<std::size_t>(V));
   std::vector<int> order(static_cast<std::size_t>(V));
-  for (int k = 0; k < c.new_tokens; ++k) {
-    const int t = std::min<int>(T, static_cast<int>(seq.size()));
-    std::fill(window.begin(), window.end(), 0);
-    std::copy(seq.end() - t, seq.end(), window.begin());
-    model->set_batch(window, {}, *stream);
-    model->forward(params.data(), t, false, 0.0f, *stream);
-    dev->copy_to_host(logits.data(),
-                      static_cast<const float*>(model->logits()) + std::size_t(t - 1) * V,
-                      std::size_t(V) * 4, *stream);
-    stream->synchronize();
-    std::int32_t next = 0;
+  const TokenPicker pick = [&](const std::vector<float>& logits) -> std::int32_t {
     if (c.temperature == 0.0f) {
-      next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
+      return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
                                        logits.begin());
-    } else {
-      for (int i = 0; i < V; ++i)
-        order[i] = i;
-      int keep = V;
-      if (c.top_k > 0 && c.top_k < V) {
-        keep = c.top_k;
-        std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                          [&](int a, int b) { return logits[a] > logits[b]; });
-      }
-      double mx = -INFINITY;
-      for (int i = 0; i < keep; ++i)
-        mx = std::max(mx, double(logits[order[i]]));
-      std::vector<double> p(static_cast<std::size_t>(keep));
-      for (int i = 0; i < keep; ++i)
-        p[i] = std::exp((logits[order[i]] - mx) / c.temperature);
-      std::discrete_distribution<int> pick(p.begin(), p.end());
-      next = order[pick(rng)];
     }
+    for (int i = 0; i < V; ++i)
+      order[i] = i;
+    int keep = V;
+    if (c.top_k > 0 && c.top_k < V) {
+      keep = c.top_k;
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                        [&](int a, int b) { return logits[a] > logits[b]; });
+    }
+    double mx = -INFINITY;
+    for (int i = 0; i < keep; ++i)
+      mx = std::max(mx, double(logits[order[i]]));
+    std::vector<double> p(static_cast<std::size_t>(keep));
+    for (int i = 0; i < keep; ++i)
+      p[i] = std::exp((logits[order[i]] - mx) / c.temperature);
+    std::discrete_distribution<int> choose(p.begin(), p.end());
+    return order[choose(rng)];
+  };
+  return generate_with(*model, params.data(), *dev, *stream, c.prompt, c.new_tokens, pick);
+}
+
+std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
+                                        dev::Stream& s, std::vector<std::int32_t> seq,
+                                        int new_tokens, const TokenPicker& pick) {
+  const int T = model.shape().T, V = model.layout().spec().vocab_size;
+  const int stride = model.logits_stride();
+  std::vector<std::int32_t> window(static_cast<std::size_t>(T));
+  std::vector<float> logits(static_cast<std::size_t>(V));
+  std::size_t start = seq.size() > std::size_t(T) ? seq.size() - std::size_t(T) : 0;
+  int pos = 0;  // the cache position of the last token, whose logits row comes next
+  auto prefill = [&] {
+    std::fill(window.begin(), window.end(), 0);
+    std::copy(seq.begin() + std::ptrdiff_t(start), seq.end(), window.begin());
+    model.set_batch(window, {}, s);
+    pos = static_cast<int>(seq.size() - start) - 1;
+    model.forward(params, pos + 1, false, 0.0f, s);
+  };
+  if (new_tokens > 0) prefill();
+  for (int k = 0; k < new_tokens; ++k) {
+    dev.copy_to_host(logits.data(),
+                     static_cast<const float*>(model.logits()) + std::size_t(pos) * stride,
+                     std::size_t(V) * 4, s);
+    s.synchronize();
+    const std::int32_t next = pick(logits);
     seq.push_back(next);
+    if (k + 1 == new_tokens) break;
+    if (pos + 1 == T) {  // the context is full: keep its second half
+      start = seq.size() - std::size_t(std::max(1, T / 2));
+      prefill();
+    } else {
+      model.set_token(++pos, next, s);
+      model.decode(params, pos, s);
+    }
   }
   return seq;
 }

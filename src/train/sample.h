@@ -2,8 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "device/device.h"
+#include "model/model.h"
 
 namespace zo::train {
 
@@ -20,7 +24,20 @@ struct SampleConfig {
   int threads = 0;
 };
 
-// Returns the prompt followed by the generated tokens. Context beyond block_size slides.
+// Returns the prompt followed by the generated tokens (generate_with's context policy).
 std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size = nullptr);
+
+// Picks the next token from one row of logits (V fp32).
+using TokenPicker = std::function<std::int32_t(const std::vector<float>& logits)>;
+
+// The generation loop with the KV cache (Model::decode): a forward over the context (prefill),
+// then one decode step per new token, each reading one logits row. `model` was made with
+// micro-batch 1, no recompute and T = the context length; params (its layout, act dtype, fp32
+// logits: the host backend) on dev. Context policy: a prompt longer than T keeps its last T
+// tokens; when the context is full, the last max(1, T/2) tokens are prefilled again and decoding
+// goes on from there (the KV cache holds absolute positions, so it cannot slide by one).
+std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
+                                        dev::Stream& s, std::vector<std::int32_t> prompt,
+                                        int new_tokens, const TokenPicker& pick);
 
 }  // namespace zo::train
