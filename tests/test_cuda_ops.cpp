@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "decode_check.h"
 #include "device/cuda_device.h"
 #include "device/device.h"
 #include "gpu/device.h"
@@ -213,6 +214,36 @@ TEST_P(CudaModel, LlamaFamilyLossAndGradientsMatchHost) {
                                                              {"max_position_embeddings", 16},
                                                              {"tie_word_embeddings", true}},
                                                             "tiny-qwen2-cuda"));
+}
+
+// The KV cache on the CUDA backend: after a prefill of 4 positions, each decode step's logits
+// against the full forward's at that position on the same device (GPT-2; GQA with head size 64,
+// the tensor-core path of the full forward in 16 bits; Qwen2's single kv head).
+TEST_P(CudaModel, DecodeStepsEqualTheFullForward) {
+  for (const nlohmann::json& cfg :
+       {nlohmann::json{{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101},
+                       {"block_size", 16}},
+        nlohmann::json{{"model_type", "llama"}, {"hidden_size", 48}, {"num_hidden_layers", 2},
+                       {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 64},
+                       {"intermediate_size", 37}, {"vocab_size", 101},
+                       {"max_position_embeddings", 16}},
+        nlohmann::json{{"model_type", "qwen2"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+                       {"num_attention_heads", 4}, {"num_key_value_heads", 1},
+                       {"intermediate_size", 40}, {"vocab_size", 101},
+                       {"max_position_embeddings", 16}, {"tie_word_embeddings", true}}}) {
+    const zo::model::ParameterLayout layout(zo::model::model_spec_from_json(cfg, "decode"));
+    SCOPED_TRACE(cfg.dump());
+    std::vector<float> params(layout.size());
+    zo::model::init_weights(layout, 5, params.data());
+    for (float& p : params)
+      p *= 4.0f;  // logits far from flat
+    OpRun d(*cuda_device(t()), t(), 0);
+    const Tensor p = d.act(zo::test::round_to(params, t()));
+    const auto r = zo::test::decode_vs_forward(d.dev(), layout, p.p, tokens(11, 101), 4);
+    const bool f32 = t() == DType::kF32;
+    zo::test::expect_close(r.decoded, r.forward,
+                           f32 ? zo::test::Tol{1e-4, 1e-4} : zo::test::Tol{5e-2, 1e-1}, "logits");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModel,
