@@ -237,7 +237,8 @@ TEST_P(CudaModel, DecodeStepsEqualTheFullForward) {
     zo::model::init_weights(layout, 5, params.data());
     for (float& p : params)
       p *= 4.0f;  // logits far from flat
-    OpRun d(*cuda_device(t()), t(), 0);
+    const auto dev = cuda_device(t());
+    OpRun d(*dev, t(), 0);
     const Tensor p = d.act(zo::test::round_to(params, t()));
     const auto r = zo::test::decode_vs_forward(d.dev(), layout, p.p, tokens(11, 101), 4);
     const bool f32 = t() == DType::kF32;
