@@ -62,7 +62,7 @@ class Gpt final : public Model {
   int logits_stride() const override { return Vp_; }
 
  protected:
-  void decode_step(ParameterStore& store, int pos, dev::Stream& s) override;
+  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -72,8 +72,6 @@ class Gpt final : public Model {
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
   void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
                      dev::Stream& s);
-  // Embedding, blocks and LM head over the rows of r (forward and decode_step).
-  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s);
   void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
 
   dev::Device& device_;

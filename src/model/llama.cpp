@@ -157,12 +157,8 @@ void Llama::forward(ParameterStore& store, int t, bool with_targets, float dloss
   }
 }
 
-void Llama::decode_step(ParameterStore& store, int pos, dev::Stream& s) {
-  grads_ready_ = false;  // the logits row is overwritten
-  run(store, RowSpan::step(pos), s);
-}
-
 void Llama::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  if (r.decode()) grads_ready_ = false;  // its logits row overwrites dlogits
   const ModelSpec& spec = layout_.spec();
   const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
   const void* params = store.params();

@@ -49,7 +49,7 @@ class Llama final : public Model {
   int logits_stride() const override { return Vp_; }
 
  protected:
-  void decode_step(ParameterStore& store, int pos, dev::Stream& s) override;
+  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -61,8 +61,6 @@ class Llama final : public Model {
   // the SwiGLU. A decode step writes its qkv row into the cache and attends to the cached rows.
   void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
                      dev::Stream& s);
-  // Embedding, blocks and LM head over the rows of r (forward and decode_step).
-  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s);
   void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
   // Attention's shapes for B sequences of T rows whose first row is at position pos0.
   dev::AttentionArgs attention(int B, int T, int pos0 = 0) const;

@@ -35,7 +35,7 @@ void Model::decode(ParameterStore& store, int pos, dev::Stream& s) {
                                 " and pos <= the " + std::to_string(cached_) +
                                 " positions cached (forward over the prompt first)");
   }
-  decode_step(store, pos, s);
+  run(store, RowSpan::step(pos), s);
   cached_ = pos + 1;
 }
 

@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "model/layout.h"
 #include "model/parameter_store.h"
+#include "model/row_span.h"
 
 namespace zo::model {
 
@@ -66,8 +67,8 @@ class Model {
 
  protected:
   explicit Model(DType act) : act_(act) {}
-  // The implementations' part of decode, after its checks.
-  virtual void decode_step(ParameterStore& store, int pos, dev::Stream& s) = 0;
+  // Embedding, blocks and LM head over the rows of r: a forward's whole batch, or decode's step.
+  virtual void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) = 0;
   // A forward over t positions calls this: with micro-batch 1 and no recompute it fills the cache.
   void forwarded(int t);
 
