@@ -46,7 +46,11 @@ std::string export_checkpoint(const ExportConfig& c) {
       throw std::invalid_argument("--shard-size applies to a directory output; -o " + c.out +
                                   " writes one .safetensors file (give a directory to shard)");
     }
-    shard_bytes = parse_bytes(c.shard_size);
+    try {
+      shard_bytes = parse_bytes(c.shard_size);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--shard-size: ") + e.what());
+    }
     if (shard_bytes == 0) throw std::invalid_argument("--shard-size must be above 0 bytes");
   }
   if (one_file) {
