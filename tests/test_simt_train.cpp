@@ -107,13 +107,30 @@ TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) 
   }
 }
 
-// The dynamic scale doubles after every clean step until an fp16 gradient overflows: that step
-// is skipped (nothing changes, the scale halves) and training goes on.
-TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
-  const std::string args = "--steps 10 --mode resident";
-  const Steps gpu = emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30",
-                             dir_.path, "gpu");
+// --grad-accum 3 in offload mode, bf16: micro-batches summed on the device (the fp32 sum rounded
+// once) and on the host (fp32 sums read by CPU Adam), each against the host backend, and against
+// each other: the first step's loss is the same computation, then the updates differ by Adam of
+// gradients one rounding apart (2^-8 relative per element).
+TEST_F(SimtTrain, OffloadAccumulationOnTheDeviceMatchesTheHostPath) {
+  const std::string args = "--steps 4 --mode offload --grad-accum 3";
+  const Steps on_device =
+      emulated(args + " --precision bf16 --grad-accum-on device", dir_.path, "device");
+  const Steps on_host =
+      emulated(args + " --precision bf16 --grad-accum-on host", dir_.path, "host_accum");
   const Steps ref = host(args, dir_.path, "host");
+  expect_matches_host(on_device, ref, 2e-2, 1e-1, "bf16, summed on the device");
+  expect_matches_host(on_host, ref, 2e-2, 1e-1, "bf16, summed on the host");
+  ASSERT_FALSE(on_device.loss.empty());
+  EXPECT_EQ(on_device.loss[0], on_host.loss[0]);
+  expect_matches_host(on_device, on_host, 1e-3, 1e-2, "summed on the device vs on the host");
+}
+
+// The dynamic scale doubles after every clean step until an fp16 gradient overflows: that step
+// is skipped (nothing changes, the scale halves) and training goes on. `args` picks the mode.
+void expect_fp16_overflow_skipped(const std::string& args, const fs::path& dir) {
+  const Steps gpu =
+      emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30", dir, "gpu");
+  const Steps ref = host(args, dir, "host");
   ASSERT_EQ(gpu.loss.size(), 10u);
   std::size_t first_skip = gpu.skipped.size();
   for (std::size_t i = 0; i < gpu.skipped.size(); ++i) {
@@ -132,6 +149,17 @@ TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
   }
   EXPECT_TRUE(std::isfinite(gpu.loss.back()));
   EXPECT_LT(gpu.loss.back(), gpu.loss.front());
+}
+
+TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
+  expect_fp16_overflow_skipped("--steps 10 --mode resident", dir_.path);
+}
+
+// The same with offload mode summing --grad-accum 3 on the device: the overflow of any micro-
+// batch, or of the rounded sum, skips the step.
+TEST_F(SimtTrain, Fp16OverflowIsSkippedWithOffloadAccumulationOnTheDevice) {
+  expect_fp16_overflow_skipped("--steps 10 --mode offload --grad-accum 3 --grad-accum-on device",
+                               dir_.path);
 }
 
 // Stopping at step 3 and resuming gives the same steps 4..6 as the uninterrupted run.

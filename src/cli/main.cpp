@@ -102,6 +102,10 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
                 "resident (optimizer state on the device), offload (on the host, CPU Adam) or "
                 "auto (resident when it fits on a GPU)")
       ->capture_default_str();
+  t->add_option("--grad-accum-on", c.grad_accum_on,
+                "offload, --grad-accum > 1: sum micro-batches in fp32 on the device (one bucket "
+                "per step to the host), on the host, or auto (the device when it fits)")
+      ->capture_default_str();
   t->add_option("--precision", c.precision,
                 "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
       ->capture_default_str();
@@ -251,6 +255,11 @@ int main(int argc, char** argv) {
   plan->add_option("--mode", plan_mode, "auto (both modes and the choice), resident or offload")
       ->capture_default_str();
   plan->add_option("--grad-accum", plan_accum, "micro-batches per step")->capture_default_str();
+  std::string plan_accum_on = "auto";
+  plan->add_option(
+          "--grad-accum-on", plan_accum_on,
+          "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
+      ->capture_default_str();
   plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
   plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
@@ -339,6 +348,7 @@ int main(int argc, char** argv) {
           plan_hostmem.text.empty() ? zo::pinned::host_available_bytes() : plan_hostmem.bytes();
       if (plan_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
       pi.engine.grad_accum = plan_accum;
+      pi.grad_accum_on = zo::train::parse_accum_placement(plan_accum_on);
       pi.engine.dpu = plan_dpu;
       if (!plan_bucket.text.empty()) pi.engine.bucket_bytes = plan_bucket.bytes();
       if (plan_mode != "auto" && plan_mode != "resident" && plan_mode != "offload") {
