@@ -178,6 +178,28 @@ TEST(Cli, ExportWritesAHuggingFaceDirectory) {
   EXPECT_FALSE(fs::exists(fs::path(ckpt) / "step_00000002" / "config.json"));
 }
 
+// A Llama-family checkpoint exports as the directory transformers loads, and trains on from it.
+TEST(Cli, LlamaCheckpointsExportToADirectoryAndTrainOnFromIt) {
+  TempDir d;
+  for (const std::string model : {"tiny-llama", "tiny-qwen2"}) {
+    const fs::path ckpt = d.path / (model + "_ckpt"), out = d.path / model;
+    Result r = run("train --model " + model + " --steps 1 --seq-len 16 -b 2 -q --checkpoint-dir " +
+                   ckpt.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run("export --checkpoint latest --checkpoint-dir " + ckpt.string() + " -o " + out.string() +
+            " --shard-size 100KB");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json")) << model;
+    std::ifstream config_in(out / "config.json");
+    const auto config = nlohmann::json::parse(config_in);
+    EXPECT_EQ(config.at("model_type"), model == "tiny-llama" ? "llama" : "qwen2");
+    EXPECT_FALSE(config.contains("name"));
+    r = run("train --model " + (out / "config.json").string() + " --init-from " + out.string() +
+            " --steps 1 --seq-len 16 -b 2 -q");
+    EXPECT_EQ(r.code, 0) << model << "\n" << r.out;
+  }
+}
+
 // The README's worked example, command for command, in a scratch directory: every line
 // succeeds, and the resumed run is the same run (its lr and warmup come from the checkpoint).
 TEST(Cli, ReadmeWorkedExampleRuns) {
