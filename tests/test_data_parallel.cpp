@@ -36,15 +36,15 @@ const std::string kBin = ZO_OFFLOAD_TRAIN_BIN;
 // device by default: the host backend's device memory is unlimited). One compute thread per rank
 // on a 2-core machine.
 const std::string kCommon =
-    " train --model tiny --device host --mode offload --seq-len 32 --steps 6 --grad-accum 2"
+    " train --device host --mode offload --seq-len 32 --steps 6 --grad-accum 2"
     " --bucket-size 30011 --threads 1 --adam-threads 1 --eval-batches 2 -q";
 
-Result ranks(int n, const std::string& args) {
-  return run_command(kMpiexec + " -np " + std::to_string(n) + " " + kBin + kCommon +
-                     " --comm-timeout 120 " + args);
+Result ranks(int n, const std::string& args, const std::string& model = "tiny") {
+  return run_command(kMpiexec + " -np " + std::to_string(n) + " " + kBin + kCommon + " --model " +
+                     model + " --comm-timeout 120 " + args);
 }
-Result single(const std::string& args) {
-  return run_command(kBin + kCommon + " " + args);
+Result single(const std::string& args, const std::string& model = "tiny") {
+  return run_command(kBin + kCommon + " --model " + model + " " + args);
 }
 
 std::string bytes_of(const fs::path& p) {
@@ -88,6 +88,21 @@ TEST(DataParallel, TwoRanksTrainLikeOneProcessWithTheSameGlobalBatch) {
     }
     EXPECT_LT(b.back()["loss"].get<double>(), b.front()["loss"].get<double>()) << "it learns";
   }
+}
+
+// The Llama family the same way: Qwen2-shaped (q/k/v biases, one kv head, tied head), the fused
+// q|k|v and gate|up gradients cut into shards of unequal length by the odd bucket size.
+TEST(DataParallel, LlamaFamilyTwoRanksTrainLikeOneProcess) {
+  NEED_MPI();
+  TempDir d;
+  const fs::path one = d.path / "one.jsonl", two = d.path / "two.jsonl";
+  const Result s = single("--micro-batch 4 --metrics " + one.string(), "tiny-qwen2");
+  ASSERT_EQ(s.code, 0) << s.out;
+  const Result r = ranks(2, "--micro-batch 2 --metrics " + two.string(), "tiny-qwen2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = zo::test::read_jsonl(one), b = zo::test::read_jsonl(two);
+  expect_close(a, b);
+  EXPECT_LT(b.back()["loss"].get<double>(), b.front()["loss"].get<double>()) << "it learns";
 }
 
 // Reference losses of a 2-rank job, pinned bit for bit like Trainer.ReferenceLossesArePinned

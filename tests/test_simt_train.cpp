@@ -27,13 +27,14 @@ struct Steps {
   std::vector<bool> skipped;
 };
 
-// A short run of the `tiny` GPT-2 on the synthetic task; `extra` picks device, dtype and mode.
+// A short run of `model` (the `tiny` GPT-2 by default) on the synthetic task; `extra` picks
+// device, dtype and mode.
 Steps train(const char* binary, const std::string& extra, const fs::path& dir,
-            const std::string& name) {
+            const std::string& name, const std::string& model = "tiny") {
   const fs::path metrics = dir / (name + ".jsonl");
   fs::remove(metrics);  // runs of the same name replace each other's metrics
-  const std::string cmd = std::string(binary) +
-                          " train --model tiny -b 2 --seq-len 32 --seed 5 --lr 3e-3 --warmup 2"
+  const std::string cmd = std::string(binary) + " train --model " + model +
+                          " -b 2 --seq-len 32 --seed 5 --lr 3e-3 --warmup 2"
                           " --eval-batches 1 -q --metrics " +
                           metrics.string() + " " + extra;
   const auto r = run_command(cmd);
@@ -52,12 +53,14 @@ Steps train(const char* binary, const std::string& extra, const fs::path& dir,
   return run;
 }
 
-Steps emulated(const std::string& extra, const fs::path& dir, const std::string& name) {
-  return train(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda " + extra, dir, name);
+Steps emulated(const std::string& extra, const fs::path& dir, const std::string& name,
+               const std::string& model = "tiny") {
+  return train(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda " + extra, dir, name, model);
 }
 
-Steps host(const std::string& extra, const fs::path& dir, const std::string& name) {
-  return train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 " + extra, dir, name);
+Steps host(const std::string& extra, const fs::path& dir, const std::string& name,
+           const std::string& model = "tiny") {
+  return train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 " + extra, dir, name, model);
 }
 
 void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
@@ -96,6 +99,19 @@ TEST_F(SimtTrain, ResidentBf16MatchesTheHostBackend) {
   const std::string accum = args + " --grad-accum 3";
   expect_matches_host(emulated(accum + " --precision bf16", dir_.path, "gpu"),
                       host(accum, dir_.path, "host"), 2e-2, 1e-1, "bf16 resident, accumulation");
+}
+
+// The Llama family through the same binary: GQA, RoPE, RMSNorm and SwiGLU on the emulated GPU,
+// resident and offloaded.
+TEST_F(SimtTrain, LlamaFamilyMatchesTheHostBackend) {
+  for (const std::string model : {"tiny-llama", "tiny-qwen2"}) {
+    for (const std::string mode : {"--mode resident", "--mode offload --dpu --dpu-warmup 2"}) {
+      const std::string args = "--steps 4 " + mode;
+      expect_matches_host(emulated(args + " --precision bf16", dir_.path, "gpu", model),
+                          host(args, dir_.path, "host", model), 2e-2, 1e-1,
+                          model + " bf16 " + mode);
+    }
+  }
 }
 
 TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) {

@@ -27,16 +27,12 @@
 
 namespace {
 
-// The presets this build trains (the Llama family's are read but not run yet).
 std::string presets_help() {
   std::string s = "model preset (";
-  bool first = true;
-  for (const auto& name : zo::model::preset_names()) {
-    if (zo::model::load_model_spec(name).llama()) continue;
-    s += (first ? "" : ", ") + name;
-    first = false;
-  }
-  return s + ") or a JSON spec with GPT-2 keys";
+  const auto names = zo::model::preset_names();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    s += (i ? ", " : "") + names[i];
+  return s + "), a JSON spec with GPT-2 keys, or a Hugging Face config.json";
 }
 
 // Bytes given as text ("512MiB") on the command line.
@@ -230,7 +226,7 @@ int main(int argc, char** argv) {
   zo::train::TrainConfig tc;
   std::string decay = "cosine", state_dtype = "fp32";
   ByteSize devmem, hostmem, bucket;
-  auto* train = app.add_subcommand("train", "Train a GPT-2-architecture model");
+  auto* train = app.add_subcommand("train", "Train a GPT-2 or Llama-family model");
   add_train_options(train, tc, decay, state_dtype, devmem, hostmem, bucket);
 
   // plan

@@ -57,7 +57,8 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   // reduce-scatter sums the ranks' gradients.
   const std::size_t step_tokens = BT * std::size_t(A) * std::size_t(S.ranks);
   const float dloss_unscaled = 1.0f / float(step_tokens);
-  const double fpt = report::flops_per_token(S.layout->size(), S.spec.n_layer, S.spec.n_embd, T);
+  const double fpt = report::flops_per_token(S.layout->size(), S.spec.n_layer,
+                                             S.spec.n_head * S.spec.head_size(), T);
 
   report::MetricsWriter metrics;
   if (!cfg.metrics.empty() && S.rank == 0) {
