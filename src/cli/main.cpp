@@ -18,6 +18,7 @@
 #include "report/system_info.h"
 #include "tokenize/decode.h"
 #include "tokenize/tokenizer.h"
+#include "tokenize_command.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/plan.h"
@@ -26,7 +27,6 @@
 #include "train/sample.h"
 #include "train/stop_request.h"
 #include "train/trainer.h"
-#include "tokenize_command.h"
 #include "usage_errors.h"
 
 #ifndef ZO_VERSION

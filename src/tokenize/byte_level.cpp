@@ -29,7 +29,9 @@ const Alphabet& alphabet() {
 
 }  // namespace
 
-char32_t byte_to_code_point(unsigned char b) { return alphabet().code[b]; }
+char32_t byte_to_code_point(unsigned char b) {
+  return alphabet().code[b];
+}
 
 void append_utf8(std::string& out, char32_t c) {
   if (c < 0x80) {
@@ -68,7 +70,8 @@ std::optional<std::string> from_byte_level(std::string_view text) {
       i += 1;
     } else if ((c0 & 0xE0) == 0xC0 && i + 1 < text.size() &&
                (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80) {
-      c = static_cast<char32_t>(((c0 & 0x1F) << 6) | (static_cast<unsigned char>(text[i + 1]) & 0x3F));
+      c = static_cast<char32_t>(((c0 & 0x1F) << 6) |
+                                (static_cast<unsigned char>(text[i + 1]) & 0x3F));
       i += 2;
     } else {
       return std::nullopt;

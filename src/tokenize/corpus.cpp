@@ -74,30 +74,36 @@ std::optional<Chunk> ChunkReader::next() {
     const InputFile& file = files_[index_];
     if (!f_) {
       f_ = std::fopen(file.path.c_str(), "rb");
-      if (!f_)
-        throw DataError("cannot open input '" + file.path + "': " + std::strerror(errno));
+      if (!f_) throw DataError("cannot open input '" + file.path + "': " + std::strerror(errno));
       line_ = 1;
       carry_.clear();
     }
     Chunk c{&file, line_, std::move(carry_)};
     carry_.clear();
-    const std::size_t want = file.jsonl ? chunk_bytes_ : SIZE_MAX;
-    char buf[1 << 16];
-    while (c.bytes.size() < want) {
-      const std::size_t n = std::fread(buf, 1, sizeof buf, f_);
-      if (n == 0) break;
-      c.bytes.append(buf, n);
-    }
-    if (std::ferror(f_))
-      throw DataError("cannot read input '" + file.path + "': " + std::strerror(errno));
-    const bool at_end = std::feof(f_) != 0;
-    if (!at_end) {  // keep the unfinished last line for the next chunk
+    std::size_t want = file.jsonl ? std::max(chunk_bytes_, c.bytes.size() + 1) : SIZE_MAX;
+    bool at_end = false;
+    while (true) {
+      char buf[1 << 16];
+      while (c.bytes.size() < want) {
+        const std::size_t n = std::fread(buf, 1, sizeof buf, f_);
+        if (n == 0) break;
+        c.bytes.append(buf, n);
+      }
+      if (std::ferror(f_))
+        throw DataError("cannot read input '" + file.path + "': " + std::strerror(errno));
+      at_end = std::feof(f_) != 0;
+      if (at_end) break;
+      // Keep the unfinished last line for the next chunk; a line longer than a chunk reads on.
       const auto nl = c.bytes.rfind('\n');
-      const std::size_t keep = nl == std::string::npos ? 0 : nl + 1;
-      carry_.assign(c.bytes, keep, std::string::npos);
-      c.bytes.resize(keep);
+      if (nl != std::string::npos) {
+        carry_.assign(c.bytes, nl + 1, std::string::npos);
+        c.bytes.resize(nl + 1);
+        break;
+      }
+      want = 2 * c.bytes.size();
     }
-    if (file.jsonl) line_ += static_cast<std::uint64_t>(std::count(c.bytes.begin(), c.bytes.end(), '\n'));
+    if (file.jsonl)
+      line_ += static_cast<std::uint64_t>(std::count(c.bytes.begin(), c.bytes.end(), '\n'));
     if (at_end) {
       std::fclose(f_);
       f_ = nullptr;

@@ -66,8 +66,8 @@ SplitRegex::SplitRegex(const std::string& oniguruma_pattern) : code_(std::make_u
   code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                               PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
   if (!code_->code) {
-    throw std::invalid_argument("regex " + oniguruma_pattern + " does not compile (as " +
-                                pattern + "): " + pcre2_message(err) + " at offset " +
+    throw std::invalid_argument("regex " + oniguruma_pattern + " does not compile (as " + pattern +
+                                "): " + pcre2_message(err) + " at offset " +
                                 std::to_string(offset));
   }
   code_->jit = pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE) == 0;
@@ -103,11 +103,10 @@ void SplitRegex::Matcher::split(std::string_view text, std::vector<std::string_v
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   PCRE2_SIZE at = 0, emitted = 0;
   while (at < text.size()) {
-    const int rc = re_->code_->jit
-                       ? pcre2_jit_match(re_->code_->code, subject, text.size(), at, 0, s_->data,
-                                         s_->context)
-                       : pcre2_match(re_->code_->code, subject, text.size(), at,
-                                     PCRE2_NO_UTF_CHECK, s_->data, s_->context);
+    const int rc = re_->code_->jit ? pcre2_jit_match(re_->code_->code, subject, text.size(), at, 0,
+                                                     s_->data, s_->context)
+                                   : pcre2_match(re_->code_->code, subject, text.size(), at,
+                                                 PCRE2_NO_UTF_CHECK, s_->data, s_->context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) throw std::runtime_error("pre-tokenizer regex failed: " + pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s_->data);

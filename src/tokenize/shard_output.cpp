@@ -52,7 +52,9 @@ ShardOutput::~ShardOutput() {
   if (!committed_) fs::remove_all(staging_, ec);
 }
 
-int ShardOutput::shards(const std::string& split) const { return split == "val" ? val_ : train_; }
+int ShardOutput::shards(const std::string& split) const {
+  return split == "val" ? val_ : train_;
+}
 
 void ShardOutput::write(const std::string& split, const std::vector<std::uint32_t>& tokens,
                         bool wide) {
@@ -75,7 +77,8 @@ void ShardOutput::commit() {
     const fs::path to = dir_ / p.filename();
     std::error_code ec;
     fs::rename(p, to, ec);
-    if (ec) throw DataError("cannot move '" + p.string() + "' to '" + to.string() + "': " + ec.message());
+    if (ec)
+      throw DataError("cannot move '" + p.string() + "' to '" + to.string() + "': " + ec.message());
     keep.push_back(to);
   }
   for (const auto& old : existing(dir_, name_)) {  // --force: an older, longer run's extra shards

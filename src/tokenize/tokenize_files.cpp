@@ -58,10 +58,13 @@ class SplitWriter {
 };
 
 std::string with_commas(std::uint64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3)
-    s.insert(static_cast<std::size_t>(i), ",");
-  return s;
+  const std::string digits = std::to_string(v);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 std::string duration(double s) {
@@ -96,9 +99,8 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
   if (o.shard_tokens < 1 || o.shard_tokens > INT32_MAX)
     throw std::invalid_argument("--shard-tokens must be between 1 and 2147483647");
   if (o.threads < 0) throw std::invalid_argument("--threads must be >= 0 (0 = all cores)");
-  const std::string doc_text = o.doc_token.empty()
-                                   ? tokenizer.default_document_token().value_or("")
-                                   : o.doc_token;
+  const std::string doc_text =
+      o.doc_token.empty() ? tokenizer.default_document_token().value_or("") : o.doc_token;
   if (doc_text.empty()) {
     throw std::invalid_argument("tokenizer '" + tokenizer.source() +
                                 "' has neither <|begin_of_text|> nor <|endoftext|>; name the "
@@ -114,8 +116,7 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
   for (const auto& f : files)
     total_bytes += f.size;
   const std::string name =
-      o.name.empty() ? std::filesystem::path(o.inputs.front()).filename().stem().string()
-                     : o.name;
+      o.name.empty() ? std::filesystem::path(o.inputs.front()).filename().stem().string() : o.name;
 
   ShardOutput out(o.output_dir, name, o.force);
   SplitWriter train(out, "train", o.shard_tokens, wide), val(out, "val", o.shard_tokens, wide);
@@ -124,7 +125,8 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
   auto last_draw = start;
   ChunkReader reader(files, o.chunk_bytes);
   tbb::enumerable_thread_specific<Encoder> encoders([&] { return Encoder(tokenizer); });
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   tbb::task_arena arena(std::max(1, threads));
 
   const auto read = [&](tbb::flow_control& fc) -> std::shared_ptr<Chunk> {
@@ -179,7 +181,8 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
   if (progress) std::fputs("\r\033[K", progress);
   if (sum.documents == 0) throw DataError("the inputs hold no documents");
   if (o.val_docs > 0 && sum.documents <= o.val_docs) {
-    throw DataError("--val-docs " + std::to_string(o.val_docs) + " leaves no training documents (the inputs hold " +
+    throw DataError("--val-docs " + std::to_string(o.val_docs) +
+                    " leaves no training documents (the inputs hold " +
                     std::to_string(sum.documents) + ")");
   }
   train.flush();

@@ -32,8 +32,9 @@ Tokenizer::Tokenizer(const TokenizerSpec& spec)
   bytes_.resize(vocab_size_);
   for (const auto& [token, id] : spec.vocab) {
     auto b = from_byte_level(token);
-    if (!b) fail("vocab entry \"" + token + "\" (id " + std::to_string(id) +
-                 ") has characters outside the byte-level alphabet");
+    if (!b)
+      fail("vocab entry \"" + token + "\" (id " + std::to_string(id) +
+           ") has characters outside the byte-level alphabet");
     bytes_[id] = std::move(*b);
   }
   for (const auto& a : spec.added) {
@@ -56,8 +57,12 @@ Tokenizer::Tokenizer(const TokenizerSpec& spec)
     const auto& [l, r] = spec.merges[rank];
     const auto li = vocab_.find(l), ri = vocab_.find(r), mi = vocab_.find(l + r);
     if (li == vocab_.end() || ri == vocab_.end() || mi == vocab_.end()) {
-      fail("merge " + std::to_string(rank) + " \"" + l + " " + r + "\" names a token not in the vocab (\"" +
-           (li == vocab_.end() ? l : ri == vocab_.end() ? r : l + r) + "\")");
+      fail("merge " + std::to_string(rank) + " \"" + l + " " + r +
+           "\" names a token not in the vocab (\"" +
+           (li == vocab_.end()   ? l
+            : ri == vocab_.end() ? r
+                                 : l + r) +
+           "\")");
     }
     merges_.add(li->second, ri->second, {static_cast<std::uint32_t>(rank), mi->second});
   }

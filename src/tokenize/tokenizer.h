@@ -52,10 +52,10 @@ class Tokenizer {
   friend class Encoder;
   std::string source_;
   std::uint32_t vocab_size_ = 0;
-  StringMap<std::uint32_t> vocab_;  // byte-level string -> id
-  StringMap<std::uint32_t> added_;  // content -> id (all added tokens)
+  StringMap<std::uint32_t> vocab_;                              // byte-level string -> id
+  StringMap<std::uint32_t> added_;                              // content -> id (all added tokens)
   std::vector<std::pair<std::string, std::uint32_t>> matched_;  // non-special, longest first
-  bool starts_match_[256] = {};  // the first bytes of matched_
+  bool starts_match_[256] = {};                                 // the first bytes of matched_
   std::vector<std::optional<std::string>> bytes_;               // id -> bytes
   std::uint32_t byte_ids_[256] = {};
   MergeTable merges_;

@@ -20,9 +20,8 @@ using zo::DataError;
 }
 
 std::string type_of(const json& j) {
-  return j.is_object() && j.contains("type") && j["type"].is_string()
-             ? j["type"].get<std::string>()
-             : std::string("?");
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
+                                                                      : std::string("?");
 }
 
 // A key that must be absent, null or equal to `allowed` (one of its accepted values).
@@ -89,7 +88,8 @@ void read_model(const std::string& src, const json& m, TokenizerSpec& spec) {
       refuse(src, "vocab entry \"" + token + "\" has id " + id.dump() + ", not a 32-bit id");
     spec.vocab.emplace_back(token, id.get<std::uint32_t>());
   }
-  if (!m.contains("merges") || !m["merges"].is_array()) refuse(src, "model has no \"merges\" array");
+  if (!m.contains("merges") || !m["merges"].is_array())
+    refuse(src, "model has no \"merges\" array");
   std::size_t rank = 0;
   for (const json& merge : m["merges"]) {
     // Two forms: "a b" (older files) or ["a", "b"] (tokenizers >= 0.20).
@@ -188,7 +188,8 @@ TokenizerSpec load_tokenizer_spec(const std::string& path) {
   const fs::path p(path);
   std::error_code ec;
   if (fs::is_directory(p, ec)) {
-    if (fs::exists(p / "tokenizer.json")) return load_tokenizer_spec((p / "tokenizer.json").string());
+    if (fs::exists(p / "tokenizer.json"))
+      return load_tokenizer_spec((p / "tokenizer.json").string());
     if (fs::exists(p / "encoder.json") && fs::exists(p / "vocab.bpe")) return read_gpt2_files(p);
     throw DataError("tokenizer directory '" + path +
                     "' holds neither tokenizer.json nor GPT-2's encoder.json + vocab.bpe");

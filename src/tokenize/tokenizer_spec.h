@@ -19,7 +19,7 @@ struct AddedToken {
 };
 
 struct TokenizerSpec {
-  std::string source;                              // the file(s) read, for messages
+  std::string source;                                        // the file(s) read, for messages
   std::vector<std::pair<std::string, std::uint32_t>> vocab;  // byte-level string -> id
   std::vector<std::pair<std::string, std::string>> merges;   // in rank order
   std::vector<std::string> split_patterns;  // Oniguruma regexes, applied in order (Isolated)

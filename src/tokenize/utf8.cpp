@@ -40,15 +40,12 @@ int char_length(std::string_view s, std::size_t i) {
   return n;
 }
 
-bool all_ascii(std::string_view s) {
-  std::size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    if (w & 0x8080808080808080ull) return false;
-  }
-  for (; i < s.size(); ++i)
-    if (static_cast<unsigned char>(s[i]) >= 0x80) return false;
+// Every code point below U+0300 is NFC as it stands and composes with nothing before it
+// (Unicode's NFC_Quick_Check is Yes and the combining class 0 for all of them), and in UTF-8
+// exactly those are written with lead bytes below 0xCC.
+bool below_u0300(std::string_view s) {
+  for (const char c : s)
+    if (static_cast<unsigned char>(c) >= 0xCC) return false;
   return true;
 }
 
@@ -75,12 +72,11 @@ std::size_t first_invalid_utf8(std::string_view s) {
 }
 
 std::string to_nfc(std::string_view s) {
-  if (all_ascii(s)) return std::string(s);
+  if (below_u0300(s)) return std::string(s);
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &out,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n = utf8proc_map(
+      reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+      &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) throw std::runtime_error(std::string("NFC: ") + utf8proc_errmsg(n));
   const std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> own(out, &std::free);
   return std::string(reinterpret_cast<const char*>(out), static_cast<std::size_t>(n));

@@ -14,7 +14,8 @@ inline constexpr std::size_t kValidUtf8 = std::string_view::npos;
 // The byte offset of the first byte that does not start a well-formed character, or kValidUtf8.
 std::size_t first_invalid_utf8(std::string_view s);
 
-// Unicode Normalization Form C of valid UTF-8 (the text is returned as is when it is ASCII).
+// Unicode Normalization Form C of valid UTF-8 (returned as is when every character is below
+// U+0300).
 std::string to_nfc(std::string_view s);
 
 // Bytes in, printable UTF-8 out: an incomplete character at the end is kept for the next push;
