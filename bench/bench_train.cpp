@@ -98,8 +98,8 @@ int main(int argc, char** argv) {
       // Steady state: the mean over steps after the first two.
       const auto& spec = t.spec();
       const int T = seq_len > 0 ? seq_len : spec.block_size;
-      const double fpt =
-          zo::report::flops_per_token(spec.num_parameters(), spec.n_layer, spec.n_embd, T);
+      const double fpt = zo::report::flops_per_token(spec.num_parameters(), spec.n_layer,
+                                                     spec.n_head * spec.head_size(), T);
       double ms = 0.0;
       for (std::size_t i = 2; i < s.step_ms.size(); ++i)
         ms += s.step_ms[i];

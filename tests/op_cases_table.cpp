@@ -41,22 +41,23 @@ std::vector<std::int32_t> tokens_with_repeats(OpRun& r, std::size_t n, int V) {
   return tok;
 }
 
-void embedding_forward(OpRun& r, int B, int T, int C, int V) {
+// positions: GPT-2's learned position table wpe; without it (Llama) wpe is null.
+void embedding_forward(OpRun& r, int B, int T, int C, int V, bool positions) {
   const std::size_t BT = std::size_t(B) * T;
   const Tensor tok = r.i32(tokens_with_repeats(r, BT, V));
   const Tensor wte = r.rand(std::size_t(V) * C), wpe = r.rand(std::size_t(T) * C);
   const Tensor out = r.rand(BT * C);
-  r.dev().embedding_forward(out.p, tok.i(), wte.p, wpe.p, B, T, C, r.s());
+  r.dev().embedding_forward(out.p, tok.i(), wte.p, positions ? wpe.p : nullptr, B, T, C, r.s());
   r.out("out", out, Check::kAct);
 }
 
-void embedding_backward(OpRun& r, int B, int T, int C, int V) {
+void embedding_backward(OpRun& r, int B, int T, int C, int V, bool positions) {
   const std::size_t BT = std::size_t(B) * T;
   const Tensor tok = r.i32(tokens_with_repeats(r, BT, V)), dout = r.rand(BT * C);
   const Tensor dwte = r.rand(std::size_t(V) * C), dwpe = r.rand(std::size_t(T) * C);
-  r.dev().embedding_backward(dwte.p, dwpe.p, dout.p, tok.i(), B, T, C, r.s());
+  r.dev().embedding_backward(dwte.p, positions ? dwpe.p : nullptr, dout.p, tok.i(), B, T, C, r.s());
   r.out("dwte", dwte, Check::kAct);
-  r.out("dwpe", dwpe, Check::kAct);
+  r.out("dwpe", dwpe, Check::kAct);  // unchanged without positions
 }
 
 // ---- layernorm and RMSNorm: the backward reads the reference's statistics -----------------------
@@ -444,9 +445,17 @@ std::vector<OpCase> make_cases() {
   };
   for (const Emb e : {Emb{2, 13, 48, 101}, Emb{2, 13, 37, 101}, Emb{4, 64, 200, 50}}) {
     const std::string shape = dim("B", e.B) + dim("T", e.T) + dim("C", e.C) + dim("V", e.V);
-    add("EmbeddingForward" + shape, [e](OpRun& r) { embedding_forward(r, e.B, e.T, e.C, e.V); });
+    add("EmbeddingForward" + shape,
+        [e](OpRun& r) { embedding_forward(r, e.B, e.T, e.C, e.V, true); });
     add_repeatable("EmbeddingBackward" + shape,
-                   [e](OpRun& r) { embedding_backward(r, e.B, e.T, e.C, e.V); });
+                   [e](OpRun& r) { embedding_backward(r, e.B, e.T, e.C, e.V, true); });
+  }
+  for (const Emb e : {Emb{2, 13, 48, 101}, Emb{2, 13, 37, 101}}) {
+    const std::string shape = dim("B", e.B) + dim("T", e.T) + dim("C", e.C) + dim("V", e.V);
+    add("EmbeddingNoPositionsForward" + shape,
+        [e](OpRun& r) { embedding_forward(r, e.B, e.T, e.C, e.V, false); });
+    add_repeatable("EmbeddingNoPositionsBackward" + shape,
+                   [e](OpRun& r) { embedding_backward(r, e.B, e.T, e.C, e.V, false); });
   }
   struct Rows {
     int N, C;

@@ -31,6 +31,7 @@
 #include "gpu_test_device.h"
 #include "model/gpt.h"
 #include "model/layout.h"
+#include "model/model.h"
 #include "model/spec.h"
 #include "op_cases.h"
 #include "op_compare.h"
@@ -107,12 +108,11 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps,
 class CudaModel : public zo::test::DtypeOpTest {
  protected:
   void SetUp() override { ZO_REQUIRE_GPU(); }
+  void expect_model_matches_host(const zo::model::ModelSpec& spec);
 };
 
-TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
-  const zo::model::ModelSpec spec = zo::model::model_spec_from_json(
-      {{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
-      "tiny-cuda");
+// The whole model's losses and gradients on the CUDA backend against the host backend's.
+void CudaModel::expect_model_matches_host(const zo::model::ModelSpec& spec) {
   const zo::model::ParameterLayout layout(spec);
   const int B = 2, T = 13;
   const std::size_t BT = std::size_t(B) * T;
@@ -139,12 +139,12 @@ TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
   auto run = [&](Device& dev, bool recompute) {
     OpRun d(dev, t(), 0);
     const Tensor p = d.act(params), g = d.act(std::vector<float>(layout.size(), 0.0f));
-    zo::model::Gpt gpt(dev, layout, {B, T, recompute});
-    gpt.set_batch(tok, tgt, d.s());
+    const auto model = zo::model::make_model(dev, layout, {B, T, recompute});
+    model->set_batch(tok, tgt, d.s());
     // dloss_scale 1 (the gradient of the summed loss) keeps fp16 gradients out of subnormals.
-    gpt.forward(p.p, T, true, 1.0f, d.s());
-    gpt.backward(p.p, g.p, d.s());
-    const Tensor losses{const_cast<float*>(gpt.losses()), BT, DType::kF32, false};
+    model->forward(p.p, T, true, 1.0f, d.s());
+    model->backward(p.p, g.p, d.s());
+    const Tensor losses{const_cast<float*>(model->losses()), BT, DType::kF32, false};
     return Out{d.get(losses), d.get(g)};
   };
   const Out want = run(*zo::dev::make_host_device({}), false);
@@ -173,6 +173,46 @@ TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
       EXPECT_LE(std::sqrt(diff2 / want2), f32 ? 1e-4 : 5e-2) << "relative gradient error norm";
     }
   }
+}
+
+TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
+  expect_model_matches_host(zo::model::model_spec_from_json(
+      {{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
+      "tiny-cuda"));
+}
+
+// Grouped-query attention (6 query heads over 2 kv heads) with head size 64 (the tensor-core
+// path in 16 bits) and q/k/v/o biases, Llama 3 RoPE scaling, an untied head; and Qwen2's shape
+// with one kv head, head size 16 (the FMA path) and a tied head.
+TEST_P(CudaModel, LlamaFamilyLossAndGradientsMatchHost) {
+  expect_model_matches_host(
+      zo::model::model_spec_from_json({{"model_type", "llama"},
+                                       {"hidden_size", 48},
+                                       {"num_hidden_layers", 2},
+                                       {"num_attention_heads", 6},
+                                       {"num_key_value_heads", 2},
+                                       {"head_dim", 64},
+                                       {"intermediate_size", 37},
+                                       {"vocab_size", 101},
+                                       {"max_position_embeddings", 16},
+                                       {"attention_bias", true},
+                                       {"rope_scaling",
+                                        {{"rope_type", "llama3"},
+                                         {"factor", 4.0},
+                                         {"low_freq_factor", 1.0},
+                                         {"high_freq_factor", 2.0},
+                                         {"original_max_position_embeddings", 8}}}},
+                                      "tiny-llama-cuda"));
+  expect_model_matches_host(zo::model::model_spec_from_json({{"model_type", "qwen2"},
+                                                             {"hidden_size", 64},
+                                                             {"num_hidden_layers", 2},
+                                                             {"num_attention_heads", 4},
+                                                             {"num_key_value_heads", 1},
+                                                             {"intermediate_size", 40},
+                                                             {"vocab_size", 101},
+                                                             {"max_position_embeddings", 16},
+                                                             {"tie_word_embeddings", true}},
+                                                            "tiny-qwen2-cuda"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModel,

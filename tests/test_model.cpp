@@ -21,7 +21,7 @@
 namespace {
 
 using zo::model::Gpt;
-using zo::model::GptShape;
+using zo::model::ModelShape;
 using zo::model::ModelSpec;
 using zo::model::ParameterLayout;
 

@@ -128,6 +128,7 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 #include <thread>
 
 #include "device/device.h"
+#include "engine_rig.h"
 #include "model/gpt.h"
 #include "offload/engine.h"
 #include "optim/host_optimizer.h"
@@ -139,29 +140,10 @@ using zo::offload::Engine;
 using zo::offload::EngineConfig;
 using zo::optim::HostOptimizer;
 
-// Odd sizes everywhere: 3 heads of 16, a 97-token vocabulary, 3 blocks.
-const zo::model::ModelSpec& odd_spec() {
-  static const auto s = zo::model::model_spec_from_json(
-      {{"n_layer", 3}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 97}, {"block_size", 16}},
-      "engine-test");
-  return s;
-}
-
-struct Batches {
-  std::vector<std::vector<std::int32_t>> tokens, targets;
-  Batches(int count, int BT, std::uint64_t seed) {
-    std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    std::uniform_int_distribution<int> tok(0, 96);
-    for (int k = 0; k < count; ++k) {
-      tokens.emplace_back(BT);
-      targets.emplace_back(BT);
-      for (auto& t : tokens.back())
-        t = tok(rng);
-      for (auto& t : targets.back())
-        t = tok(rng);
-    }
-  }
-};
+using zo::test::Batches;
+using zo::test::download;
+using zo::test::engine_step;
+using zo::test::odd_spec;
 
 zo::optim::OptimizerConfig opt_config() {
   zo::optim::OptimizerConfig c;
@@ -218,32 +200,6 @@ Reference flat_gradients(zo::dev::Device& d, const zo::model::ParameterLayout& l
   return r;
 }
 
-// One engine step (forward with the read hook, backward into the engine, the update) and the
-// statistics it reported.
-zo::offload::GradStats engine_step(zo::dev::Device& d, zo::dev::Stream& s, Engine& e,
-                                   zo::model::Gpt& gpt, const Batches& b, int T, float dloss,
-                                   float lr, bool dpu = false) {
-  e.begin_step(dpu);
-  for (std::size_t k = 0; k < b.tokens.size(); ++k) {
-    gpt.set_batch(b.tokens[k], b.targets[k], s);
-    gpt.forward(e, T, true, dloss, s);
-    e.begin_micro_batch(static_cast<int>(k));
-    gpt.backward(e, s);
-  }
-  const auto st = e.finish_gradients();
-  e.start_update(lr, 1.0f);
-  (void)d;
-  return st;
-}
-
-std::vector<float> download(zo::dev::Device& d, const void* p, std::size_t n) {
-  auto s = d.create_stream();
-  std::vector<float> out(n);
-  d.copy_to_host(out.data(), p, n * 4, *s);
-  s->synchronize();
-  return out;
-}
-
 class EngineTest : public ::testing::TestWithParam<std::size_t> {};
 
 // Streaming through bucket slots changes no bit: gradients, the update of master, m and v, and
@@ -268,7 +224,7 @@ TEST_P(EngineTest, OneMicroBatchEqualsTheFlatPathBitForBit) {
     const Batches b(1, B * T, 100 + step);
     const std::vector<float> before(ref.master().begin(), ref.master().end());
     const Reference r = flat_gradients(*d, layout, before, b, B, T, dloss);
-    const auto st = engine_step(*d, *stream, e, gpt, b, T, dloss, lr);
+    const auto st = engine_step(*stream, e, gpt, b, T, dloss, lr);
     EXPECT_FALSE(st.nonfinite);
     EXPECT_NEAR(st.sumsq, r.sumsq, 1e-5 * r.sumsq) << "step " << step;
     ref.step({r.grads.data(), n, zo::DType::kF32}, lr, 1.0f);
@@ -352,10 +308,12 @@ TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
 // Adam, all-gather on the upload stream, all-reduced norm), ranks as threads. With both ranks on
 // the same batch and half the loss gradient each, the reduce-scatter's a/2 + a/2 is exactly a,
 // so two ranks must reproduce one engine bit for bit: master, m, v and the device parameters,
-// with host accumulation and DPU too.
+// with accumulation (on the host and on the device, where each rank sums its reduced shards) and
+// DPU too.
 struct DpCase {
   int accum;
   bool dpu;
+  bool on_device = false;
 };
 class EngineDataParallel : public ::testing::TestWithParam<DpCase> {};
 
@@ -372,6 +330,7 @@ TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
   ec.bucket_bytes = 4108;  // odd: shards of unequal length, padding
   ec.grad_accum = pc.accum;
   ec.dpu = pc.dpu;
+  ec.accumulate_on_device = pc.on_device;
 
   // One engine.
   auto d = zo::dev::make_host_device({});
@@ -385,7 +344,7 @@ TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
     e.upload_all();
     zo::model::Gpt gpt(*d, layout, {B, T, false});
     for (int s = 0; s < steps; ++s)
-      sumsq_one.push_back(engine_step(*d, *stream, e, gpt, batches[s], T, dloss, lr, pc.dpu).sumsq);
+      sumsq_one.push_back(engine_step(*stream, e, gpt, batches[s], T, dloss, lr, pc.dpu).sumsq);
     e.drain();
     params_one = download(*d, e.params(), n);
   }
@@ -418,7 +377,7 @@ TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
           zo::model::Gpt gpt(*dr, layout, {B, T, false});
           for (int s = 0; s < steps; ++s) {
             sumsq[r].push_back(
-                engine_step(*dr, *sr, e, gpt, batches[s], T, dloss / R, lr, pc.dpu).sumsq);
+                engine_step(*sr, e, gpt, batches[s], T, dloss / R, lr, pc.dpu).sumsq);
           }
           e.drain();
           params[r] = download(*dr, e.params(), n);
@@ -455,7 +414,8 @@ TEST_P(EngineDataParallel, TwoRanksOnOneBatchEqualOneEngineBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, EngineDataParallel,
-                         ::testing::Values(DpCase{1, false}, DpCase{2, false}, DpCase{1, true}));
+                         ::testing::Values(DpCase{1, false}, DpCase{2, false}, DpCase{1, true},
+                                           DpCase{3, false, true}, DpCase{2, true, true}));
 
 // Accumulating three micro-batches on the host in fp32 matches accumulating them on the device
 // (only the summation order differs), and the norm is that of the accumulated gradient.
@@ -487,7 +447,7 @@ TEST(Engine, AccumulationMatchesTheFlatPath) {
     const Batches b(A, B * T, 200 + step);
     const std::vector<float> before(ref.master().begin(), ref.master().end());
     const Reference r = flat_gradients(*d, layout, before, b, B, T, dloss);
-    const auto st = engine_step(*d, *stream, e, gpt, b, T, dloss, lr);
+    const auto st = engine_step(*stream, e, gpt, b, T, dloss, lr);
     EXPECT_NEAR(st.sumsq, r.sumsq, 1e-5 * r.sumsq);
     ref.step({r.grads.data(), n, zo::DType::kF32}, lr, 1.0f);
     e.drain();
@@ -498,6 +458,56 @@ TEST(Engine, AccumulationMatchesTheFlatPath) {
     }
     EXPECT_LT(max_rel, 1e-4) << "step " << step;
   }
+}
+
+// Summing the micro-batches on the device instead of the host changes no bit in fp32 (the sum is
+// the same additions in the same order, and rounding it to fp32 is exact): the gradients CPU Adam
+// reads, and so master, m, v and the parameters, over steps with and without DPU (each step's
+// sum starts afresh). Only the norm is summed differently (per bucket in fp32 on the device, per
+// chunk on the host): 1e-5 relative.
+TEST(Engine, DeviceAccumulationEqualsHostAccumulationInFp32) {
+  Rig rig(13);
+  const auto& layout = rig.layout;
+  const std::size_t n = layout.size();
+  const int B = 1, T = 16, A = 3;
+  EngineConfig ec;
+  ec.bucket_bytes = 4108;  // cuts tensors and blocks anywhere
+  ec.grad_accum = A;
+  ec.dpu = true;
+  ec.host_slots = 2;
+  const auto host_engine = rig.engine(ec);
+  ec.accumulate_on_device = true;
+  auto device_engine = std::make_unique<Engine>(*rig.d, *rig.stream, layout, rig.ref, ec);
+  device_engine->upload_all();
+  zo::model::Gpt gpt(*rig.d, layout, {B, T, false});
+  const float dloss = 1.0f / float(B * T * A), lr = 3e-3f;
+  for (int step = 0; step < 4; ++step) {
+    const bool dpu = step >= 2;
+    const Batches b(A, B * T, 400 + step);
+    const auto on_host =
+        zo::test::engine_gradients(*rig.stream, *host_engine, gpt, b, T, dloss, dpu);
+    const auto on_device =
+        zo::test::engine_gradients(*rig.stream, *device_engine, gpt, b, T, dloss, dpu);
+    EXPECT_FALSE(on_device.nonfinite);
+    EXPECT_NEAR(on_device.sumsq, on_host.sumsq, 1e-5 * on_host.sumsq) << "step " << step;
+    const auto gh = host_engine->host_grads(), gd = device_engine->host_grads();
+    ASSERT_EQ(gh.dtype, zo::DType::kF32);
+    ASSERT_EQ(gd.dtype, zo::DType::kF32);
+    ASSERT_EQ(gd.size, n);
+    ASSERT_EQ(std::memcmp(gd.data, gh.data, n * 4), 0) << "step " << step;
+    host_engine->start_update(lr, 1.0f);
+    device_engine->start_update(lr, 1.0f);
+  }
+  host_engine->drain();
+  device_engine->drain();
+  ASSERT_TRUE(
+      std::equal(rig.ref.master().begin(), rig.ref.master().end(), rig.off.master().begin()));
+  for (auto [a, b] : {std::pair{rig.off.exp_avg(), rig.ref.exp_avg()},
+                      std::pair{rig.off.exp_avg_sq(), rig.ref.exp_avg_sq()}}) {
+    EXPECT_EQ(std::memcmp(a.data, b.data, n * 4), 0);
+  }
+  EXPECT_EQ(download(*rig.d, device_engine->params(), n),
+            download(*rig.d, host_engine->params(), n));
 }
 
 // A NaN anywhere in one micro-batch's gradients is reported; nothing has been updated yet.
@@ -524,6 +534,30 @@ TEST(Engine, NonFiniteGradientsAreReportedBeforeAnyUpdate) {
     }
     EXPECT_TRUE(e.finish_gradients().nonfinite) << "grad_accum " << accum;
     EXPECT_EQ(off.state().step, 0);
+  }
+}
+
+// An Inf in one element of one micro-batch (of three) is an overflow of the step, wherever the
+// micro-batches are summed; the same run without it is clean.
+TEST(Engine, InfInOneMicroBatchIsReported) {
+  Rig rig(5);
+  const auto& layout = rig.layout;
+  const std::size_t at = layout.block(1).fc_w + 17;
+  for (const bool on_device : {false, true}) {
+    for (const int micro : {0, 1, 2, 3}) {  // 3: none of the three
+      EngineConfig ec;
+      ec.bucket_bytes = 8192;
+      ec.grad_accum = 3;
+      ec.accumulate_on_device = on_device;
+      const auto engine = rig.engine(ec);
+      zo::model::Gpt gpt(*rig.d, layout, {1, 16, false});
+      zo::test::CorruptOneGradient store(*engine, *rig.d, *rig.stream, at,
+                                         zo::test::element_bytes(INFINITY, zo::DType::kF32), micro);
+      const auto st = zo::test::engine_gradients(*rig.stream, *engine, gpt, Batches(3, 16, 9), 16,
+                                                 1.0f / 48, false, &store);
+      EXPECT_EQ(st.nonfinite, micro < 3) << "on device " << on_device << ", micro-batch " << micro;
+      EXPECT_EQ(rig.off.state().step, 0);
+    }
   }
 }
 

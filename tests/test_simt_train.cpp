@@ -27,13 +27,14 @@ struct Steps {
   std::vector<bool> skipped;
 };
 
-// A short run of the `tiny` GPT-2 on the synthetic task; `extra` picks device, dtype and mode.
+// A short run of `model` (the `tiny` GPT-2 by default) on the synthetic task; `extra` picks
+// device, dtype and mode.
 Steps train(const char* binary, const std::string& extra, const fs::path& dir,
-            const std::string& name) {
+            const std::string& name, const std::string& model = "tiny") {
   const fs::path metrics = dir / (name + ".jsonl");
   fs::remove(metrics);  // runs of the same name replace each other's metrics
-  const std::string cmd = std::string(binary) +
-                          " train --model tiny -b 2 --seq-len 32 --seed 5 --lr 3e-3 --warmup 2"
+  const std::string cmd = std::string(binary) + " train --model " + model +
+                          " -b 2 --seq-len 32 --seed 5 --lr 3e-3 --warmup 2"
                           " --eval-batches 1 -q --metrics " +
                           metrics.string() + " " + extra;
   const auto r = run_command(cmd);
@@ -52,12 +53,14 @@ Steps train(const char* binary, const std::string& extra, const fs::path& dir,
   return run;
 }
 
-Steps emulated(const std::string& extra, const fs::path& dir, const std::string& name) {
-  return train(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda " + extra, dir, name);
+Steps emulated(const std::string& extra, const fs::path& dir, const std::string& name,
+               const std::string& model = "tiny") {
+  return train(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda " + extra, dir, name, model);
 }
 
-Steps host(const std::string& extra, const fs::path& dir, const std::string& name) {
-  return train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 " + extra, dir, name);
+Steps host(const std::string& extra, const fs::path& dir, const std::string& name,
+           const std::string& model = "tiny") {
+  return train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 " + extra, dir, name, model);
 }
 
 void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel,
@@ -98,6 +101,19 @@ TEST_F(SimtTrain, ResidentBf16MatchesTheHostBackend) {
                       host(accum, dir_.path, "host"), 2e-2, 1e-1, "bf16 resident, accumulation");
 }
 
+// The Llama family through the same binary: GQA, RoPE, RMSNorm and SwiGLU on the emulated GPU,
+// resident and offloaded.
+TEST_F(SimtTrain, LlamaFamilyMatchesTheHostBackend) {
+  for (const std::string model : {"tiny-llama", "tiny-qwen2"}) {
+    for (const std::string mode : {"--mode resident", "--mode offload --dpu --dpu-warmup 2"}) {
+      const std::string args = "--steps 4 " + mode;
+      expect_matches_host(emulated(args + " --precision bf16", dir_.path, "gpu", model),
+                          host(args, dir_.path, "host", model), 2e-2, 1e-1,
+                          model + " bf16 " + mode);
+    }
+  }
+}
+
 TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) {
   for (const std::string mode :
        {"--mode offload", "--mode offload --dpu --dpu-warmup 2", "--mode offload --grad-accum 2"}) {
@@ -107,13 +123,30 @@ TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) 
   }
 }
 
-// The dynamic scale doubles after every clean step until an fp16 gradient overflows: that step
-// is skipped (nothing changes, the scale halves) and training goes on.
-TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
-  const std::string args = "--steps 10 --mode resident";
-  const Steps gpu = emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30",
-                             dir_.path, "gpu");
+// --grad-accum 3 in offload mode, bf16: micro-batches summed on the device (the fp32 sum rounded
+// once) and on the host (fp32 sums read by CPU Adam), each against the host backend, and against
+// each other: the first step's loss is the same computation, then the updates differ by Adam of
+// gradients one rounding apart (2^-8 relative per element).
+TEST_F(SimtTrain, OffloadAccumulationOnTheDeviceMatchesTheHostPath) {
+  const std::string args = "--steps 4 --mode offload --grad-accum 3";
+  const Steps on_device =
+      emulated(args + " --precision bf16 --grad-accum-on device", dir_.path, "device");
+  const Steps on_host =
+      emulated(args + " --precision bf16 --grad-accum-on host", dir_.path, "host_accum");
   const Steps ref = host(args, dir_.path, "host");
+  expect_matches_host(on_device, ref, 2e-2, 1e-1, "bf16, summed on the device");
+  expect_matches_host(on_host, ref, 2e-2, 1e-1, "bf16, summed on the host");
+  ASSERT_FALSE(on_device.loss.empty());
+  EXPECT_EQ(on_device.loss[0], on_host.loss[0]);
+  expect_matches_host(on_device, on_host, 1e-3, 1e-2, "summed on the device vs on the host");
+}
+
+// The dynamic scale doubles after every clean step until an fp16 gradient overflows: that step
+// is skipped (nothing changes, the scale halves) and training goes on. `args` picks the mode.
+void expect_fp16_overflow_skipped(const std::string& args, const fs::path& dir) {
+  const Steps gpu =
+      emulated(args + " --precision fp16 --loss-scale-window 1 --loss-scale-max 1e30", dir, "gpu");
+  const Steps ref = host(args, dir, "host");
   ASSERT_EQ(gpu.loss.size(), 10u);
   std::size_t first_skip = gpu.skipped.size();
   for (std::size_t i = 0; i < gpu.skipped.size(); ++i) {
@@ -132,6 +165,17 @@ TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
   }
   EXPECT_TRUE(std::isfinite(gpu.loss.back()));
   EXPECT_LT(gpu.loss.back(), gpu.loss.front());
+}
+
+TEST_F(SimtTrain, Fp16OverflowStepIsSkippedAndTrainingContinues) {
+  expect_fp16_overflow_skipped("--steps 10 --mode resident", dir_.path);
+}
+
+// The same with offload mode summing --grad-accum 3 on the device: the overflow of any micro-
+// batch, or of the rounded sum, skips the step.
+TEST_F(SimtTrain, Fp16OverflowIsSkippedWithOffloadAccumulationOnTheDevice) {
+  expect_fp16_overflow_skipped("--steps 10 --mode offload --grad-accum 3 --grad-accum-on device",
+                               dir_.path);
 }
 
 // Stopping at step 3 and resuming gives the same steps 4..6 as the uninterrupted run.

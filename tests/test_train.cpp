@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
@@ -135,19 +136,27 @@ TEST(Trainer, ResumeContinuesBitForBit) {
   expect_same_state(a.path / "step_00000008", b.path / "step_00000008");
 }
 
+// Runs c (6 steps) with checkpoints every 3 steps in a, and again from a copy of its step 3 in b;
+// returns the uninterrupted run's and the resumed run's summaries.
+std::pair<zo::train::TrainSummary, zo::train::TrainSummary> run_and_resume_at_3(TrainConfig c,
+                                                                                const fs::path& a,
+                                                                                const fs::path& b) {
+  c.checkpoint_dir = a.string();
+  c.checkpoint_interval = 3;
+  c.keep_last = 0;
+  const auto full = Trainer(c).run();
+  fs::copy(a / "step_00000003", b / "step_00000003", fs::copy_options::recursive);
+  TrainConfig r = c;
+  r.checkpoint_dir = b.string();
+  r.resume = (b / "step_00000003").string();
+  return {full, Trainer(r).run()};
+}
+
 TEST(Trainer, Bf16OptimizerStateResumesBitForBit) {
   TempDir a, b;
   TrainConfig c = tiny_config(6);
   c.optimizer_state = zo::DType::kBF16;
-  c.checkpoint_dir = a.path.string();
-  c.checkpoint_interval = 3;
-  c.keep_last = 0;
-  const auto full = Trainer(c).run();
-  fs::copy(a.path / "step_00000003", b.path / "step_00000003", fs::copy_options::recursive);
-  TrainConfig r = c;
-  r.checkpoint_dir = b.path.string();
-  r.resume = (b.path / "step_00000003").string();
-  Trainer(r).run();
+  run_and_resume_at_3(c, a.path, b.path);
   EXPECT_EQ(read_master(a.path / "step_00000006"), read_master(b.path / "step_00000006"));
 }
 
@@ -221,6 +230,13 @@ TEST(Trainer, ReferenceLossesArePinned) {
     std::function<void(TrainConfig&)> set;
     std::vector<double> losses;
   };
+  const auto dpu_accumulation = [](TrainConfig& c) {
+    c.mode = "offload";
+    c.bucket_size = 30011;
+    c.dpu = true;
+    c.dpu_warmup = 1;
+    c.grad_accum = 2;
+  };
   const std::vector<Case> cases = {
       {"resident",
        [](TrainConfig& c) { c.mode = "resident"; },
@@ -231,13 +247,15 @@ TEST(Trainer, ReferenceLossesArePinned) {
          c.bucket_size = 30011;
        },
        {5.5921321362257004, 5.5157777965068817, 5.3432742357254028, 5.4156288951635361}},
+      // Summed on the device (the default): the gradients of host accumulation bit for bit, the
+      // norm summed per bucket instead of per host chunk, so clipping differs in the last bits.
       {"offload, DPU, accumulation",
-       [](TrainConfig& c) {
-         c.mode = "offload";
-         c.bucket_size = 30011;
-         c.dpu = true;
-         c.dpu_warmup = 1;
-         c.grad_accum = 2;
+       dpu_accumulation,
+       {5.563388504087925, 5.4516431055963039, 5.4341905936598778, 5.3700740598142147}},
+      {"offload, DPU, accumulation on the host",
+       [&](TrainConfig& c) {
+         dpu_accumulation(c);
+         c.grad_accum_on = "host";
        },
        {5.563388504087925, 5.4516430981457233, 5.4341905899345875, 5.3700740598142147}},
   };
@@ -269,26 +287,66 @@ TEST(Trainer, DelayedParameterUpdateLearnsTheSyntheticTask) {
   EXPECT_LT(*s.final_val_loss, 2.0);
 }
 
-// Resuming an offloaded run with host accumulation and small buckets equals the uninterrupted
-// run bit for bit.
+// Resuming an offloaded run with accumulation (on the device and on the host) and small buckets
+// equals the uninterrupted run bit for bit.
 TEST(Trainer, OffloadWithAccumulationResumesBitForBit) {
-  TempDir a, b;
-  TrainConfig c = tiny_config(6);
-  c.grad_accum = 2;
-  c.bucket_size = 12345;
-  c.checkpoint_dir = a.path.string();
-  c.checkpoint_interval = 3;
-  c.keep_last = 0;
-  const auto full = Trainer(c).run();
-  fs::copy(a.path / "step_00000003", b.path / "step_00000003", fs::copy_options::recursive);
-  TrainConfig r = c;
-  r.checkpoint_dir = b.path.string();
-  r.resume = "latest";
-  const auto resumed = Trainer(r).run();
-  ASSERT_EQ(resumed.losses.size(), 3u);
-  for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(resumed.losses[std::size_t(i)], full.losses[std::size_t(3 + i)]);
-  expect_same_state(a.path / "step_00000006", b.path / "step_00000006");
+  for (const char* on : {"device", "host"}) {
+    TempDir a, b;
+    TrainConfig c = tiny_config(6);
+    c.grad_accum = 2;
+    c.grad_accum_on = on;
+    c.bucket_size = 12345;
+    const auto [full, resumed] = run_and_resume_at_3(c, a.path, b.path);
+    ASSERT_EQ(resumed.losses.size(), 3u) << on;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(resumed.losses[std::size_t(i)], full.losses[std::size_t(3 + i)]) << on;
+    expect_same_state(a.path / "step_00000006", b.path / "step_00000006", on);
+  }
+}
+
+// With --grad-accum > 1, offload mode sums on the device when the plan fits with the fp32 sum
+// (4 bytes per parameter) and falls back to the host, saying so, when it does not; the engine
+// allocates exactly what the planner counted either way, and the run banner says which.
+TEST(Trainer, AccumulationSumsOnTheDeviceWhenItFitsElseOnTheHost) {
+  using zo::train::AccumPlacement;
+  TrainConfig c = tiny_config(2);
+  c.mode = "offload";
+  c.grad_accum = 3;
+  c.quiet = false;
+  zo::train::PlanInput in;
+  in.spec = zo::model::load_model_spec("tiny");
+  in.shape = {c.micro_batch, c.seq_len, false};
+  in.engine.grad_accum = c.grad_accum;
+  const auto device = zo::train::choose_mode(in, true);
+  ASSERT_TRUE(device.offload_engine.accumulate_on_device) << "unlimited memory: the device";
+  in.grad_accum_on = AccumPlacement::kHost;
+  const auto host = zo::train::choose_mode(in, true);
+  ASSERT_FALSE(host.offload_engine.accumulate_on_device);
+  EXPECT_EQ(device.offload.device_total - host.offload.device_total,
+            zo::model::ParameterLayout(in.spec).size() * 4);
+  EXPECT_LT(device.offload.host_total, host.offload.host_total) << "no host ring or fp32 sums";
+
+  in.grad_accum_on = AccumPlacement::kAuto;
+  in.device_capacity = device.offload.device_total - 1;
+  const auto fallback = zo::train::choose_mode(in, true);
+  EXPECT_FALSE(fallback.offload_engine.accumulate_on_device);
+  EXPECT_TRUE(fallback.offload.device_fits);
+  EXPECT_NE(fallback.offload.accumulation.find("does not fit on the device"), std::string::npos)
+      << fallback.offload.accumulation;
+
+  const auto banner = [](const TrainConfig& cfg) {
+    std::string out;
+    EXPECT_EQ(Trainer(cfg).run([&](const std::string& l) { out += l + "\n"; }).steps_done, 2);
+    return out;
+  };
+  c.device_memory = device.offload.device_total;
+  EXPECT_NE(banner(c).find("summed in fp32 on the device"), std::string::npos);
+  c.device_memory = device.offload.device_total - 1;
+  EXPECT_NE(banner(c).find("summed there in fp32"), std::string::npos);
+  c.grad_accum_on = "device";
+  const std::string e = error_of([&] { Trainer t(c); });
+  EXPECT_NE(e.find("fp32 gradient sum"), std::string::npos) << e;
+  EXPECT_NE(e.find("--grad-accum-on host"), std::string::npos) << e;
 }
 
 // A model whose whole training state exceeds --device-memory: resident mode is refused with the

@@ -87,10 +87,14 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
       const std::size_t t = n % static_cast<std::size_t>(seq_len);
       const Pack<T, kVec> w =
           *reinterpret_cast<const Pack<T, kVec>*>(wte + static_cast<std::size_t>(tok) * C + c);
-      const Pack<T, kVec> q = *reinterpret_cast<const Pack<T, kVec>*>(wpe + t * C + c);
+      if (wpe == nullptr) {  // no learned positions (Llama): the embedding row itself
+        o = w;
+      } else {
+        const Pack<T, kVec> q = *reinterpret_cast<const Pack<T, kVec>*>(wpe + t * C + c);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k)
-        o.v[k] = from_float<T>(to_float(w.v[k]) + to_float(q.v[k]));
+        for (int k = 0; k < kVec; ++k)
+          o.v[k] = from_float<T>(to_float(w.v[k]) + to_float(q.v[k]));
+      }
     }
     *reinterpret_cast<Pack<T, kVec>*>(out + n * C + c) = o;
   }
@@ -217,9 +221,11 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
   constexpr int kVec = 16 / sizeof(T);
   const bool packs = C % kVec == 0 && aligned(dout, 16);
 
-  // dwpe (T, C) += sum over the batch.
+  // dwpe (T, C) += sum over the batch; none without learned positions.
   const std::size_t wpe_elements = static_cast<std::size_t>(T_) * C;
-  if (packs && aligned(dwpe, 16)) {
+  if (dwpe == nullptr) {
+    // nothing
+  } else if (packs && aligned(dwpe, 16)) {
     ZO_LAUNCH(fill_grid(wpe_elements / kVec), kEmbeddingThreads, 0, s,
               embedding_dwpe_kernel<T, kVec>)
     (dwpe, dout, B, T_, C);
@@ -227,7 +233,7 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
     ZO_LAUNCH(fill_grid(wpe_elements), kEmbeddingThreads, 0, s, embedding_dwpe_kernel<T, 1>)
     (dwpe, dout, B, T_, C);
   }
-  ZO_CUDA_CHECK_LAUNCH();
+  if (dwpe != nullptr) ZO_CUDA_CHECK_LAUNCH();
 
   // dwte (V, C): sort (token, row) pairs by token, then one walk per run of equal tokens.
   const int N = B * T_;
@@ -261,7 +267,7 @@ void backward_typed(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens,
 void launch_embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
                               const void* wpe, int B, int T, int C, DType t, cudaStream_t s) {
   if (!check_args("launch_embedding_forward", B, T, C, t,
-                  {{out, "out"}, {tokens, "tokens"}, {wte, "wte"}, {wpe, "wpe"}})) {
+                  {{out, "out"}, {tokens, "tokens"}, {wte, "wte"}})) {
     return;
   }
   ZO_DISPATCH_DTYPE(t, S,
@@ -278,11 +284,7 @@ std::size_t embedding_backward_scratch_bytes(int B, int T) {
 void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,
                                int B, int T, int C, DType t, void* scratch, cudaStream_t s) {
   if (!check_args("launch_embedding_backward", B, T, C, t,
-                  {{dwte, "dwte"},
-                   {dwpe, "dwpe"},
-                   {dout, "dout"},
-                   {tokens, "tokens"},
-                   {scratch, "scratch"}})) {
+                  {{dwte, "dwte"}, {dout, "dout"}, {tokens, "tokens"}, {scratch, "scratch"}})) {
     return;
   }
   ZO_DISPATCH_DTYPE(

@@ -35,16 +35,12 @@
 
 namespace {
 
-// The presets this build trains (the Llama family's are read but not run yet).
 std::string presets_help() {
   std::string s = "model preset (";
-  bool first = true;
-  for (const auto& name : zo::model::preset_names()) {
-    if (zo::model::load_model_spec(name).llama()) continue;
-    s += (first ? "" : ", ") + name;
-    first = false;
-  }
-  return s + ") or a JSON spec with GPT-2 keys";
+  const auto names = zo::model::preset_names();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    s += (i ? ", " : "") + names[i];
+  return s + "), a JSON spec with GPT-2 keys, or a Hugging Face config.json";
 }
 
 // Bytes given as text ("512MiB") on the command line.
@@ -107,6 +103,10 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--mode", c.mode,
                 "resident (optimizer state on the device), offload (on the host, CPU Adam) or "
                 "auto (resident when it fits on a GPU)")
+      ->capture_default_str();
+  t->add_option("--grad-accum-on", c.grad_accum_on,
+                "offload, --grad-accum > 1: sum micro-batches in fp32 on the device (one bucket "
+                "per step to the host), on the host, or auto (the device when it fits)")
       ->capture_default_str();
   t->add_option("--precision", c.precision,
                 "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
   zo::train::TrainConfig tc;
   std::string decay = "cosine", state_dtype = "fp32";
   ByteSize devmem, hostmem, bucket;
-  auto* train = app.add_subcommand("train", "Train a GPT-2-architecture model");
+  auto* train = app.add_subcommand("train", "Train a GPT-2 or Llama-family model");
   add_train_options(train, tc, decay, state_dtype, devmem, hostmem, bucket);
 
   // plan
@@ -257,6 +257,11 @@ int main(int argc, char** argv) {
   plan->add_option("--mode", plan_mode, "auto (both modes and the choice), resident or offload")
       ->capture_default_str();
   plan->add_option("--grad-accum", plan_accum, "micro-batches per step")->capture_default_str();
+  std::string plan_accum_on = "auto";
+  plan->add_option(
+          "--grad-accum-on", plan_accum_on,
+          "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
+      ->capture_default_str();
   plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
   plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
   plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
@@ -345,6 +350,7 @@ int main(int argc, char** argv) {
           plan_hostmem.text.empty() ? zo::pinned::host_available_bytes() : plan_hostmem.bytes();
       if (plan_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
       pi.engine.grad_accum = plan_accum;
+      pi.grad_accum_on = zo::train::parse_accum_placement(plan_accum_on);
       pi.engine.dpu = plan_dpu;
       if (!plan_bucket.text.empty()) pi.engine.bucket_bytes = plan_bucket.bytes();
       if (plan_mode != "auto" && plan_mode != "resident" && plan_mode != "offload") {

@@ -149,10 +149,10 @@ class Device {
 
   // ---- GPT ops ----------------------------------------------------------------------------------
   // out (B,T,C) written = wte[tokens] + wpe[t]; tokens (B,T) int32 device memory, wte (V,C), wpe
-  // (T,C)
+  // (T,C), or null for a model without learned positions (Llama: wte[tokens] alone)
   virtual void embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
                                  const void* wpe, int B, int T, int C, Stream& s) = 0;
-  // dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C)
+  // dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C); dwpe null: none
   virtual void embedding_backward(void* dwte, void* dwpe, const void* dout,
                                   const std::int32_t* tokens, int B, int T, int C, Stream& s) = 0;
 

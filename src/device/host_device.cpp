@@ -137,7 +137,7 @@ class HostDevice final : public Device {
                          int B, int T, int C, Stream& s) override {
     constexpr const char* op = "embedding_forward";
     require_btc(op, B, T, C);
-    require_ptrs(op, {{out, "out"}, {tokens, "tokens"}, {wte, "wte"}, {wpe, "wpe"}});
+    require_ptrs(op, {{out, "out"}, {tokens, "tokens"}, {wte, "wte"}});
     launch(s, op, [=](host::Arena& a) {
       host::embedding_forward(a, f32(out), tokens, f32(wte), f32(wpe), B, T, C);
     });
@@ -146,7 +146,7 @@ class HostDevice final : public Device {
                           int B, int T, int C, Stream& s) override {
     constexpr const char* op = "embedding_backward";
     require_btc(op, B, T, C);
-    require_ptrs(op, {{dwte, "dwte"}, {dwpe, "dwpe"}, {dout, "dout"}, {tokens, "tokens"}});
+    require_ptrs(op, {{dwte, "dwte"}, {dout, "dout"}, {tokens, "tokens"}});
     launch(s, op, [=](host::Arena& a) {
       host::embedding_backward(a, f32(dwte), f32(dwpe), f32(dout), tokens, B, T, C);
     });

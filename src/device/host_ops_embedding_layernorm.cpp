@@ -21,8 +21,12 @@ void embedding_forward(Arena& arena, float* out, const std::int32_t* tokens, con
       const std::int32_t tok = tokens[n];
       if (tok < 0) bad_id("embedding_forward", "token", n, tok, 0);
       const float* w = wte + std::size_t(tok) * c;  // (C)
-      const float* p = wpe + (n % T) * c;           // (C)
       float* o = out + n * c;                       // (C)
+      if (wpe == nullptr) {                         // no learned positions
+        std::copy(w, w + c, o);
+        continue;
+      }
+      const float* p = wpe + (n % T) * c;  // (C)
       for (std::size_t i = 0; i < c; ++i)
         o[i] = w[i] + p[i];
     }
@@ -42,11 +46,12 @@ void embedding_backward(Arena& arena, float* dwte, float* dwpe, const float* dou
     for (std::size_t n = 0; n < N; ++n) {
       const float* d = dout + n * c;
       float* dw = dwte + std::size_t(tokens[n]) * c;
-      float* dp = dwpe + (n % T) * c;
-      for (std::size_t i = ch.begin; i < ch.end; ++i) {
+      for (std::size_t i = ch.begin; i < ch.end; ++i)
         dw[i] += d[i];
+      if (dwpe == nullptr) continue;
+      float* dp = dwpe + (n % T) * c;
+      for (std::size_t i = ch.begin; i < ch.end; ++i)
         dp[i] += d[i];
-      }
     }
   });
 }

@@ -6,16 +6,10 @@
 namespace zo::model {
 namespace {
 
-constexpr std::size_t kAlign = 64;  // bytes; every carved tensor starts on a cache line
-
-std::size_t align_up(std::size_t x) {
-  return (x + kAlign - 1) / kAlign * kAlign;
-}
-
 // Walks the activation layout once; `place(bytes)` either counts or hands out memory, so that
 // the size estimate and the real allocation cannot disagree. Vp: the logits' row stride.
 template <class Place>
-void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esize, std::size_t Vp,
+void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t esize, std::size_t Vp,
                       Place&& place) {
   const std::size_t BT = std::size_t(sh.B) * sh.T, C = spec.n_embd;
   const std::size_t L = spec.n_layer, NH = spec.n_head;
@@ -44,58 +38,37 @@ void walk_activations(const ModelSpec& spec, const GptShape& sh, std::size_t esi
 
 }  // namespace
 
-void require_gpt2(const ModelSpec& spec) {
-  if (spec.llama()) {
-    throw std::invalid_argument(
-        "model '" + spec.name + "' is a Llama-family model (model_type " + spec.model_type +
-        "): this build reads its spec, presets and parameter layout but cannot plan, train or "
-        "sample it yet; use a GPT-2 spec");
-  }
-}
-
-std::size_t gpt_activation_bytes(const ModelSpec& spec, const GptShape& shape,
+std::size_t gpt_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
                                  std::size_t act_elem_bytes, int logits_stride) {
-  require_gpt2(spec);
   const int V = spec.vocab_size;
   const int Vp = logits_stride != 0
                      ? logits_stride
                      : (V + dev::kGemmRowAlign - 1) / dev::kGemmRowAlign * dev::kGemmRowAlign;
-  std::size_t total = 0;
-  walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp),
-                   [&](std::size_t b) { total += align_up(b); });
-  return total;
+  return arena_bytes(
+      [&](auto&& place) { walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp), place); });
 }
 
-Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& shape)
-    : device_(device),
+Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
+    : Model(device.act_dtype()),
+      device_(device),
       layout_(layout),
       shape_(shape),
       esize_(dtype_size(device.act_dtype())),
       Vp_(device.gemm_row_stride(layout.spec().vocab_size)) {
   const ModelSpec& spec = layout.spec();
-  require_gpt2(spec);
-  if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
-    throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +
-                                std::to_string(shape.T) +
-                                " is invalid: need B >= 1 and 1 <= T <= "
-                                "block_size = " +
-                                std::to_string(spec.block_size));
-  }
+  if (spec.llama()) throw std::logic_error("Gpt: a Llama-family spec (make_model chooses)");
+  check_shape(spec, shape);
   if (Vp_ < spec.vocab_size) {
     throw std::logic_error("the device's GEMM row stride " + std::to_string(Vp_) +
                            " is less than the vocabulary " + std::to_string(spec.vocab_size));
   }
-  arena_ = device.alloc(gpt_activation_bytes(spec, shape, esize_, Vp_), "activations");
-  std::vector<void*> ptrs;
-  walk_activations(spec, shape, esize_, std::size_t(Vp_), [&](std::size_t b) {
-    ptrs.push_back(static_cast<char*>(arena_.data()) + arena_used_);
-    arena_used_ += align_up(b);
+  arena_ = std::make_unique<CarvedArena>(device, [&](auto&& place) {
+    walk_activations(spec, shape, esize_, std::size_t(Vp_), place);
   });
-  std::size_t k = 0;
-  auto next = [&] { return ptrs.at(k++); };
-  auto next_f32 = [&] { return static_cast<float*>(next()); };
-  tokens_ = static_cast<std::int32_t*>(next());
-  targets_ = static_cast<std::int32_t*>(next());
+  auto next = [&] { return arena_->next(); };
+  auto next_f32 = [&] { return arena_->next_f32(); };
+  tokens_ = arena_->next_i32();
+  targets_ = arena_->next_i32();
   for (int i = 0; i <= spec.n_layer; ++i)
     residuals_.push_back(next());
   layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
@@ -111,43 +84,12 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const GptShape& sha
   losses_ = next_f32();
   dres_ = next(), dfch_ = next(), dln2_ = next(), datty_ = next(), dqkv_ = next();
   dln1_ = next();
-  for (auto& e : staged_done_)
-    e = device.create_event();
+  batch_ = std::make_unique<DeviceBatch>(device, tokens_, targets_, std::size_t(shape.B) * shape.T,
+                                         spec.vocab_size);
 }
 
 void* Gpt::at(const void* base, std::size_t elements) const {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
-}
-
-void Gpt::set_batch(const std::vector<std::int32_t>& tokens,
-                    const std::vector<std::int32_t>& targets, dev::Stream& s) {
-  const std::size_t BT = std::size_t(shape_.B) * shape_.T;
-  const int V = layout_.spec().vocab_size;
-  if (tokens.size() != BT || (!targets.empty() && targets.size() != BT)) {
-    throw std::invalid_argument("batch has " + std::to_string(tokens.size()) + " tokens and " +
-                                std::to_string(targets.size()) + " targets; the model expects " +
-                                std::to_string(BT) + " (B x T)");
-  }
-  for (const auto* v : {&tokens, &targets}) {
-    for (std::int32_t x : *v) {
-      if (x < 0 || x >= V) {
-        throw std::invalid_argument("token id " + std::to_string(x) +
-                                    " is outside the model's "
-                                    "vocabulary [0, " +
-                                    std::to_string(V) + ")");
-      }
-    }
-  }
-  // Double-buffered staging: the copy runs later on the stream, so the host vector it reads
-  // must stay untouched until then.
-  const int k = stage_;
-  stage_ ^= 1;
-  staged_done_[k]->synchronize();
-  staged_tokens_[k] = tokens;
-  staged_targets_[k] = targets;
-  device_.copy_to_device(tokens_, staged_tokens_[k].data(), BT * 4, s);
-  if (!targets.empty()) device_.copy_to_device(targets_, staged_targets_[k].data(), BT * 4, s);
-  device_.record(*staged_done_[k], s);
 }
 
 // Block l from its first LayerNorm to the MLP's projection into fcproj_. In forward, the LayerNorm
@@ -173,15 +115,6 @@ void Gpt::block_forward(const void* params, int l, int t, bool recomputing, dev:
   device_.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, p(bp.fc_w), p(bp.fc_b), {N, C, 4 * C}, s);
   if (recomputing) return;
   device_.matmul_forward(fcproj_, a.fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
-}
-
-void* FlatParameters::grad(std::size_t offset) {
-  return grads_ + offset * esize_;
-}
-
-void Gpt::forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s) {
-  FlatParameters flat(params, nullptr, device_.act_dtype());
-  forward(flat, t, with_targets, dloss_scale, s);
 }
 
 void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
@@ -226,11 +159,6 @@ void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_s
     device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_, N, V, Vp_,
                           dloss_scale, s);
   }
-}
-
-void Gpt::backward(const void* params, void* grads, dev::Stream& s) {
-  FlatParameters flat(params, grads, device_.act_dtype());
-  backward(flat, s);
 }
 
 void Gpt::backward(ParameterStore& store, dev::Stream& s) {

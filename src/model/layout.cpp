@@ -58,6 +58,7 @@ void ParameterLayout::add_gpt2() {
 // Hugging Face LlamaForCausalLM names; nn.Linear weights are (out, in) there as here.
 void ParameterLayout::add_llama() {
   const ModelSpec& s = spec_;
+  auto join_next = [&] { tensors_.back().joins_next = true; };
   const std::size_t C = s.n_embd, V = s.vocab_size, D = s.head_dim, I = s.intermediate_size;
   const std::size_t Q = std::size_t(s.n_head) * D, KV = std::size_t(s.n_kv_head) * D;
   wte_ = lm_head_ = add("model.embed_tokens.weight", {V, C}, TensorKind::kEmbedding, -1);
@@ -67,17 +68,22 @@ void ParameterLayout::add_llama() {
     LlamaBlockParams b{};
     b.attn_norm = add(p + "input_layernorm.weight", {C}, TensorKind::kNormWeight, l);
     b.qkv_w = add(p + "self_attn.q_proj.weight", {Q, C}, TensorKind::kMatrix, l);
+    join_next();
     add(p + "self_attn.k_proj.weight", {KV, C}, TensorKind::kMatrix, l);
+    join_next();
     add(p + "self_attn.v_proj.weight", {KV, C}, TensorKind::kMatrix, l);
     if (s.qkv_bias) {
       b.qkv_b = add(p + "self_attn.q_proj.bias", {Q}, TensorKind::kBias, l);
+      join_next();
       add(p + "self_attn.k_proj.bias", {KV}, TensorKind::kBias, l);
+      join_next();
       add(p + "self_attn.v_proj.bias", {KV}, TensorKind::kBias, l);
     }
     b.o_w = add(p + "self_attn.o_proj.weight", {C, Q}, TensorKind::kMatrix, l);
     if (s.o_bias) b.o_b = add(p + "self_attn.o_proj.bias", {C}, TensorKind::kBias, l);
     b.mlp_norm = add(p + "post_attention_layernorm.weight", {C}, TensorKind::kNormWeight, l);
     b.gate_up_w = add(p + "mlp.gate_proj.weight", {I, C}, TensorKind::kMatrix, l);
+    join_next();
     add(p + "mlp.up_proj.weight", {I, C}, TensorKind::kMatrix, l);
     b.down_w = add(p + "mlp.down_proj.weight", {C, I}, TensorKind::kMatrix, l);
     llama_blocks_.push_back(b);

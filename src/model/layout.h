@@ -26,6 +26,9 @@ struct TensorInfo {
   bool residual_projection = false;  // attn.c_proj / mlp.c_proj: init scaled by 1/sqrt(2 L)
   // Hugging Face GPT-2 stores Linear weights as Conv1D (in, out): transpose on import/export.
   bool hf_transposed = false;
+  // One GEMM writes this tensor's gradient together with the next one's (Llama's fused q|k|v and
+  // gate|up): whoever cuts the layout into pieces (gradient buckets) keeps them together.
+  bool joins_next = false;
 };
 
 // A contiguous range of the flat buffer, in elements.

@@ -20,7 +20,8 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
     const std::size_t end = tensors[i].offset + tensors[i].numel;
     const bool last = i + 1 == tensors.size();
     // Never mix the embeddings (complete last) with block tensors (complete earlier): such a
-    // bucket would wait for the end of backward.
+    // bucket would wait for the end of backward. Never split tensors one GEMM writes together.
+    if (!last && tensors[i].joins_next) continue;
     const bool boundary = !last && (embedding(i) != embedding(i + 1) ||
                                     (options.cut_at_groups && group(i) != group(i + 1)));
     if (last || boundary || end - tensors[first].offset >= target) {

@@ -4,7 +4,9 @@
 //
 //   compute stream     fwd (group g waits for its upload) ... bwd writes buckets into slots
 //   d2h stream         per final bucket: norm + overflow flag, copy to pinned host  } gradient_
-//   accumulate thread  (grad_accum > 1) fp32 host gradients += bucket              } stream.h
+//                      (grad_accum > 1 on the device: fp32 sum += bucket, the last  } stream.h
+//                      micro-batch copies the sum rounded once)                     }
+//   accumulate thread  (grad_accum > 1 on the host) fp32 host gradients += bucket   }
 //   Adam thread        CPU Adam group by group in forward order                     } upload_
 //   h2d stream         uploads each finished group                                   } pipeline.h
 //
@@ -24,7 +26,7 @@
 #include "comm/stream_comm.h"
 #include "device/device.h"
 #include "device/event_clock.h"
-#include "model/gpt.h"
+#include "model/parameter_store.h"
 #include "model/layout.h"
 #include "offload/bounded_sync.h"
 #include "offload/bucket_plan.h"
@@ -71,7 +73,7 @@ class Engine final : public model::ParameterStore {
   void begin_step(bool dpu);
   // Before micro-batch a's backward is enqueued (a = 0 .. grad_accum-1).
   void begin_micro_batch(int a);
-  // model::ParameterStore: what Gpt::forward and Gpt::backward read and write.
+  // model::ParameterStore: what the model's forward and backward read and write.
   const void* params() override { return uploads_->params(); }
   void before_read(std::size_t group) override { uploads_->before_read(group); }
   void* grad(std::size_t offset) override { return grads_->grad(offset); }
@@ -79,6 +81,9 @@ class Engine final : public model::ParameterStore {
   // After the last micro-batch's backward: blocks until the step's gradients are on the host
   // (and, with DPU, uploads the previous update). The only host synchronisation of the step.
   GradStats finish_gradients();
+  // The step's gradients as CPU Adam reads them (GradientStream::host_grads), after
+  // finish_gradients and until the next step begins.
+  cpu_adam::ConstArrayView host_grads() const { return grads_->host_grads(); }
   // Starts update number optimizer.state().step + 1 on the Adam thread and returns; every
   // gradient is multiplied by grad_multiplier (1/loss_scale x clip) inside the Adam pass.
   void start_update(float lr, float grad_multiplier);

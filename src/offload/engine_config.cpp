@@ -59,12 +59,14 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
   if (R > 1) f.device_comm += (slots * (ring / R) + (1 + R) * max_shard(shards)) * es;
   f.device_stats = plan.buckets().size() * 2 * sizeof(float);
   const std::size_t copies = c.dpu ? 2 : 1;
-  if (c.grad_accum > 1) {
+  if (accumulates_on_host(c)) {
     f.host_ring = std::size_t(c.host_slots) * max_owned(shards) * es;
     f.host_accum = copies * n * sizeof(float);
   } else {
     f.host_grads = copies * n * es;
   }
+  // One buffer even with DPU: the delayed update reads the landing buffer, not the sum.
+  if (c.grad_accum > 1 && c.accumulate_on_device) f.device_accum = n * sizeof(float);
   if (act != DType::kF32) f.host_upload = n * es;
   return f;
 }

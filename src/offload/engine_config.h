@@ -16,10 +16,14 @@ struct EngineConfig {
   // Gradient bytes per bucket (act dtype). 32 MiB: large enough that a copy runs at full PCIe
   // bandwidth, small enough that the last bucket's copy adds little after backward.
   std::size_t bucket_bytes = std::size_t{32} << 20;
-  int grad_accum = 1;           // micro-batches per step; > 1 accumulates on the host in fp32
+  int grad_accum = 1;  // micro-batches per step; > 1 sums them in fp32 (below)
+  // grad_accum > 1: sum the micro-batches in an fp32 buffer on the device (this rank's shards)
+  // and send the sum, rounded once to the act dtype, at the last micro-batch: one bucket per step
+  // crosses PCIe. Off: every micro-batch's buckets go to the host and are summed there in fp32.
+  bool accumulate_on_device = false;
   bool pin = true;              // page-lock host staging buffers (off: pageable, copies not async)
   int device_slots = 3;         // device ring of bucket-sized gradient slots (>= 2)
-  int host_slots = 4;           // pinned ring for accumulation (grad_accum > 1)
+  int host_slots = 4;           // pinned ring for host accumulation
   bool dpu = false;             // allocate for delayed updates (begin_step(true) delays a step)
   int ranks = 1, rank = 0;      // data parallel: the job's ranks and this one
   double comm_timeout = 300.0;  // seconds a collective may wait for the other ranks
@@ -35,14 +39,19 @@ std::vector<optim::OwnedRange> engine_partition(const model::ParameterLayout& la
 // Device and host bytes the engine allocates (equal to what it allocates).
 struct EngineFootprint {
   std::size_t device_grad_slots = 0, device_stats = 0;  // parameters: n x act dtype
-  std::size_t device_comm = 0;  // data parallel: shard slots and the all-gather buffers
-  std::size_t host_grads = 0;   // pinned landing buffer(s), act dtype (grad_accum == 1)
-  std::size_t host_ring = 0;    // pinned accumulation ring (grad_accum > 1)
-  std::size_t host_accum = 0;   // fp32 accumulators (grad_accum > 1)
-  std::size_t host_upload = 0;  // pinned 16-bit upload buffer (16-bit act dtypes)
+  std::size_t device_comm = 0;   // data parallel: shard slots and the all-gather buffers
+  std::size_t device_accum = 0;  // fp32 sum of this rank's shards (accumulating on the device)
+  std::size_t host_grads = 0;    // pinned landing buffer(s), act dtype (one bucket per step)
+  std::size_t host_ring = 0;     // pinned accumulation ring (accumulating on the host)
+  std::size_t host_accum = 0;    // fp32 accumulators (accumulating on the host)
+  std::size_t host_upload = 0;   // pinned 16-bit upload buffer (16-bit act dtypes)
 };
 EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
                                  const EngineConfig& config);
+// grad_accum > 1 with the host summing every micro-batch's buckets (not accumulate_on_device).
+inline bool accumulates_on_host(const EngineConfig& c) {
+  return c.grad_accum > 1 && !c.accumulate_on_device;
+}
 
 // Sizes both the footprint and the engine's parts use, in elements.
 std::size_t local_elements(const std::vector<BucketShard>& shards);  // this rank's total

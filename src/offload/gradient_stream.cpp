@@ -50,7 +50,7 @@ GradientStream::GradientStream(dev::Device& device, dev::Stream& compute, const 
 
   const pinned::PinOptions pin = dev::staging_pin_options(dev_, cfg_.pin);
   const int copies = cfg_.dpu ? 2 : 1;
-  if (cfg_.grad_accum > 1) {
+  if (accumulates_on_host(cfg_)) {
     ring_ = std::make_unique<pinned::BucketRing>(std::size_t(cfg_.host_slots),
                                                  max_owned(shards_) * esize_, pin);
     ring_events_ = make_events(dev_, std::size_t(cfg_.host_slots));
@@ -62,6 +62,7 @@ GradientStream::GradientStream(dev::Device& device, dev::Stream& compute, const 
     for (int k = 0; k < copies; ++k)
       landing_[k] = pinned::PinnedBuffer(local_size_ * esize_, pin);
   }
+  if (sums_on_device()) device_sum_ = dev_.alloc(local_size_ * sizeof(float), "fp32 gradient sum");
   stats_host_ = pinned::PinnedBuffer(nb * 2 * sizeof(float), pin);
 
   const std::size_t copies_per_step = std::size_t(cfg_.grad_accum) * nb;
@@ -150,25 +151,51 @@ void GradientStream::stream_bucket(std::size_t b) {
   dev_.record(*bucket_ready_, compute_);
   dev_.wait(*d2h_, *bucket_ready_);
   dev_.record(*copy_begin_[e], *d2h_);
-  const void* grads = s.buf.data();
+  void* grads = s.buf.data();
   if (reduce_ != nullptr) {  // sum over ranks; this rank keeps its shard
     reduce_->reduce_scatter(s.buf.data(), s.shard.data(), sh.count, act_, *d2h_);
     grads = s.shard.data();
   }
-  // The norm of a single micro-batch is the step's norm; with accumulation the host computes it.
-  if (cfg_.grad_accum == 1) dev_.sum_squares(stat, grads, count, *d2h_);
+  // Every micro-batch's gradient, before it is summed anywhere: an overflow in any one is seen.
   dev_.nonfinite_flag(stat + 1, grads, count, *d2h_);
-  land(b, grads);
+  if (sums_on_device()) grads = add_to_device_sum(b, grads);
+  if (grads != nullptr) {
+    // The step's gradient itself (one micro-batch, or the device's sum): its norm is the step's.
+    // Summed on the host, the host computes the norm of the sum.
+    if (!accumulates_on_host(cfg_)) dev_.sum_squares(stat, grads, count, *d2h_);
+    land(b, grads);
+  }
   dev_.record(*copy_end_[e], *d2h_);
   dev_.record(*s.free, *d2h_);
   s.used = true;
   s.bucket = -1;
 }
 
+void* GradientStream::add_to_device_sum(std::size_t b, void* grads) {
+  const BucketShard& sh = shards_[b];
+  const std::size_t count = sh.end - sh.begin;
+  float* sum = device_sum_.as<float>() + sh.local;
+  if (micro_ == 0) {  // assigns: no pass to zero the sum first
+    dev_.cast(sum, DType::kF32, grads, act_, count, *d2h_);
+  } else {
+    dev_.accumulate_f32(sum, grads, count, *d2h_);
+  }
+  if (micro_ + 1 < cfg_.grad_accum) return nullptr;
+  // The slot's last reader is this stream: the rounded sum takes the bucket's place there.
+  void* out = sum;
+  if (act_ != DType::kF32) {
+    dev_.cast(grads, act_, sum, DType::kF32, count, *d2h_);
+    out = grads;
+  }
+  // fp16: a sum beyond the 16-bit range overflows the gradient CPU Adam would read.
+  dev_.nonfinite_flag(stats_.as<float>() + 2 * b + 1, out, count, *d2h_);
+  return out;
+}
+
 void GradientStream::land(std::size_t b, const void* grads) {
   const BucketShard& sh = shards_[b];
   const std::size_t count = sh.end - sh.begin, bytes = count * esize_;
-  if (cfg_.grad_accum == 1) {
+  if (!accumulates_on_host(cfg_)) {
     char* dst = static_cast<char*>(landing_[buf_].data()) + sh.local * esize_;
     dev_.copy_to_host(dst, grads, bytes, *d2h_);
     return;
@@ -207,7 +234,7 @@ GradientStream::Stats GradientStream::finish() {
     st.nonfinite = st.nonfinite || stats[2 * b + 1] != 0.0f;
   }
   accumulate_tail_ms_ = 0.0;
-  if (cfg_.grad_accum > 1) {
+  if (accumulates_on_host(cfg_)) {
     accumulator_->wait_idle();
     accumulate_tail_ms_ =
         std::chrono::duration<double, std::milli>(Clock::now() - device_done).count();
@@ -218,7 +245,7 @@ GradientStream::Stats GradientStream::finish() {
 }
 
 cpu_adam::ConstArrayView GradientStream::host_grads() const {
-  if (cfg_.grad_accum > 1) return {accum_[buf_].data(), local_size_, DType::kF32};
+  if (accumulates_on_host(cfg_)) return {accum_[buf_].data(), local_size_, DType::kF32};
   return {landing_[buf_].data(), local_size_, act_};
 }
 
@@ -235,9 +262,12 @@ GradientStream::Times GradientStream::times(report::Trace* trace,
         last_copy = std::max(last_copy, copy_end_[e]->elapsed_ms_since(*bwd_done_));
       }
       if (trace && trace->enabled()) {
-        trace->span("d2h", "bucket " + std::to_string(b), clock.us(*copy_begin_[e]),
-                    clock.us(*copy_end_[e]),
-                    {{"micro_batch", a}, {"bytes", (shards_[b].end - shards_[b].begin) * esize_}});
+        // Summed on the device, only the last micro-batch's span copies (the rest only add).
+        const bool copied = !sums_on_device() || a + 1 == cfg_.grad_accum;
+        trace->span("d2h", (copied ? "bucket " : "sum bucket ") + std::to_string(b),
+                    clock.us(*copy_begin_[e]), clock.us(*copy_end_[e]),
+                    {{"micro_batch", a},
+                     {"bytes", copied ? (shards_[b].end - shards_[b].begin) * esize_ : 0}});
       }
     }
   }

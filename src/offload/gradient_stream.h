@@ -3,7 +3,11 @@
 // scattered first, so only this rank's shard moves), its sum of squares and non-finite flag are
 // reduced on the device, and it lands in pinned host memory: in the landing buffer (one
 // micro-batch), or through a pinned ring to the accumulate thread, which adds it into fp32 host
-// gradients (--grad-accum > 1). No full-size gradient buffer exists on the device.
+// gradients (--grad-accum > 1, summed on the host). Summed on the device instead
+// (EngineConfig::accumulate_on_device), each micro-batch's bucket is added into an fp32 sum of
+// this rank's shards and only the last micro-batch sends a bucket: the sum rounded once to the
+// act dtype, down the one-micro-batch path. No full-size 16-bit gradient buffer exists on the
+// device.
 #pragma once
 
 #include <cstddef>
@@ -56,8 +60,9 @@ class GradientStream {
     bool nonfinite = false;
   };
   Stats finish();
-  // This step's gradients on the host, in local order: the landing buffer (act dtype) or the
-  // fp32 accumulators. Valid until the step after next begins (DPU) or the next one (without).
+  // This step's gradients on the host, in local order: the landing buffer (act dtype) or, summed
+  // on the host, the fp32 accumulators. Valid until the step after next begins (DPU) or the next
+  // one (without).
   cpu_adam::ConstArrayView host_grads() const;
 
   // The finished step's D2H busy time and the gradient tail after backward (ms); its copies go
@@ -78,6 +83,9 @@ class GradientStream {
   Slot make_slot(std::size_t elements, const char* what);
   void* slot_for(std::size_t bucket);
   void stream_bucket(std::size_t bucket);
+  bool sums_on_device() const { return cfg_.grad_accum > 1 && cfg_.accumulate_on_device; }
+  // Into the device sum; at the last micro-batch the rounded sum to send, else null.
+  void* add_to_device_sum(std::size_t bucket, void* grads);
   void land(std::size_t bucket, const void* grads);  // the copy to the host (and accumulation)
 
   dev::Device& dev_;
@@ -92,6 +100,7 @@ class GradientStream {
   std::unique_ptr<dev::Stream> d2h_;
 
   dev::Buffer stats_;              // (buckets, 2) fp32: sum of squares, non-finite flag
+  dev::Buffer device_sum_;         // (local) fp32: micro-batches summed on the device, or none
   std::vector<Slot> embed_slots_;  // one per embedding bucket (written first and last)
   std::vector<Slot> slots_;        // the ring every other bucket cycles through
   std::size_t next_slot_ = 0;
@@ -100,10 +109,10 @@ class GradientStream {
   int micro_ = 0;
 
   // Host staging, in local order; two of each with DPU.
-  pinned::PinnedBuffer landing_[2];                       // grad_accum == 1: act dtype
-  std::unique_ptr<pinned::BucketRing> ring_;              // grad_accum > 1: buckets to accumulate
+  pinned::PinnedBuffer landing_[2];                       // one bucket per step: act dtype
+  std::unique_ptr<pinned::BucketRing> ring_;              // summed on the host: buckets to add
   std::vector<std::unique_ptr<dev::Event>> ring_events_;  // per ring slot: copy landed
-  pinned::HostBuffer accum_[2];                           // grad_accum > 1: fp32
+  pinned::HostBuffer accum_[2];                           // summed on the host: fp32
   pinned::PinnedBuffer stats_host_;
   int buf_ = 0;
   std::mutex accum_mu_;

@@ -7,8 +7,8 @@
 
 namespace zo::report {
 
-double flops_per_token(std::size_t num_params, int n_layer, int n_embd, int seq_len) {
-  return 6.0 * double(num_params) + 12.0 * n_layer * double(n_embd) * seq_len;
+double flops_per_token(std::size_t num_params, int n_layer, int q_width, int seq_len) {
+  return 6.0 * double(num_params) + 12.0 * n_layer * double(q_width) * seq_len;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {

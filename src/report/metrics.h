@@ -25,9 +25,11 @@ struct StepMetrics {
   std::optional<double> val_loss;
 };
 
-// Model FLOPs per trained token: 6 N for the matmuls over parameters plus 12 L C T for attention
-// scores and values, forward and backward (Chowdhery et al. 2022, arXiv 2204.02311, App. B).
-double flops_per_token(std::size_t num_params, int n_layer, int n_embd, int seq_len);
+// Model FLOPs per trained token: 6 N for the matmuls over parameters plus 12 L (H hs) T for
+// attention scores and values, forward and backward (Chowdhery et al. 2022, arXiv 2204.02311,
+// App. B). q_width = H hs: the query heads' width (C for GPT-2; grouped-query attention shares
+// keys and values but computes as many scores).
+double flops_per_token(std::size_t num_params, int n_layer, int q_width, int seq_len);
 
 class MetricsWriter {
  public:

@@ -65,6 +65,13 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (mode != "auto" && mode != "resident" && mode != "offload") {
     bad("--mode must be auto, resident or offload");
   }
+  if (grad_accum_on != "auto" && grad_accum_on != "device" && grad_accum_on != "host") {
+    bad("--grad-accum-on must be auto, device or host");
+  }
+  if (mode == "resident" && grad_accum_on == "host") {
+    bad("--grad-accum-on host is for --mode offload; resident mode sums micro-batches on the "
+        "device");
+  }
   if (precision != "auto" && precision != "fp32" && precision != "bf16" && precision != "fp16") {
     bad("--precision must be auto, fp32, bf16 or fp16");
   }
@@ -114,6 +121,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"optimizer_state", dtype_name(optimizer_state)},
           {"device", device},
           {"mode", mode},
+          {"grad_accum_on", grad_accum_on},
           {"precision", precision},
           {"loss_scale", loss_scale},
           {"loss_scale_window", loss_scale_window},

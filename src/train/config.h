@@ -52,6 +52,10 @@ struct TrainConfig {
   // (fp32 master, m, v on the host, CPU Adam), or auto (resident when it fits on a GPU; offload
   // on the host backend or when the GPU is too small).
   std::string mode = "auto";
+  // Offload mode with grad_accum > 1: where the micro-batches are summed in fp32: device (one
+  // bucket per step to the host), host (every micro-batch's buckets), or auto (the device when
+  // the plan fits with the fp32 sum there). Resident mode always sums on the device.
+  std::string grad_accum_on = "auto";
   std::string precision =
       "auto";  // device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16, fp16
   // Loss scaling: auto (dynamic for fp16, off otherwise), dynamic, off, or a fixed number.

@@ -13,7 +13,10 @@ class OffloadUpdater final : public Updater {
   OffloadUpdater(dev::Device& device, dev::Stream& stream, const model::ParameterLayout& layout,
                  optim::HostOptimizer& state, const offload::EngineConfig& config,
                  report::Trace* trace, comm::Communicator* comm)
-      : state_(state), engine_(device, stream, layout, state, config, trace, comm) {}
+      : state_(state),
+        grad_accum_(config.grad_accum),
+        on_device_(config.accumulate_on_device),
+        engine_(device, stream, layout, state, config, trace, comm) {}
 
   model::ParameterStore& parameters() override { return engine_; }
   void load_state() override { engine_.upload_all(); }
@@ -41,13 +44,21 @@ class OffloadUpdater final : public Updater {
     m.exposed_ms = {{"d2h", p.d2h_exposed}, {"adam", p.adam_exposed}, {"h2d", p.h2d_exposed}};
   }
   std::string describe() const override {
-    return "offload mode: AdamW on the CPU (" +
-           std::string(cpu_adam::isa_name(cpu_adam::default_isa())) + ") with " +
-           std::string(dtype_name(state_.config().state_dtype)) + " state";
+    std::string s = "offload mode: AdamW on the CPU (" +
+                    std::string(cpu_adam::isa_name(cpu_adam::default_isa())) + ") with " +
+                    std::string(dtype_name(state_.config().state_dtype)) + " state";
+    if (grad_accum_ > 1) {
+      s += on_device_ ? "; micro-batches summed in fp32 on the device, one bucket per step to "
+                        "the host"
+                      : "; every micro-batch's buckets to the host, summed there in fp32";
+    }
+    return s;
   }
 
  private:
   optim::HostOptimizer& state_;
+  int grad_accum_;
+  bool on_device_;
   offload::Engine engine_;
 };
 

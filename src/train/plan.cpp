@@ -1,12 +1,20 @@
 #include "train/plan.h"
 
 #include <sstream>
+#include <stdexcept>
 
 #include "core/bytes.h"
 #include "train/config.h"
 #include "train/updater.h"
 
 namespace zo::train {
+
+AccumPlacement parse_accum_placement(const std::string& s) {
+  if (s == "auto") return AccumPlacement::kAuto;
+  if (s == "device") return AccumPlacement::kDevice;
+  if (s == "host") return AccumPlacement::kHost;
+  throw std::invalid_argument("--grad-accum-on must be auto, device or host");
+}
 
 MemoryPlan plan_memory(const PlanInput& in) {
   MemoryPlan p;
@@ -24,10 +32,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
         {"gradient buckets (embeddings + " + std::to_string(in.engine.device_slots) + " slots)",
          f.device_grad_slots + f.device_stats});
     if (f.device_comm) p.device.push_back({"data-parallel shards and all-gather", f.device_comm});
+    if (f.device_accum) p.device.push_back({"fp32 gradient sum (--grad-accum)", f.device_accum});
   }
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
-                      model::gpt_activation_bytes(in.spec, in.shape, esize)});
+                      model::activation_bytes(in.spec, in.shape, esize)});
   if (in.resident) p.device.push_back({"norm scratch", 64});
   const std::size_t sb = dtype_size(in.optimizer_state);
   std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)
@@ -68,6 +77,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
       advice << "use a smaller --micro-batch (with --grad-accum to keep the batch), ";
     advice << "shorten --seq-len, ";
     if (in.resident) advice << "use --mode offload (optimizer state on the host), ";
+    if (f.device_accum && !in.resident) {
+      advice << "use --grad-accum-on host (micro-batches summed on the host), ";
+    }
     advice << "or give the device more memory (--device-memory)";
   }
   if (!p.host_fits) {
@@ -81,12 +93,50 @@ MemoryPlan plan_memory(const PlanInput& in) {
   return p;
 }
 
+namespace {
+
+// The offload plan with --grad-accum's micro-batches summed where in.grad_accum_on says; auto:
+// on the device when that plan fits, else on the host (today's bytes on the device).
+MemoryPlan plan_offload(PlanInput in, offload::EngineConfig& engine) {
+  in.resident = false;
+  in.engine.accumulate_on_device = false;
+  if (in.engine.grad_accum == 1) {
+    engine = in.engine;
+    return plan_memory(in);
+  }
+  const std::string accum = "--grad-accum " + std::to_string(in.engine.grad_accum) + ": ";
+  const std::string on_device = "summed in fp32 on the device, one bucket per step to the host";
+  const std::string on_host = "every micro-batch's buckets to the host, summed there in fp32";
+  in.engine.accumulate_on_device = in.grad_accum_on != AccumPlacement::kHost;
+  engine = in.engine;
+  MemoryPlan p = plan_memory(in);
+  if (in.grad_accum_on == AccumPlacement::kDevice) {
+    p.accumulation = accum + on_device + " (--grad-accum-on device)";
+  } else if (in.grad_accum_on == AccumPlacement::kHost) {
+    p.accumulation = accum + on_host + " (--grad-accum-on host)";
+  } else if (p.device_fits) {
+    p.accumulation = accum + on_device + " (auto: the fp32 sum fits)";
+  } else {
+    const std::size_t sum =
+        offload::engine_footprint(model::ParameterLayout(in.spec), in.act_dtype, in.engine)
+            .device_accum;
+    in.engine.accumulate_on_device = false;
+    engine = in.engine;
+    p = plan_memory(in);
+    p.accumulation = accum + on_host + " (auto: the fp32 sum, " + format_bytes(sum) +
+                     ", does not fit on the device)";
+  }
+  return p;
+}
+
+}  // namespace
+
 ModeChoice choose_mode(PlanInput in, bool gpu) {
   ModeChoice c;
   in.resident = true;
   c.resident = plan_memory(in);
+  c.offload = plan_offload(in, c.offload_engine);
   in.resident = false;
-  c.offload = plan_memory(in);
   if (!gpu) {
     c.reason = "the host backend runs the offload engine (resident mode is for a GPU)";
   } else if (in.optimizer_state != DType::kF32) {
@@ -123,6 +173,8 @@ std::string MemoryPlan::format(const PlanInput& in) const {
   os << "    total" << std::string(35, ' ') << both(host_total) << "  of "
      << (in.host_available ? both(in.host_available) + " available" : std::string("unknown"))
      << (host_fits ? "  fits" : "  DOES NOT FIT") << "\n";
+  if (!in.resident && !accumulation.empty())
+    os << "  gradient accumulation: " << accumulation << "\n";
   if (!advice.empty()) os << "  advice: " << advice << "\n";
   return os.str();
 }

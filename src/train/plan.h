@@ -7,21 +7,30 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/spec.h"
 #include "offload/engine.h"
 
 namespace zo::train {
 
+// Where offload mode sums the micro-batches of --grad-accum > 1 (--grad-accum-on): on the device
+// (an fp32 buffer of this rank's shards; one bucket per step crosses PCIe), on the host (every
+// micro-batch's buckets cross PCIe; fp32 sums in host memory), or auto: the device when the
+// plan fits there with the buffer, else the host.
+enum class AccumPlacement { kAuto, kDevice, kHost };
+AccumPlacement parse_accum_placement(const std::string& s);  // auto, device or host
+
 struct PlanInput {
   model::ModelSpec spec;
-  model::GptShape shape;
+  model::ModelShape shape;
   DType act_dtype = DType::kF32;        // device parameters / activations
   DType optimizer_state = DType::kF32;  // host m, v
   std::size_t device_capacity = 0;      // 0 = unlimited / unknown
   std::size_t host_available = 0;       // 0 = unknown
   bool resident = false;  // fp32 master, m, v on the device (AdamW there) instead of the host
   offload::EngineConfig engine;  // offload mode: buckets, accumulation, DPU
+  // Offload, grad_accum > 1: where to sum (choose_mode resolves it into engine's setting).
+  AccumPlacement grad_accum_on = AccumPlacement::kAuto;
 };
 
 struct PlanLine {
@@ -33,7 +42,8 @@ struct MemoryPlan {
   std::vector<PlanLine> device, host;
   std::size_t device_total = 0, host_total = 0;
   bool device_fits = true, host_fits = true;
-  std::string advice;  // what to change when something does not fit
+  std::string advice;        // what to change when something does not fit
+  std::string accumulation;  // offload, grad_accum > 1: where micro-batches are summed, and why
 
   std::string format(const PlanInput& in) const;
 };
@@ -45,9 +55,11 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const PlanInput& in);
 
 // Both modes, the one `--mode auto` picks, and why: resident when the whole training state fits
-// on a GPU (and the optimizer state is fp32), offload otherwise.
+// on a GPU (and the optimizer state is fp32), offload otherwise. The offload plan is that of
+// in.grad_accum_on resolved: `offload_engine` is in.engine with accumulate_on_device set.
 struct ModeChoice {
   MemoryPlan resident, offload;
+  offload::EngineConfig offload_engine;
   bool choose_resident = false;
   std::string reason;
 };

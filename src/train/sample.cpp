@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "device/device.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint_io.h"
 
@@ -59,7 +59,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   dev::Buffer params = dev->alloc(weights.size() * 4, "parameters");
   dev->copy_to_device(params.data(), weights.data(), weights.size() * 4, *stream);
   const int T = spec.block_size, V = spec.vocab_size;
-  model::Gpt gpt(*dev, layout, {1, T, false});
+  const auto model = model::make_model(*dev, layout, {1, T, false});
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out
   // (with no tokens to generate the upload above would otherwise outlive `params`).
   struct Drain {
@@ -80,10 +80,10 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     const int t = std::min<int>(T, static_cast<int>(seq.size()));
     std::fill(window.begin(), window.end(), 0);
     std::copy(seq.end() - t, seq.end(), window.begin());
-    gpt.set_batch(window, {}, *stream);
-    gpt.forward(params.data(), t, false, 0.0f, *stream);
+    model->set_batch(window, {}, *stream);
+    model->forward(params.data(), t, false, 0.0f, *stream);
     dev->copy_to_host(logits.data(),
-                      static_cast<const float*>(gpt.logits()) + std::size_t(t - 1) * V,
+                      static_cast<const float*>(model->logits()) + std::size_t(t - 1) * V,
                       std::size_t(V) * 4, *stream);
     stream->synchronize();
     std::int32_t next = 0;

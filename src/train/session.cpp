@@ -215,11 +215,14 @@ void Session::open_device_and_plan() {
       // Ranks on one machine share its memory.
       cfg.host_memory ? cfg.host_memory : pinned::host_available_bytes() / std::size_t(local_ranks),
       false,
-      engine_config()};
+      engine_config(),
+      parse_accum_placement(cfg.grad_accum_on)};
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
   resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
   pi.resident = resident;
+  // Each rank decides by its own device: the collectives are the same either way.
+  accumulate_on_device = !resident && choice.offload_engine.accumulate_on_device;
   const MemoryPlan& plan = resident ? choice.resident : choice.offload;
   if (!plan.device_fits || !plan.host_fits) {
     throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
@@ -261,8 +264,7 @@ void Session::make_updater_and_model() {
   updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt, cfg.grad_accum)
                      : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,
                                             comm.get());
-  gpt = std::make_unique<model::Gpt>(*dev, *layout,
-                                     model::GptShape{cfg.micro_batch, T, cfg.recompute});
+  model = model::make_model(*dev, *layout, model::ModelShape{cfg.micro_batch, T, cfg.recompute});
 }
 
 // The initial or resumed weights and optimizer state, on the host.
@@ -335,6 +337,7 @@ offload::EngineConfig Session::engine_config() const {
   offload::EngineConfig e;
   e.bucket_bytes = cfg.bucket_size;
   e.grad_accum = cfg.grad_accum;
+  e.accumulate_on_device = accumulate_on_device;
   e.pin = cfg.pin;
   e.dpu = cfg.dpu;
   e.ranks = ranks;
@@ -355,9 +358,9 @@ double Session::evaluate() {
   double sum[2] = {0.0, double(BT) * cfg.eval_batches};
   for (int b = 0; b < cfg.eval_batches; ++b) {
     val.next_batch(inputs, targets);
-    gpt->set_batch(inputs, targets, *stream);
-    gpt->forward(updater->parameters(), T, true, 0.0f, *stream);
-    dev->copy_to_host(l.data() + (b % kWindow) * BT, gpt->losses(), BT * 4, *stream);
+    model->set_batch(inputs, targets, *stream);
+    model->forward(updater->parameters(), T, true, 0.0f, *stream);
+    dev->copy_to_host(l.data() + (b % kWindow) * BT, model->losses(), BT * 4, *stream);
     if (b % kWindow == kWindow - 1 || b + 1 == cfg.eval_batches) {
       stream->synchronize();
       sum[0] =

@@ -15,7 +15,7 @@
 #include "comm/comm.h"
 #include "data/loader.h"
 #include "device/device.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/layout.h"
 #include "model/spec.h"
 #include "optim/host_optimizer.h"
@@ -54,9 +54,11 @@ struct Session {
   std::unique_ptr<dev::Stream> stream;  // forward and backward
   std::unique_ptr<optim::HostOptimizer> opt;
   bool resident = false;  // optimizer state on the device (TrainConfig::mode)
+  // Offload, grad_accum > 1: micro-batches summed on the device (TrainConfig::grad_accum_on).
+  bool accumulate_on_device = false;
   report::Trace trace;
   std::unique_ptr<Updater> updater;
-  std::unique_ptr<model::Gpt> gpt;
+  std::unique_ptr<model::Model> model;
   DirClaim checkpoint_claim;  // what check_outputs found in --checkpoint-dir
   std::int64_t start_step = 0, tokens = 0;
   LossScaler scaler;

@@ -45,7 +45,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   Session& S = *impl_;
   const TrainConfig& cfg = S.cfg;
   Updater& up = *S.updater;
-  model::Gpt& gpt = *S.gpt;
+  model::Model& model = *S.model;
   dev::Device& dev = *S.dev;
   dev::Stream& stream = *S.stream;
   auto say = [&](const std::string& s) {  // rank 0 speaks for the job
@@ -57,7 +57,8 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   // reduce-scatter sums the ranks' gradients.
   const std::size_t step_tokens = BT * std::size_t(A) * std::size_t(S.ranks);
   const float dloss_unscaled = 1.0f / float(step_tokens);
-  const double fpt = report::flops_per_token(S.layout->size(), S.spec.n_layer, S.spec.n_embd, T);
+  const double fpt = report::flops_per_token(S.layout->size(), S.spec.n_layer,
+                                             S.spec.n_head * S.spec.head_size(), T);
 
   report::MetricsWriter metrics;
   if (!cfg.metrics.empty() && S.rank == 0) {
@@ -96,20 +97,20 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     up.begin_step(cfg.dpu && step >= cfg.dpu_warmup);
     for (int a = 0; a < A; ++a) {
       S.loaders.train->next_batch(inputs, targets);
-      gpt.set_batch(inputs, targets, stream);
+      model.set_batch(inputs, targets, stream);
       dev.record(*events[3 * a], stream);
       {
         const report::NvtxRange range("forward");  // kernels are enqueued inside it (ncu --nvtx)
-        gpt.forward(up.parameters(), T, true, dloss_unscaled * scale, stream);
+        model.forward(up.parameters(), T, true, dloss_unscaled * scale, stream);
       }
       dev.record(*events[3 * a + 1], stream);
       {
         const report::NvtxRange range("backward");
         up.begin_micro_batch(a);
-        gpt.backward(up.parameters(), stream);
+        model.backward(up.parameters(), stream);
       }
       dev.record(*events[3 * a + 2], stream);
-      dev.copy_to_host(losses.data() + a * BT, gpt.losses(), BT * 4, stream);
+      dev.copy_to_host(losses.data() + a * BT, model.losses(), BT * 4, stream);
     }
     // The step's one host synchronisation: gradient statistics (and the losses, queued after the
     // last bucket).

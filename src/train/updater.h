@@ -13,7 +13,7 @@
 
 #include "comm/comm.h"
 #include "device/device.h"
-#include "model/gpt.h"
+#include "model/model.h"
 #include "model/layout.h"
 #include "offload/engine_config.h"
 #include "optim/host_optimizer.h"

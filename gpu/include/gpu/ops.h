@@ -21,10 +21,11 @@
 namespace zo::gpu {
 
 // ---- embedding (embedding.cu) ------------------------------------------------------------------
-// out (B,T,C) written = wte[tokens[b,t]] + wpe[t]
+// out (B,T,C) written = wte[tokens[b,t]] + wpe[t]; wpe null: no learned positions (Llama).
 void launch_embedding_forward(void* out, const std::int32_t* tokens, const void* wte,
                               const void* wpe, int B, int T, int C, DType t, cudaStream_t s);
-// dwte (V,C) +=, dwpe (T,C) += from dout (B,T,C). Deterministic (no float atomics). `scratch`:
+// dwte (V,C) +=, dwpe (T,C) += (unless null) from dout (B,T,C). Deterministic (no float
+// atomics). `scratch`:
 // embedding_backward_scratch_bytes(B, T) device bytes, 256-aligned, kept until the launch has run.
 std::size_t embedding_backward_scratch_bytes(int B, int T);
 void launch_embedding_backward(void* dwte, void* dwpe, const void* dout, const std::int32_t* tokens,

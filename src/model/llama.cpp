@@ -1,0 +1,225 @@
+#include "model/llama.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "model/rope.h"
+
+namespace zo::model {
+namespace {
+
+// The widths of one block: q heads, q|k|v, the MLP.
+struct Widths {
+  std::size_t C, Q, QKV, I;
+  explicit Widths(const ModelSpec& s)
+      : C(std::size_t(s.n_embd)),
+        Q(std::size_t(s.n_head) * s.head_dim),
+        QKV(s.qkv_width()),
+        I(std::size_t(s.intermediate_size)) {}
+};
+
+// The activation layout, walked once for sizing and once for carving (activation_arena.h).
+template <class Place>
+void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t esize,
+                      std::size_t Vp, Place&& place) {
+  const Widths w(spec);
+  const std::size_t BT = std::size_t(sh.B) * sh.T, L = spec.n_layer;
+  place(BT * 4);  // tokens
+  place(BT * 4);  // targets
+  for (std::size_t i = 0; i <= L; ++i)
+    place(BT * w.C * esize);  // residual stream, L+1 points
+  for (std::size_t l = 0; l < (sh.recompute ? 1 : L); ++l) {
+    for (std::size_t n : {w.C, w.QKV, w.Q, w.C, w.C, 2 * w.I, w.I})
+      place(BT * n * esize);                                // ln1 qkv atty res2 ln2 gate_up h
+    place(BT * 4);                                          // rstd1
+    place(BT * 4);                                          // rstd2
+    place(std::size_t(sh.B) * spec.n_head * sh.T * 4);      // lse
+  }
+  place(BT * w.C * esize);  // attn_out
+  place(BT * w.C * esize);  // mlp_out
+  place(BT * w.C * esize);  // lnf
+  place(BT * 4);            // lnf rstd
+  place(BT * Vp * esize);   // logits / dlogits
+  place(BT * 4);            // losses
+  for (std::size_t n : {w.C, w.I, w.C, w.Q, w.QKV})
+    place(BT * n * esize);  // backward: dres dh dln datty dqkv
+}
+
+}  // namespace
+
+std::size_t llama_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
+                                   std::size_t act_elem_bytes, int logits_stride) {
+  const int V = spec.vocab_size;
+  const int Vp = logits_stride != 0
+                     ? logits_stride
+                     : (V + dev::kGemmRowAlign - 1) / dev::kGemmRowAlign * dev::kGemmRowAlign;
+  return arena_bytes([&](auto&& place) {
+    walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp), place);
+  });
+}
+
+Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
+    : Model(device.act_dtype()),
+      device_(device),
+      layout_(layout),
+      shape_(shape),
+      esize_(dtype_size(device.act_dtype())),
+      Vp_(device.gemm_row_stride(layout.spec().vocab_size)),
+      eps_(static_cast<float>(layout.spec().norm_eps)) {
+  const ModelSpec& spec = layout.spec();
+  if (!spec.llama()) throw std::logic_error("Llama: a GPT-2 spec (make_model chooses)");
+  check_shape(spec, shape);
+  arena_ = std::make_unique<CarvedArena>(device, [&](auto&& place) {
+    walk_activations(spec, shape, esize_, std::size_t(Vp_), place);
+  });
+  CarvedArena& a = *arena_;
+  std::int32_t* tokens = a.next_i32();
+  std::int32_t* targets = a.next_i32();
+  for (int i = 0; i <= spec.n_layer; ++i)
+    residuals_.push_back(a.next());
+  layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
+  for (auto& l : layers_) {
+    l.ln1 = a.next(), l.qkv = a.next(), l.atty = a.next(), l.res2 = a.next(), l.ln2 = a.next();
+    l.gate_up = a.next(), l.h = a.next();
+    l.rstd1 = a.next_f32(), l.rstd2 = a.next_f32(), l.lse = a.next_f32();
+  }
+  attn_out_ = a.next(), mlp_out_ = a.next(), lnf_ = a.next();
+  lnf_rstd_ = a.next_f32();
+  logits_ = a.next();
+  losses_ = a.next_f32();
+  dres_ = a.next(), dh_ = a.next(), dln_ = a.next(), datty_ = a.next(), dqkv_ = a.next();
+  batch_ = std::make_unique<DeviceBatch>(device, tokens, targets, std::size_t(shape.B) * shape.T,
+                                         spec.vocab_size);
+  // RoPE's table: computed once on the host in double (model/rope.h), kept on the device.
+  const std::vector<float> inv_freq =
+      rope_inv_freq({spec.head_dim, spec.rope_theta, spec.rope_scaling});
+  inv_freq_ = device.alloc(inv_freq.size() * 4, "RoPE inverse frequencies");
+  const auto stream = device.create_stream();
+  device.copy_to_device(inv_freq_.data(), inv_freq.data(), inv_freq.size() * 4, *stream);
+  stream->synchronize();
+}
+
+void* Llama::at(const void* base, std::size_t elements) const {
+  return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
+}
+
+dev::AttentionArgs Llama::attention(int t) const {
+  const ModelSpec& s = layout_.spec();
+  return {shape_.B, t, s.n_embd, s.n_head, s.n_kv_head, s.head_dim};
+}
+
+void Llama::block_forward(const void* params, int l, int t, bool recomputing, dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  const Widths w(spec);
+  const int N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV), I = int(w.I);
+  const LlamaBlockParams& bp = layout_.llama_block(l);
+  auto p = [&](std::size_t off) { return at(params, off); };
+  auto bias = [&](std::size_t off) { return off == LlamaBlockParams::kNone ? nullptr : p(off); };
+  LayerActs& a = acts(l);
+  const void* x = residuals_[static_cast<std::size_t>(l)];
+  const dev::AttentionArgs att = attention(t);
+  device_.rmsnorm_forward(a.ln1, a.rstd1, x, p(bp.attn_norm), N, C, eps_, s);
+  device_.matmul_forward(a.qkv, a.ln1, p(bp.qkv_w), bias(bp.qkv_b), {N, C, QKV}, s);
+  device_.rope_forward(a.qkv, inv_freq_.as<float>(), att, s);
+  device_.attention_forward(a.atty, a.lse, a.qkv, att, s);
+  device_.matmul_forward(attn_out_, a.atty, p(bp.o_w), bias(bp.o_b), {N, Q, C}, s);
+  device_.residual_forward(a.res2, x, attn_out_, std::size_t(N) * C, s);
+  device_.rmsnorm_forward(a.ln2, a.rstd2, a.res2, p(bp.mlp_norm), N, C, eps_, s);
+  device_.matmul_forward(a.gate_up, a.ln2, p(bp.gate_up_w), nullptr, {N, C, 2 * I}, s);
+  device_.swiglu_forward(a.h, a.gate_up, N, I, s);
+  if (recomputing) return;  // backward reads nothing later
+  device_.matmul_forward(mlp_out_, a.h, p(bp.down_w), nullptr, {N, I, C}, s);
+}
+
+void Llama::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
+                    dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  if (t < 1 || t > shape_.T || (t < shape_.T && shape_.B != 1)) {
+    throw std::invalid_argument("forward over " + std::to_string(t) +
+                                " positions: need 1 <= t <= " + std::to_string(shape_.T) +
+                                " (t < T only with micro-batch 1)");
+  }
+  t_ = t;
+  grads_ready_ = with_targets && dloss_scale != 0.0f;
+  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
+  const void* params = store.params();
+  auto p = [&](std::size_t off) { return at(params, off); };
+  store.before_read(0);
+  device_.embedding_forward(residuals_[0], batch_->tokens(), p(layout_.wte()), nullptr, shape_.B,
+                            t, C, s);
+  for (int l = 0; l < L; ++l) {
+    store.before_read(std::size_t(l) + 1);
+    block_forward(params, l, t, false, s);
+    device_.residual_forward(residuals_[std::size_t(l) + 1], acts(l).res2, mlp_out_,
+                             std::size_t(N) * C, s);
+  }
+  store.before_read(std::size_t(L) + 1);
+  device_.rmsnorm_forward(lnf_, lnf_rstd_, residuals_.back(), p(layout_.lnf_w()), N, C, eps_, s);
+  device_.matmul_forward(logits_, lnf_, p(layout_.lm_head()), nullptr, {N, C, V, Vp_}, s);
+  if (with_targets) {
+    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, batch_->targets(), N,
+                          V, Vp_, dloss_scale, s);
+  }
+}
+
+void Llama::backward(ParameterStore& store, dev::Stream& s) {
+  if (!grads_ready_) {
+    throw std::logic_error(
+        "Llama::backward needs a preceding training forward (targets and a non-zero "
+        "dloss_scale)");
+  }
+  grads_ready_ = false;
+  const ModelSpec& spec = layout_.spec();
+  const Widths w(spec);
+  const int t = t_, N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV);
+  const int I = int(w.I), V = spec.vocab_size;
+  const void* params = store.params();
+  auto p = [&](std::size_t off) { return at(params, off); };
+  auto g = [&](std::size_t off) { return store.grad(off); };
+  auto gbias = [&](std::size_t off) { return off == LlamaBlockParams::kNone ? nullptr : g(off); };
+  auto done = [&](std::size_t off) { store.complete_from(off); };
+  const dev::AttentionArgs att = attention(t);
+
+  // LM head and final RMSNorm; dln_ holds d(lnf). dres_ then carries dL/d(residual stream) down
+  // through the blocks, each RMSNorm backward adding its input gradient to it in place.
+  device_.matmul_backward(dln_, g(layout_.lm_head()), nullptr, logits_, lnf_, p(layout_.lm_head()),
+                          {N, C, V, Vp_}, s);
+  device_.rmsnorm_backward(dres_, nullptr, g(layout_.lnf_w()), dln_, residuals_.back(),
+                           p(layout_.lnf_w()), lnf_rstd_, N, C, s);
+  done(layout_.lnf_w());
+
+  for (int l = spec.n_layer - 1; l >= 0; --l) {
+    if (shape_.recompute) block_forward(params, l, t, true, s);
+    const LlamaBlockParams& bp = layout_.llama_block(l);
+    LayerActs& a = acts(l);
+    // MLP. SwiGLU's gradient overwrites gate_up in place (nothing reads gate_up after it).
+    device_.matmul_backward(dh_, g(bp.down_w), nullptr, dres_, a.h, p(bp.down_w), {N, I, C}, s);
+    done(bp.down_w);
+    device_.swiglu_backward(a.gate_up, dh_, a.gate_up, N, I, s);
+    device_.matmul_backward(dln_, g(bp.gate_up_w), nullptr, a.gate_up, a.ln2, p(bp.gate_up_w),
+                            {N, C, 2 * I}, s);
+    done(bp.gate_up_w);
+    device_.rmsnorm_backward(dres_, dres_, g(bp.mlp_norm), dln_, a.res2, p(bp.mlp_norm), a.rstd2,
+                             N, C, s);
+    done(bp.mlp_norm);
+    // Attention: the transpose rotation turns the rotated q, k's gradient into the projection's.
+    device_.matmul_backward(datty_, g(bp.o_w), gbias(bp.o_b), dres_, a.atty, p(bp.o_w), {N, Q, C},
+                            s);
+    done(bp.o_w);
+    device_.fill_zero(dqkv_, std::size_t(N) * QKV * esize_, s);  // attention_backward accumulates
+    device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, att, s);
+    device_.rope_backward(dqkv_, inv_freq_.as<float>(), att, s);
+    device_.matmul_backward(dln_, g(bp.qkv_w), gbias(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
+                            {N, C, QKV}, s);
+    done(bp.qkv_w);
+    device_.rmsnorm_backward(dres_, dres_, g(bp.attn_norm), dln_,
+                             residuals_[static_cast<std::size_t>(l)], p(bp.attn_norm), a.rstd1, N,
+                             C, s);
+    done(bp.attn_norm);
+  }
+  device_.embedding_backward(g(layout_.wte()), nullptr, dres_, batch_->tokens(), shape_.B, t, C,
+                             s);
+  done(0);
+}
+
+}  // namespace zo::model
