@@ -113,6 +113,93 @@ TEST(Cli, TrainResumeExportSample) {
   ASSERT_EQ(r.code, 0) << r.out;
 }
 
+// export -o DIR: a Hugging Face model directory, sharded at --shard-size, that --init-from and
+// --model read back; an existing directory is written into only with --force, which replaces the
+// previous export's weights and keeps other files.
+TEST(Cli, ExportWritesAHuggingFaceDirectory) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --model tiny --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string exp = "export --checkpoint latest --checkpoint-dir " + ckpt + " ";
+  const fs::path out = d.path / "hf";
+  r = run(exp + "-o " + out.string() + " --shard-size 100KB --dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors.index.json"), std::string::npos) << r.out;
+  std::ifstream index_in(out / "model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(index_in);
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : index.at("weight_map").items())
+    shards.insert(file.get<std::string>());
+  EXPECT_GT(shards.size(), 1u);
+  for (const auto& f : shards)
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  std::ifstream config_in(out / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(config_in).at("torch_dtype"), "bfloat16");
+
+  // The directory, its index and its config.json are accepted where weights and specs go.
+  r = run("train --model " + (out / "config.json").string() + " --init-from " + out.string() +
+          " --steps 1 --seq-len 32 -b 2 -q");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("sample --model tiny --init-from " + (out / "model.safetensors.index.json").string() +
+          " -n 2 --ids --prompt-tokens 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  // Not again without --force; nothing changes.
+  std::ofstream(out / "tokenizer.json") << "{}";
+  const auto first = fs::last_write_time(out / "config.json");
+  r = run(exp + "-o " + out.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("is a directory that is not empty; pass --force"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(fs::last_write_time(out / "config.json"), first);
+  // With --force, one model.safetensors replaces the shards and the index.
+  r = run(exp + "-o " + out.string() + " --force");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> now;
+  for (const auto& e : fs::directory_iterator(out))
+    now.insert(e.path().filename().string());
+  EXPECT_EQ(now, (std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
+
+  const std::pair<std::string, std::string> refused[] = {
+      {"-o " + (d.path / "w.safetensors").string() + " --shard-size 1MB",
+       "--shard-size applies to a directory output"},
+      {"-o " + (d.path / "dir2").string() + " --shard-size 0", "--shard-size: cannot read size"},
+      {"-o " + (out / "model.safetensors").string() + "x", "exists and is not a directory"},
+      {"-o " + (fs::path(ckpt) / "step_00000002").string() + " --force",
+       "inside the checkpoint directory"},
+  };
+  std::ofstream(out / "model.safetensorsx") << "a file";
+  for (const auto& [args, want] : refused) {
+    r = run(exp + args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << "\n" << r.out;
+  }
+  EXPECT_FALSE(fs::exists(fs::path(ckpt) / "step_00000002" / "config.json"));
+}
+
+// A Llama-family checkpoint exports as the directory transformers loads, and trains on from it.
+TEST(Cli, LlamaCheckpointsExportToADirectoryAndTrainOnFromIt) {
+  TempDir d;
+  for (const std::string model : {"tiny-llama", "tiny-qwen2"}) {
+    const fs::path ckpt = d.path / (model + "_ckpt"), out = d.path / model;
+    Result r = run("train --model " + model + " --steps 1 --seq-len 16 -b 2 -q --checkpoint-dir " +
+                   ckpt.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run("export --checkpoint latest --checkpoint-dir " + ckpt.string() + " -o " + out.string() +
+            " --shard-size 100KB");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json")) << model;
+    std::ifstream config_in(out / "config.json");
+    const auto config = nlohmann::json::parse(config_in);
+    EXPECT_EQ(config.at("model_type"), model == "tiny-llama" ? "llama" : "qwen2");
+    EXPECT_FALSE(config.contains("name"));
+    r = run("train --model " + (out / "config.json").string() + " --init-from " + out.string() +
+            " --steps 1 --seq-len 16 -b 2 -q");
+    EXPECT_EQ(r.code, 0) << model << "\n" << r.out;
+  }
+}
+
 // The README's worked example, command for command, in a scratch directory: every line
 // succeeds, and the resumed run is the same run (its lr and warmup come from the checkpoint).
 TEST(Cli, ReadmeWorkedExampleRuns) {

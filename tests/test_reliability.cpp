@@ -130,7 +130,9 @@ TEST(Reliability, ExportNeverWritesIntoACheckpoint) {
   ASSERT_EQ(train("--steps 1 --checkpoint-dir " + ck.string()).code, 0);
   const fs::path step = ck / "step_00000001";
   const std::string before = bytes_of(step / "model.safetensors");
-  for (const fs::path& out : {step / "model.safetensors", step / "sub" / "w.safetensors"}) {
+  // One file, or a Hugging Face directory: the checkpoint itself or a new one inside it.
+  for (const fs::path& out :
+       {step / "model.safetensors", step / "sub" / "w.safetensors", step, step / "hf"}) {
     const Result r =
         zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " export --force --checkpoint " +
                               step.string() + " -o " + out.string());
@@ -139,6 +141,8 @@ TEST(Reliability, ExportNeverWritesIntoACheckpoint) {
   }
   EXPECT_EQ(bytes_of(step / "model.safetensors"), before);
   EXPECT_FALSE(fs::exists(step / "sub"));
+  EXPECT_FALSE(fs::exists(step / "hf"));
+  EXPECT_FALSE(fs::exists(step / "config.json"));
 }
 
 // ---- outputs checked before the first step

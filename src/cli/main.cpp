@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -12,18 +11,15 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "data/token_source.h"
-#include "model/hf_weights.h"
-#include "model/layout.h"
 #include "pinned_memory/host_buffer.h"
 #include "report/system_info.h"
 #include "tokenize/decode.h"
 #include "tokenize/tokenizer.h"
 #include "tokenize_command.h"
-#include "train/checkpoint_io.h"
 #include "train/config.h"
+#include "train/export.h"
 #include "train/plan.h"
 #include "train/resume_config.h"
-#include "train/run_outputs.h"
 #include "train/sample.h"
 #include "train/stop_request.h"
 #include "train/trainer.h"
@@ -54,7 +50,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
                        ByteSize& bucket) {
   t->add_option("--model", c.model,
                 presets_help() + "; default tiny, or the checkpoint's with --resume");
-  t->add_option("--init-from", c.init_from, "start from Hugging Face GPT-2 weights (.safetensors)");
+  t->add_option("--init-from", c.init_from,
+                "start from Hugging Face weights: a .safetensors file, a "
+                "model.safetensors.index.json, or a directory holding either");
   t->add_option("--seed", c.seed, "seed for initialisation and data order")->capture_default_str();
   t->add_flag("--recompute", c.recompute,
               "recompute each block's activations in backward (saves memory)");
@@ -274,17 +272,23 @@ int main(int argc, char** argv) {
 
   // export
   auto* exp = app.add_subcommand("export",
-                                 "Write a checkpoint's weights as Hugging Face GPT-2 "
-                                 "safetensors");
-  std::string exp_ckpt, exp_dir, exp_out, exp_dtype = "fp32";
-  bool exp_force = false;
-  exp->add_option("--checkpoint", exp_ckpt,
+                                 "Write a checkpoint's weights as Hugging Face safetensors: one "
+                                 "file, or a model directory");
+  zo::train::ExportConfig ec;
+  std::string exp_dtype = "fp32";
+  exp->add_option("--checkpoint", ec.checkpoint,
                   "checkpoint directory, or 'latest' with --checkpoint-dir")
       ->required();
-  exp->add_option("--checkpoint-dir", exp_dir, "where to look for 'latest'");
-  exp->add_option("--out,-o", exp_out, "output .safetensors file")->required();
+  exp->add_option("--checkpoint-dir", ec.checkpoint_dir, "where to look for 'latest'");
+  exp->add_option("--out,-o", ec.out,
+                  "FILE.safetensors: one file; any other path: a Hugging Face model directory "
+                  "(config.json, model.safetensors or shards and their index)")
+      ->required();
   exp->add_option("--dtype", exp_dtype, "fp32, fp16 or bf16")->capture_default_str();
-  exp->add_flag("--force", exp_force, "overwrite an existing output file");
+  exp->add_option("--shard-size", ec.shard_size,
+                  "directory output: most tensor bytes per shard, e.g. 2GB (default 5GB)");
+  exp->add_flag("--force", ec.force,
+                "overwrite an existing output file, or write into a non-empty directory");
 
   // sample
   auto* smp = app.add_subcommand("sample",
@@ -295,7 +299,8 @@ int main(int argc, char** argv) {
   bool print_ids = false;
   smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
   smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
-  smp->add_option("--init-from", sc.init_from, "Hugging Face GPT-2 .safetensors (needs --model)");
+  smp->add_option("--init-from", sc.init_from,
+                  "Hugging Face weights: .safetensors, index or directory (needs --model)");
   smp->add_option("--model", sc.model, presets_help());
   smp->add_option("--prompt", prompt,
                   "prompt text: bytes (byte-level models), or encoded with --tokenizer");
@@ -384,20 +389,8 @@ int main(int argc, char** argv) {
       return fits ? 0 : 3;
     }
     if (exp->parsed()) {
-      const zo::DType dtype = zo::parse_dtype(exp_dtype);
-      zo::train::refuse_inside_checkpoint(exp_out, "--out");  // even with --force
-      if (!exp_force && std::filesystem::exists(exp_out)) {
-        throw std::invalid_argument("'" + exp_out + "' exists; pass --force to overwrite it");
-      }
-      const auto dir = zo::train::resolve_checkpoint(exp_ckpt, exp_dir);
-      const auto spec = zo::train::checkpoint_spec(zo::train::read_trainer_state(dir));
-      const zo::model::ParameterLayout layout(spec);
-      std::vector<float> weights(layout.size());
-      zo::model::import_hf_weights(dir / "model.safetensors", layout, weights);
-      zo::model::export_hf_weights(exp_out, layout, weights, dtype);
-      std::fprintf(stderr, "wrote %s (%zu tensors, %s, model %s)\n", exp_out.c_str(),
-                   layout.tensors().size(), std::string(zo::dtype_name(dtype)).c_str(),
-                   spec.to_json().dump().c_str());
+      ec.dtype = zo::parse_dtype(exp_dtype);
+      std::fprintf(stderr, "%s\n", zo::train::export_checkpoint(ec).c_str());
       return 0;
     }
     if (tok.app->parsed()) return zo::cli::run_tokenize(tok);

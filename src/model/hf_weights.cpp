@@ -5,6 +5,7 @@
 #include <set>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_set.h"
 #include "core/error.h"
 
 namespace zo::model {
@@ -48,9 +49,11 @@ template void from_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, st
 
 namespace {
 
-// HF's attention-mask buffers: constants of the architecture (the causal mask), not parameters.
-bool mask_buffer(const std::string& name) {
-  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+// Buffers some HF files carry: constants of the architecture, not parameters (GPT-2's causal
+// mask, older Llama saves' RoPE frequencies).
+bool hf_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+         name.ends_with(".self_attn.rotary_emb.inv_freq");
 }
 
 std::string strip_prefix(const std::string& name) {
@@ -63,7 +66,7 @@ std::string strip_prefix(const std::string& name) {
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params) {
   if (params.size() != layout.size()) throw std::invalid_argument("import: params size mismatch");
-  const auto file = ckpt::SafetensorsFile::open(path);
+  const auto file = ckpt::SafetensorsSet::open(path);
   std::map<std::string, std::string> by_name;  // our name -> name in the file
   std::vector<std::string> unexpected, twice;
   std::string lm_head;  // the file's name for an explicit LM head, if it has one
@@ -77,7 +80,7 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
       if (!fresh) twice.push_back(it->second + " and " + info.name);
     } else if (n == "lm_head.weight") {
       lm_head = info.name;
-    } else if (!mask_buffer(n)) {
+    } else if (!hf_buffer(n)) {
       unexpected.push_back(info.name);
     }
   }
@@ -85,7 +88,8 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
   const TensorInfo& wte = layout.tensors().front();  // wte / embed_tokens: the tied LM head
   if (!lm_head.empty() && file.info(lm_head).shape != hf_shape(wte)) {
     misshaped.push_back(lm_head + " is " + ckpt::shape_to_string(file.info(lm_head).shape) +
-                        ", expected " + ckpt::shape_to_string(hf_shape(wte)) + " (tied to wte)");
+                        ", expected " + ckpt::shape_to_string(hf_shape(wte)) + " (tied to " +
+                        wte.name + ")");
   }
   for (const auto& t : layout.tensors()) {
     auto it = by_name.find(t.name);
@@ -131,12 +135,13 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
     buf.resize(wte.numel);
     file.read_f32(lm_head, buf);
     if (std::memcmp(buf.data(), staged.data() + wte.offset, wte.numel * sizeof(float)) != 0) {
-      throw CheckpointError("weights " + path.string() + ": " + lm_head + " differs from " +
-                            by_name.at(wte.name) +
-                            "; this model ties the LM head to the token embedding, so untied "
-                            "weights cannot be loaded (drop " +
-                            lm_head + " only if it is meant to equal " + wte.name +
-                            ", or use a spec with tie_word_embeddings false)");
+      throw CheckpointError(
+          "weights " + path.string() + ": " + lm_head + " differs from " + by_name.at(wte.name) +
+          "; this model ties the LM head to the token embedding, so untied "
+          "weights cannot be loaded (drop " +
+          lm_head + " only if it is meant to equal " + wte.name +
+          (layout.spec().llama() ? ", or use a spec with tie_word_embeddings false)"
+                                 : "; GPT-2 always ties them)"));
     }
   }
   std::copy(staged.begin(), staged.end(), params.begin());

@@ -1,5 +1,6 @@
-// Hugging Face GPT-2 weights in safetensors: import (to initialise or fine-tune) and export
-// (fp32/fp16/bf16) with the tensor names and shapes transformers uses, so the files load there.
+// Hugging Face weights (GPT-2 and the Llama family) in safetensors: import (to initialise or
+// fine-tune) and export (fp32/fp16/bf16; one file, or a model directory with config.json and
+// sharded weights) with the tensor names and shapes transformers uses, so the files load there.
 // HF GPT-2 keeps Linear weights as Conv1D, (in, out): those are transposed on the way.
 #pragma once
 
@@ -8,6 +9,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "model/layout.h"
@@ -27,11 +30,14 @@ void to_hf(const TensorInfo& t, const T* ours, T* hf);
 template <class T>
 void from_hf(const TensorInfo& t, const T* hf, T* ours);
 
-// Reads every parameter of `layout` from a safetensors file into params (layout.size() fp32).
-// Names may carry a "transformer." prefix (but not both forms of one name); HF's attention-mask
-// buffers ("attn.bias", "attn.masked_bias") are skipped, and an "lm_head.weight" must equal wte
-// (GPT-2 ties them). Throws CheckpointError listing missing, unexpected, repeated or mis-shaped
-// tensors, or an untied LM head; params is untouched on error.
+// Reads every parameter of `layout` into params (layout.size() fp32) from a .safetensors file, a
+// sharded set's model.safetensors.index.json, or a directory holding either (ckpt::SafetensorsSet
+// checks the index against its shards). F32, F16 and BF16 tensors. Names may carry a
+// "transformer." prefix (but not both forms of one name); HF's buffers ("attn.bias",
+// "attn.masked_bias", "rotary_emb.inv_freq") are skipped. A tied model's "lm_head.weight", if
+// present, must equal the embedding; an untied one's is required like any parameter. Throws
+// CheckpointError listing missing, unexpected, repeated or mis-shaped tensors, or an untied LM
+// head; everything is read before params is written, so it is untouched on error.
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params);
 
@@ -40,8 +46,27 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
 void add_hf_weights(ckpt::SafetensorsWriter& writer, const ParameterLayout& layout,
                     std::span<const float> params, DType dtype, std::vector<float>& scratch);
 
-// Writes params as a standalone HF GPT-2 safetensors file (atomic).
+// Writes params as a standalone HF safetensors file (atomic).
 void export_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<const float> params, DType dtype);
+
+// The config.json transformers loads the model from: GPT2LMHeadModel's for GPT-2, the spec's own
+// (ModelSpec::to_json without "name") for the Llama family; "torch_dtype" names `dtype`.
+nlohmann::json hf_config(const ModelSpec& spec, DType dtype);
+
+// transformers' save_pretrained default: shards of at most 5 GB of tensor data.
+inline constexpr std::uint64_t kDefaultShardBytes = 5'000'000'000;
+
+// Writes a Hugging Face model directory (made if missing): config.json, and the weights as one
+// model.safetensors when their data fits in max_shard_bytes, else model-0000k-of-0000n.safetensors
+// (tensors in layout order, none split; ckpt::plan_shards) and model.safetensors.index.json. Every
+// file is written atomically, the index last. A previous export there is replaced: its index is
+// removed first (a crash never pairs an old index with new shards) and, at the end, its
+// model.safetensors or shards that are not part of the new set; other files are left alone.
+// Returns the file names written, in order.
+std::vector<std::string> export_hf_directory(const std::filesystem::path& dir,
+                                             const ParameterLayout& layout,
+                                             std::span<const float> params, DType dtype,
+                                             std::uint64_t max_shard_bytes = kDefaultShardBytes);
 
 }  // namespace zo::model

@@ -17,6 +17,7 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "fuzz_common.h"
+#include "model/hf_weights.h"
 #include "model/layout.h"
 #include "optim/host_optimizer.h"
 #include "train/checkpoint_io.h"
@@ -156,6 +157,20 @@ inline CheckpointFixture make_checkpoint_fixture(const fs::path& dir) {
   }
   fs::remove_all(work);
   return out;
+}
+
+// ---- Hugging Face weights ---------------------------------------------------------------------
+
+// The micro model exported as a sharded Hugging Face directory into <dir> (config.json, three or
+// more shards of at most 64 bytes of tensor data); returns its index, which the fuzz target
+// replaces with its input.
+inline std::string make_hf_index_fixture(const fs::path& dir) {
+  const model::ParameterLayout layout(micro_spec());
+  std::vector<float> params(layout.size());
+  model::init_weights(layout, 11, params.data());
+  fs::remove_all(dir);
+  model::export_hf_directory(dir, layout, params, DType::kBF16, 64);
+  return ckpt::read_file(dir / "model.safetensors.index.json");
 }
 
 }  // namespace zo::fuzz

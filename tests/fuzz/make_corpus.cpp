@@ -211,6 +211,26 @@ void trainer_state(const zo::fuzz::CheckpointFixture& fx) {
   write_file(seed("trainer_state", "regress_shards_overlap.json"), j.dump(2));
 }
 
+void hf_index(const fs::path& dir) {
+  const std::string text = zo::fuzz::make_hf_index_fixture(dir);
+  write_file(seed("hf_index", "index.json"), text);
+  json j = json::parse(text);
+  json& map = j["weight_map"];
+  const std::string first = map["wte.weight"], last = map["ln_f.bias"];
+  map["wte.weight"] = last;  // in a shard that lacks it
+  write_file(seed("hf_index", "wrong_shard.json"), j.dump(2));
+  j = json::parse(text);
+  j["weight_map"].erase("wpe.weight");
+  write_file(seed("hf_index", "unlisted_tensor.json"), j.dump(2));
+  j = json::parse(text);
+  j["weight_map"]["wte.weight"] = "../" + first;
+  write_file(seed("hf_index", "traversal.json"), j.dump(2));
+  j = json::parse(text);
+  j["weight_map"]["lm_head.weight"] = first;
+  j["metadata"] = 1;
+  write_file(seed("hf_index", "bad_metadata.json"), j.dump(2));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -229,6 +249,7 @@ int main(int argc, char** argv) {
   manifest();
   loader_state(shards);
   trainer_state(fx);
+  hf_index(work / "hf");
   std::printf("seed corpus written to %s\n", g_out.c_str());
   return 0;
 }

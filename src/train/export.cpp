@@ -1,0 +1,82 @@
+#include "train/export.h"
+
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+#include "core/bytes.h"
+#include "core/error.h"
+#include "model/hf_weights.h"
+#include "model/layout.h"
+#include "train/checkpoint_io.h"
+#include "train/run_outputs.h"
+
+namespace zo::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Refuses what would damage a file or directory the user has, before any work.
+void check_directory_output(const fs::path& dir, bool force) {
+  refuse_inside_checkpoint(dir / "config.json", "--out");  // dir itself may be a checkpoint
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (st.type() == fs::file_type::not_found) return;
+  if (!fs::is_directory(st)) {
+    throw CheckpointError("--out '" + dir.string() +
+                          "' exists and is not a directory; a path not ending in .safetensors "
+                          "is written as a Hugging Face model directory. Choose another path");
+  }
+  if (!force && !fs::is_empty(dir, ec)) {
+    throw CheckpointError("--out '" + dir.string() +
+                          "' is a directory that is not empty; pass --force to write into it "
+                          "(config.json, model*.safetensors and the index of a previous export "
+                          "are replaced, other files are kept), or choose a new directory");
+  }
+}
+
+}  // namespace
+
+std::string export_checkpoint(const ExportConfig& c) {
+  const fs::path out = c.out;
+  const bool one_file = out.extension() == ".safetensors";
+  std::uint64_t shard_bytes = model::kDefaultShardBytes;
+  if (!c.shard_size.empty()) {
+    if (one_file) {
+      throw std::invalid_argument("--shard-size applies to a directory output; -o " + c.out +
+                                  " writes one .safetensors file (give a directory to shard)");
+    }
+    try {
+      shard_bytes = parse_bytes(c.shard_size);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--shard-size: ") + e.what());
+    }
+    if (shard_bytes == 0) throw std::invalid_argument("--shard-size must be above 0 bytes");
+  }
+  if (one_file) {
+    refuse_inside_checkpoint(out, "--out");  // even with --force
+    if (!c.force && fs::exists(out)) {
+      throw std::invalid_argument("'" + c.out + "' exists; pass --force to overwrite it");
+    }
+  } else {
+    check_directory_output(out, c.force);
+  }
+  const auto dir = resolve_checkpoint(c.checkpoint, c.checkpoint_dir);
+  const auto spec = checkpoint_spec(read_trainer_state(dir));
+  const model::ParameterLayout layout(spec);
+  std::vector<float> weights(layout.size());
+  model::import_hf_weights(dir / "model.safetensors", layout, weights);
+  const std::string what = std::to_string(layout.tensors().size()) + " tensors, " +
+                           std::string(dtype_name(c.dtype)) + ", model " + spec.to_json().dump();
+  if (one_file) {
+    model::export_hf_weights(out, layout, weights, c.dtype);
+    return "wrote " + c.out + " (" + what + ")";
+  }
+  const auto files = model::export_hf_directory(out, layout, weights, c.dtype, shard_bytes);
+  std::string list;
+  for (const auto& f : files)
+    list += (list.empty() ? "" : ", ") + f;
+  return "wrote " + c.out + "/: " + list + " (" + what + ")";
+}
+
+}  // namespace zo::train
