@@ -53,7 +53,7 @@ struct TempDir : zo::test::TempDir {
 };
 
 TEST(Cli, HelpMatchesTheReadme) {
-  for (const std::string sub : {"train", "plan", "export", "sample", "info"}) {
+  for (const std::string sub : {"train", "plan", "export", "sample", "tokenize", "info"}) {
     const std::string block = readme_block(sub);
     ASSERT_FALSE(block.empty()) << "README has no section for " << sub;
     const Result r = run(sub + " --help");
@@ -61,7 +61,7 @@ TEST(Cli, HelpMatchesTheReadme) {
     EXPECT_EQ(flags_in(r.out), flags_in(block)) << "offload_train " << sub << " --help vs README";
   }
   const Result top = run("--help");
-  for (const char* sub : {"train", "plan", "export", "sample", "info"}) {
+  for (const char* sub : {"train", "plan", "export", "sample", "tokenize", "info"}) {
     EXPECT_NE(top.out.find(sub), std::string::npos);
   }
 }

@@ -1,4 +1,5 @@
-// offload_train: the one binary users run. Subcommands: train, plan, export, sample, info.
+// offload_train: the one binary users run. Subcommands: train, plan, export, sample, tokenize,
+// info.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +13,9 @@
 #include "data/token_source.h"
 #include "pinned_memory/host_buffer.h"
 #include "report/system_info.h"
+#include "tokenize/decode.h"
+#include "tokenize/tokenizer.h"
+#include "tokenize_command.h"
 #include "train/config.h"
 #include "train/export.h"
 #include "train/plan.h"
@@ -291,14 +295,15 @@ int main(int argc, char** argv) {
                                  "Generate tokens (or text, for byte-level models) from "
                                  "a checkpoint or Hugging Face weights");
   zo::train::SampleConfig sc;
-  std::string prompt = "\n", prompt_tokens;
+  std::string prompt = "\n", prompt_tokens, sample_tokenizer;
   bool print_ids = false;
   smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
   smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
   smp->add_option("--init-from", sc.init_from,
                   "Hugging Face weights: .safetensors, index or directory (needs --model)");
   smp->add_option("--model", sc.model, presets_help());
-  smp->add_option("--prompt", prompt, "prompt text, as bytes (byte-level models)");
+  smp->add_option("--prompt", prompt,
+                  "prompt text: bytes (byte-level models), or encoded with --tokenizer");
   smp->add_option("--prompt-tokens", prompt_tokens, "prompt as comma-separated token ids");
   smp->add_option("--tokens,-n", sc.new_tokens, "tokens to generate")->capture_default_str();
   smp->add_option("--temperature", sc.temperature, "0 = greedy")->capture_default_str();
@@ -306,6 +311,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
   smp->add_flag("--ids", print_ids, "print token ids instead of text");
+  smp->add_option("--tokenizer", sample_tokenizer,
+                  "tokenizer.json (or its directory) that encodes --prompt and decodes the output");
+
+  // tokenize
+  zo::cli::TokenizeCommand tok;
+  zo::cli::add_tokenize_command(app, tok);
 
   // info
   auto* info = app.add_subcommand("info",
@@ -382,9 +393,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", zo::train::export_checkpoint(ec).c_str());
       return 0;
     }
+    if (tok.app->parsed()) return zo::cli::run_tokenize(tok);
     if (smp->parsed()) {
+      std::unique_ptr<zo::tokenize::Tokenizer> tokenizer;
+      if (!sample_tokenizer.empty()) tokenizer = zo::tokenize::Tokenizer::load(sample_tokenizer);
       if (!prompt_tokens.empty()) {
         sc.prompt = parse_token_list(prompt_tokens);
+      } else if (tokenizer) {
+        const auto ids = tokenizer->encode(prompt);
+        sc.prompt.assign(ids.begin(), ids.end());
       } else {
         for (unsigned char ch : prompt)
           sc.prompt.push_back(ch);
@@ -393,11 +410,15 @@ int main(int argc, char** argv) {
       const auto seq = zo::train::generate(sc, &vocab);
       const bool as_text = !print_ids && prompt_tokens.empty() && vocab <= 256;
       std::string out;
-      for (std::size_t i = sc.prompt.size(); i < seq.size(); ++i) {
-        if (as_text) {
-          out += static_cast<char>(seq[i]);
-        } else {
-          out += (i > sc.prompt.size() ? "," : "") + std::to_string(seq[i]);
+      if (tokenizer && !print_ids) {
+        out = zo::tokenize::decode_text(*tokenizer, std::span(seq).subspan(sc.prompt.size()));
+      } else {
+        for (std::size_t i = sc.prompt.size(); i < seq.size(); ++i) {
+          if (as_text) {
+            out += static_cast<char>(seq[i]);
+          } else {
+            out += (i > sc.prompt.size() ? "," : "") + std::to_string(seq[i]);
+          }
         }
       }
       std::fwrite(out.data(), 1, out.size(), stdout);

@@ -1,0 +1,49 @@
+// The Split pre-tokenizer: a regex written for Oniguruma (as Hugging Face's tokenizers runs it)
+// compiled for PCRE2 in UTF mode with Unicode properties and JIT. Matches and the text between
+// them are the pieces ("Isolated" behaviour), in order.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zo::tokenize {
+
+// `\s` and `\S` written as Unicode White_Space (Oniguruma's and Rust's meaning: U+0085 is white
+// space, U+180E and U+FEFF are not), so that PCRE2's own list (which holds U+180E) is not used.
+// Refuses (std::invalid_argument) `\S` inside a character class.
+std::string translate_pattern(std::string_view oniguruma);
+
+class SplitRegex {
+ public:
+  // std::invalid_argument with PCRE2's message and offset when the pattern does not compile.
+  explicit SplitRegex(const std::string& oniguruma_pattern);
+  ~SplitRegex();
+  SplitRegex(const SplitRegex&) = delete;
+  SplitRegex& operator=(const SplitRegex&) = delete;
+
+  // Per-thread scratch (match data and JIT stack).
+  class Matcher {
+   public:
+    explicit Matcher(const SplitRegex& re);
+    ~Matcher();
+    Matcher(Matcher&&) noexcept;
+    Matcher& operator=(Matcher&&) = delete;
+    Matcher(const Matcher&) = delete;
+
+    // Appends the pieces of `text` (valid UTF-8) to `out`; empty pieces are dropped.
+    void split(std::string_view text, std::vector<std::string_view>& out);
+
+   private:
+    const SplitRegex* re_;
+    struct Scratch;
+    std::unique_ptr<Scratch> s_;
+  };
+
+ private:
+  struct Code;
+  std::unique_ptr<Code> code_;
+};
+
+}  // namespace zo::tokenize

