@@ -50,9 +50,7 @@ void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t e
 std::size_t llama_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
                                    std::size_t act_elem_bytes, int logits_stride) {
   const int V = spec.vocab_size;
-  const int Vp = logits_stride != 0
-                     ? logits_stride
-                     : (V + dev::kGemmRowAlign - 1) / dev::kGemmRowAlign * dev::kGemmRowAlign;
+  const int Vp = logits_stride != 0 ? logits_stride : padded_vocab(V);
   return arena_bytes([&](auto&& place) {
     walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp), place);
   });
@@ -142,11 +140,7 @@ void Llama::block_forward(const void* params, int l, const RowSpan& r, bool reco
 void Llama::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
                     dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
-  if (t < 1 || t > shape_.T || (t < shape_.T && shape_.B != 1)) {
-    throw std::invalid_argument("forward over " + std::to_string(t) +
-                                " positions: need 1 <= t <= " + std::to_string(shape_.T) +
-                                " (t < T only with micro-batch 1)");
-  }
+  check_forward_positions(shape_, t);
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
   forwarded(t);

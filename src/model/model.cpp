@@ -57,6 +57,14 @@ void check_shape(const ModelSpec& spec, const ModelShape& shape) {
   }
 }
 
+void check_forward_positions(const ModelShape& shape, int t) {
+  if (t < 1 || t > shape.T || (t < shape.T && shape.B != 1)) {
+    throw std::invalid_argument("forward over " + std::to_string(t) +
+                                " positions: need 1 <= t <= " + std::to_string(shape.T) +
+                                " (t < T only with micro-batch 1)");
+  }
+}
+
 std::unique_ptr<Model> make_model(dev::Device& device, const ParameterLayout& layout,
                                   const ModelShape& shape) {
   if (layout.spec().llama()) return std::make_unique<Llama>(device, layout, shape);
