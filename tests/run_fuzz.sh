@@ -7,7 +7,7 @@
 #   FUZZ_BUILD_DIR  build directory (default: build-fuzz)
 #   FUZZ_JOBS       parallel compile jobs (default: nproc)
 #   FUZZ_TARGETS    targets to run, space-separated (default: every tests/fuzz/corpus/<target>)
-#   FUZZ_SECONDS    seconds of fuzzing per target (default: 30; 0 runs the seeds only)
+#   FUZZ_SECONDS    seconds of fuzzing per target (default: 20; 0 runs the seeds only)
 #   FUZZ_TIMEOUT    seconds one input may take (default: 10)
 #   FUZZ_RSS_MB     memory limit of a target in MiB, also its largest allocation (default: 2048)
 #   FUZZ_OUT        working corpora, logs and reproducers (default: <build dir>/fuzz-out)
@@ -19,7 +19,7 @@ bash .ci/install-deps clang-14 libclang-rt-14-dev llvm-14
 
 build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
 jobs=${FUZZ_JOBS:-$(nproc)}
-seconds=${FUZZ_SECONDS:-30}
+seconds=${FUZZ_SECONDS:-20}
 out=${FUZZ_OUT:-$build_dir/fuzz-out}
 if [[ -n ${FUZZ_TARGETS:-} ]]; then
   read -r -a targets <<<"$FUZZ_TARGETS"

