@@ -18,6 +18,7 @@
 #include "fuzz_common.h"
 #include "model/hf_weights.h"
 #include "model/layout.h"
+#include "tokenize/byte_level.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -233,6 +234,41 @@ void hf_index(const fs::path& dir) {
 
 }  // namespace
 
+// Byte-level BPE tokenizer.json files: GPT-2's kind (ByteLevel with its regex) with a few
+// merges and a special token, and Qwen2's (NFC, a Split regex, then ByteLevel without one).
+void tokenizer() {
+  json vocab = json::object(), merges = json::array();
+  for (int b = 0; b < 256; ++b)
+    vocab[zo::tokenize::to_byte_level(std::string(1, static_cast<char>(b)))] = b;
+  int next = 256;
+  for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{
+           {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"\xC4\xA0", "w"}}) {
+    if (!vocab.contains(l + r)) vocab[l + r] = next++;  // \xC4\xA0: the byte-level space
+    merges.push_back(l + " " + r);
+  }
+  const json added =
+      json::array({{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}});
+  json gpt2 = {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+      {"added_tokens", added}};
+  write_file(seed("tokenizer", "gpt2_kind.json"), gpt2.dump(1) + "\n");
+  json qwen = gpt2;
+  qwen["normalizer"] = {{"type", "NFC"}};
+  qwen["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"},
+                     {"pattern", {{"Regex", "(?i:'s|'t)|\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}},
+                     {"behavior", "Isolated"},
+                     {"invert", false}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  write_file(seed("tokenizer", "qwen2_kind.json"), qwen.dump(1) + "\n");
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s OUT_DIR (tests/fuzz/corpus)\n", argv[0]);
@@ -250,6 +286,7 @@ int main(int argc, char** argv) {
   loader_state(shards);
   trainer_state(fx);
   hf_index(work / "hf");
+  tokenizer();
   std::printf("seed corpus written to %s\n", g_out.c_str());
   return 0;
 }
