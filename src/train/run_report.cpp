@@ -10,9 +10,13 @@ std::string run_banner(const Session& s, std::size_t step_tokens) {
   const model::ModelSpec& spec = s.spec;
   const int B = s.cfg.micro_batch, A = s.cfg.grad_accum, R = s.ranks;
   std::ostringstream os;
-  os << "model " << spec.name << ": " << s.layout->size() << " parameters (n_layer " << spec.n_layer
-     << ", n_head " << spec.n_head << ", n_embd " << spec.n_embd << ", vocab " << spec.vocab_size
-     << ", block " << spec.block_size << ")\n"
+  os << "model " << spec.name << ": " << s.layout->size() << " parameters (";
+  if (spec.llama()) os << spec.model_type << ", ";
+  os << "n_layer " << spec.n_layer << ", n_head " << spec.n_head;
+  if (spec.llama()) os << ", kv heads " << spec.n_kv_head << ", head_dim " << spec.head_dim;
+  os << ", n_embd " << spec.n_embd;
+  if (spec.llama()) os << ", intermediate " << spec.intermediate_size;
+  os << ", vocab " << spec.vocab_size << ", block " << spec.block_size << ")\n"
      << "device " << s.dev->name() << "; batch " << B << " x " << s.T << " x " << A << " accum";
   if (R > 1) os << " x " << R << " ranks";
   os << " = " << step_tokens << " tokens/step\n";
