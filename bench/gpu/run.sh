@@ -8,13 +8,14 @@
 # checkpoint, resume, sample and fp16 overflow steps on a small model), sanitize
 # (compute-sanitizer memcheck and racecheck over the op tests and two tiny trainings), resident
 # (GPT-2 124M bf16 and fp16), offload (350M/774M/1.5B, with and without DPU, vs resident),
-# big (the largest model the plan admits here).
+# big (the largest model the plan admits here), llama (the Llama family: a tiny Llama against
+# the host backend, Llama 3.2 1B resident, Llama 3.1 8B offloaded with DPU).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
-[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|offload|big ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|offload|big|llama ..." >&2; exit 2; }
 for p in "$@"; do
-  case $p in check | paths | sanitize | resident | offload | big) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, offload, big)" >&2; exit 2 ;; esac
+  case $p in check | paths | sanitize | resident | offload | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, offload, big, llama)" >&2; exit 2 ;; esac
 done
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
@@ -150,6 +151,20 @@ phase_big() {
   local m=(--model gpt-6.7b -b 2 --seq-len 1024 --recompute --precision bf16 --optimizer-state bf16)
   step plan_6.7b 60 "$B" plan "${m[@]}"
   train big_6.7b 420 "${m[@]}" --device cuda --mode offload --steps 5 --dpu --dpu-warmup 2
+}
+
+phase_llama() {
+  # The same tiny Llama steps on the GPU (fp32) and the host backend: losses must agree.
+  local tiny=(--model tiny-llama -b 4 --seq-len 128 --steps 4 --seed 3 --mode resident)
+  train llama_tiny_cuda_fp32 90 "${tiny[@]}" --device cuda --precision fp32
+  train llama_tiny_host 90 "${tiny[@]}" --device host
+  local one=(--model llama3.2-1b -b 4 --seq-len 2048 --steps 12 --device cuda --precision bf16)
+  train llama_1b_resident 180 "${one[@]}" --mode resident
+  train llama_1b_offload_dpu 180 "${one[@]}" --mode offload --dpu --dpu-warmup 3
+  local big=(--model llama3.1-8b -b 1 --seq-len 2048 --precision bf16 --optimizer-state bf16)
+  step plan_llama_8b 60 "$B" plan "${big[@]}"
+  train llama_8b_offload_dpu 300 "${big[@]}" --device cuda --mode offload --steps 4 --dpu \
+    --dpu-warmup 2
 }
 
 for p in "$@"; do
