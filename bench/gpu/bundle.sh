@@ -19,7 +19,8 @@ mkdir -p "$build"
 # MPI is left out: one GPU per machine, and the device machine has no OpenMPI to load.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZO_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DZO_BUILD_BENCH=ON \
-  -DZO_BUILD_TESTS=ON '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' > "$build/configure.log"
+  -DZO_BUILD_TESTS=ON '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' '-DCMAKE_CUDA_FLAGS=--compress-mode=size' \
+  > "$build/configure.log"
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
 rm -rf "$bundle"
