@@ -47,47 +47,26 @@ std::size_t gpt_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
 }
 
 Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
-    : Model(device.act_dtype()),
-      device_(device),
-      layout_(layout),
-      shape_(shape),
-      esize_(dtype_size(device.act_dtype())),
-      Vp_(device.gemm_row_stride(layout.spec().vocab_size)) {
+    : Model(device, layout, shape) {
   const ModelSpec& spec = layout.spec();
   if (spec.llama()) throw std::logic_error("Gpt: a Llama-family spec (make_model chooses)");
-  check_shape(spec, shape);
-  if (Vp_ < spec.vocab_size) {
-    throw std::logic_error("the device's GEMM row stride " + std::to_string(Vp_) +
-                           " is less than the vocabulary " + std::to_string(spec.vocab_size));
-  }
-  arena_ = std::make_unique<CarvedArena>(device, [&](auto&& place) {
-    walk_activations(spec, shape, esize_, std::size_t(Vp_), place);
-  });
-  auto next = [&] { return arena_->next(); };
-  auto next_f32 = [&] { return arena_->next_f32(); };
-  tokens_ = arena_->next_i32();
-  targets_ = arena_->next_i32();
+  carve([&](auto&& place) { walk_activations(spec, shape, esize_, std::size_t(Vp_), place); });
+  CarvedArena& a = arena();
   for (int i = 0; i <= spec.n_layer; ++i)
-    residuals_.push_back(next());
+    residuals_.push_back(a.next());
   layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
-  for (auto& a : layers_) {
-    a.ln1 = next(), a.qkv = next(), a.atty = next(), a.res2 = next(), a.ln2 = next();
-    a.fch = next(), a.fch_gelu = next();
-    a.ln1_mean = next_f32(), a.ln1_rstd = next_f32(), a.ln2_mean = next_f32();
-    a.ln2_rstd = next_f32(), a.lse = next_f32();
+  for (auto& l : layers_) {
+    l.ln1 = a.next(), l.qkv = a.next(), l.atty = a.next(), l.res2 = a.next(), l.ln2 = a.next();
+    l.fch = a.next(), l.fch_gelu = a.next();
+    l.ln1_mean = a.next_f32(), l.ln1_rstd = a.next_f32(), l.ln2_mean = a.next_f32();
+    l.ln2_rstd = a.next_f32(), l.lse = a.next_f32();
   }
-  attproj_ = next(), fcproj_ = next(), lnf_ = next();
-  lnf_mean_ = next_f32(), lnf_rstd_ = next_f32();
-  logits_ = next();
-  losses_ = next_f32();
-  dres_ = next(), dfch_ = next(), dln2_ = next(), datty_ = next(), dqkv_ = next();
-  dln1_ = next();
-  batch_ = std::make_unique<DeviceBatch>(device, tokens_, targets_, std::size_t(shape.B) * shape.T,
-                                         spec.vocab_size);
-}
-
-void* Gpt::at(const void* base, std::size_t elements) const {
-  return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
+  attproj_ = a.next(), fcproj_ = a.next(), lnf_ = a.next();
+  lnf_mean_ = a.next_f32(), lnf_rstd_ = a.next_f32();
+  logits_ = a.next();
+  losses_ = a.next_f32();
+  dres_ = a.next(), dfch_ = a.next(), dln2_ = a.next(), datty_ = a.next(), dqkv_ = a.next();
+  dln1_ = a.next();
 }
 
 // Block l from its first LayerNorm to the MLP's projection into fcproj_, over the rows of r. In
@@ -124,22 +103,7 @@ void Gpt::block_forward(const void* params, int l, const RowSpan& r, bool recomp
   device_.matmul_forward(fcproj_, fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
 }
 
-void Gpt::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
-                  dev::Stream& s) {
-  const ModelSpec& spec = layout_.spec();
-  check_forward_positions(shape_, t);
-  t_ = t;
-  grads_ready_ = with_targets && dloss_scale != 0.0f;
-  forwarded(t);
-  run(store, RowSpan::whole(shape_.B, t), s);
-  if (with_targets) {
-    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, targets_,
-                          shape_.B * t, spec.vocab_size, Vp_, dloss_scale, s);
-  }
-}
-
 void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
-  if (r.decode()) grads_ready_ = false;  // its logits row overwrites dlogits
   const ModelSpec& spec = layout_.spec();
   const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
   const void* params = store.params();
@@ -148,7 +112,7 @@ void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
   const int f = r.row0;  // the rows' offset into the per-row statistics
   store.before_read(0);
   // A decode step's row is at position row0: wpe's row of that position.
-  device_.embedding_forward(row(residuals_[0], C), tokens_ + f, p(layout_.wte()),
+  device_.embedding_forward(row(residuals_[0], C), tokens() + f, p(layout_.wte()),
                             row(p(layout_.wpe()), C), r.B, r.T, C, s);
   store.before_read(1);
   const BlockParams& first = layout_.block(0);
@@ -177,15 +141,9 @@ void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
                          {N, C, V, Vp_}, s);
 }
 
-void Gpt::backward(ParameterStore& store, dev::Stream& s) {
-  if (!grads_ready_) {
-    throw std::logic_error(
-        "Gpt::backward needs a preceding training forward (targets and a "
-        "non-zero dloss_scale)");
-  }
-  grads_ready_ = false;
+void Gpt::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
-  const int t = t_, N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
+  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
   const std::size_t NC = std::size_t(N) * C;
   const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
@@ -230,7 +188,7 @@ void Gpt::backward(ParameterStore& store, dev::Stream& s) {
                                a.ln1_mean, a.ln1_rstd, N, C, s);
     done(bp.ln1_w);
   }
-  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens_, shape_.B, t, C, s);
+  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens(), shape_.B, t, C, s);
   done(0);
 }
 

@@ -27,8 +27,6 @@
 #include <vector>
 
 #include "device/device.h"
-#include "model/activation_arena.h"
-#include "model/device_batch.h"
 #include "model/layout.h"
 #include "model/model.h"
 #include "model/row_span.h"
@@ -43,26 +41,9 @@ class Gpt final : public Model {
  public:
   Gpt(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
 
-  const ModelShape& shape() const override { return shape_; }
-  const ParameterLayout& layout() const override { return layout_; }
-  void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
-                 dev::Stream& s) override {
-    batch_->set(tokens, targets, s);
-  }
-  using Model::backward;
-  using Model::forward;
-  void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
-               dev::Stream& s) override;
-  void backward(ParameterStore& store, dev::Stream& s) override;
-  void set_token(int pos, std::int32_t token, dev::Stream& s) override {
-    batch_->set_token(static_cast<std::size_t>(pos), token, s);
-  }
-  const float* losses() const override { return losses_; }
-  const void* logits() const override { return logits_; }
-  int logits_stride() const override { return Vp_; }
-
  protected:
   void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
+  void backward_pass(ParameterStore& store, int t, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -72,27 +53,12 @@ class Gpt final : public Model {
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
   void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
                      dev::Stream& s);
-  void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
-
-  dev::Device& device_;
-  const ParameterLayout& layout_;
-  ModelShape shape_;
-  std::size_t esize_;  // bytes per activation element
-  int Vp_;             // row stride of the logits
-  std::unique_ptr<CarvedArena> arena_;
-  int t_ = 0;                 // positions used by the last forward
-  bool grads_ready_ = false;  // the last forward was a training forward
-
-  std::int32_t *tokens_ = nullptr, *targets_ = nullptr;  // (B,T) device
-  std::unique_ptr<DeviceBatch> batch_;
 
   std::vector<void*> residuals_;                 // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
   std::vector<LayerActs> layers_;                // L entries, or 1 with recompute
   void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch
   void* lnf_ = nullptr;                          // (B,T,C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  void* logits_ = nullptr;   // (B,T) rows of Vp_
-  float* losses_ = nullptr;  // (B,T)
   // Backward scratch, reused by every block.
   void *dres_ = nullptr, *dfch_ = nullptr, *dln2_ = nullptr, *datty_ = nullptr, *dqkv_ = nullptr,
        *dln1_ = nullptr;

@@ -57,22 +57,11 @@ std::size_t llama_activation_bytes(const ModelSpec& spec, const ModelShape& shap
 }
 
 Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
-    : Model(device.act_dtype()),
-      device_(device),
-      layout_(layout),
-      shape_(shape),
-      esize_(dtype_size(device.act_dtype())),
-      Vp_(device.gemm_row_stride(layout.spec().vocab_size)),
-      eps_(static_cast<float>(layout.spec().norm_eps)) {
+    : Model(device, layout, shape), eps_(static_cast<float>(layout.spec().norm_eps)) {
   const ModelSpec& spec = layout.spec();
   if (!spec.llama()) throw std::logic_error("Llama: a GPT-2 spec (make_model chooses)");
-  check_shape(spec, shape);
-  arena_ = std::make_unique<CarvedArena>(device, [&](auto&& place) {
-    walk_activations(spec, shape, esize_, std::size_t(Vp_), place);
-  });
-  CarvedArena& a = *arena_;
-  std::int32_t* tokens = a.next_i32();
-  std::int32_t* targets = a.next_i32();
+  carve([&](auto&& place) { walk_activations(spec, shape, esize_, std::size_t(Vp_), place); });
+  CarvedArena& a = arena();
   for (int i = 0; i <= spec.n_layer; ++i)
     residuals_.push_back(a.next());
   layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
@@ -86,8 +75,6 @@ Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShap
   logits_ = a.next();
   losses_ = a.next_f32();
   dres_ = a.next(), dh_ = a.next(), dln_ = a.next(), datty_ = a.next(), dqkv_ = a.next();
-  batch_ = std::make_unique<DeviceBatch>(device, tokens, targets, std::size_t(shape.B) * shape.T,
-                                         spec.vocab_size);
   // RoPE's table: computed once on the host in double (model/rope.h), kept on the device.
   const std::vector<float> inv_freq =
       rope_inv_freq({spec.head_dim, spec.rope_theta, spec.rope_scaling});
@@ -95,10 +82,6 @@ Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShap
   const auto stream = device.create_stream();
   device.copy_to_device(inv_freq_.data(), inv_freq.data(), inv_freq.size() * 4, *stream);
   stream->synchronize();
-}
-
-void* Llama::at(const void* base, std::size_t elements) const {
-  return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
 }
 
 dev::AttentionArgs Llama::attention(int B, int T, int pos0) const {
@@ -137,29 +120,14 @@ void Llama::block_forward(const void* params, int l, const RowSpan& r, bool reco
   device_.matmul_forward(mlp_out_, h, p(bp.down_w), nullptr, {N, I, C}, s);
 }
 
-void Llama::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
-                    dev::Stream& s) {
-  const ModelSpec& spec = layout_.spec();
-  check_forward_positions(shape_, t);
-  t_ = t;
-  grads_ready_ = with_targets && dloss_scale != 0.0f;
-  forwarded(t);
-  run(store, RowSpan::whole(shape_.B, t), s);
-  if (with_targets) {
-    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, batch_->targets(),
-                          shape_.B * t, spec.vocab_size, Vp_, dloss_scale, s);
-  }
-}
-
 void Llama::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
-  if (r.decode()) grads_ready_ = false;  // its logits row overwrites dlogits
   const ModelSpec& spec = layout_.spec();
   const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
   const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
   auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   store.before_read(0);
-  device_.embedding_forward(row(residuals_[0], C), batch_->tokens() + r.row0, p(layout_.wte()),
+  device_.embedding_forward(row(residuals_[0], C), tokens() + r.row0, p(layout_.wte()),
                             nullptr, r.B, r.T, C, s);
   for (int l = 0; l < L; ++l) {
     store.before_read(std::size_t(l) + 1);
@@ -174,16 +142,10 @@ void Llama::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
                          {N, C, V, Vp_}, s);
 }
 
-void Llama::backward(ParameterStore& store, dev::Stream& s) {
-  if (!grads_ready_) {
-    throw std::logic_error(
-        "Llama::backward needs a preceding training forward (targets and a non-zero "
-        "dloss_scale)");
-  }
-  grads_ready_ = false;
+void Llama::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const Widths w(spec);
-  const int t = t_, N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV);
+  const int N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV);
   const int I = int(w.I), V = spec.vocab_size;
   const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
@@ -229,7 +191,7 @@ void Llama::backward(ParameterStore& store, dev::Stream& s) {
                              C, s);
     done(bp.attn_norm);
   }
-  device_.embedding_backward(g(layout_.wte()), nullptr, dres_, batch_->tokens(), shape_.B, t, C,
+  device_.embedding_backward(g(layout_.wte()), nullptr, dres_, tokens(), shape_.B, t, C,
                              s);
   done(0);
 }

@@ -15,8 +15,6 @@
 #include <vector>
 
 #include "device/device.h"
-#include "model/activation_arena.h"
-#include "model/device_batch.h"
 #include "model/layout.h"
 #include "model/model.h"
 #include "model/row_span.h"
@@ -30,26 +28,9 @@ class Llama final : public Model {
  public:
   Llama(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
 
-  const ModelShape& shape() const override { return shape_; }
-  const ParameterLayout& layout() const override { return layout_; }
-  void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
-                 dev::Stream& s) override {
-    batch_->set(tokens, targets, s);
-  }
-  using Model::backward;
-  using Model::forward;
-  void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
-               dev::Stream& s) override;
-  void backward(ParameterStore& store, dev::Stream& s) override;
-  void set_token(int pos, std::int32_t token, dev::Stream& s) override {
-    batch_->set_token(static_cast<std::size_t>(pos), token, s);
-  }
-  const float* losses() const override { return losses_; }
-  const void* logits() const override { return logits_; }
-  int logits_stride() const override { return Vp_; }
-
  protected:
   void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
+  void backward_pass(ParameterStore& store, int t, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -61,32 +42,19 @@ class Llama final : public Model {
   // the SwiGLU. A decode step writes its qkv row into the cache and attends to the cached rows.
   void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
                      dev::Stream& s);
-  void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
   // Attention's shapes for B sequences of T rows whose first row is at position pos0.
   dev::AttentionArgs attention(int B, int T, int pos0 = 0) const;
 
-  dev::Device& device_;
-  const ParameterLayout& layout_;
-  ModelShape shape_;
-  std::size_t esize_;  // bytes per activation element
-  int Vp_;             // row stride of the logits
-  float eps_;          // rms_norm_eps
-  std::unique_ptr<CarvedArena> arena_;
-  std::unique_ptr<DeviceBatch> batch_;
+  float eps_;                 // rms_norm_eps
   dev::Buffer inv_freq_;      // (head_dim / 2) fp32: RoPE's inverse frequencies
-  int t_ = 0;                 // positions used by the last forward
-  bool grads_ready_ = false;  // the last forward was a training forward
 
   std::vector<void*> residuals_;  // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
   std::vector<LayerActs> layers_;  // L entries, or 1 with recompute
   void *attn_out_ = nullptr, *mlp_out_ = nullptr;  // (B,T,C) projections before the adds
   void* lnf_ = nullptr;                            // (B,T,C)
   float* lnf_rstd_ = nullptr;                      // (B,T)
-  void* logits_ = nullptr;                         // (B,T) rows of Vp_
-  float* losses_ = nullptr;                        // (B,T)
   // Backward scratch, reused by every block.
-  void *dres_ = nullptr, *dh_ = nullptr, *dgate_up_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
-       *dqkv_ = nullptr;
+  void *dres_ = nullptr, *dh_ = nullptr, *dln_ = nullptr, *datty_ = nullptr, *dqkv_ = nullptr;
 };
 
 }  // namespace zo::model

@@ -12,40 +12,86 @@ void* FlatParameters::grad(std::size_t offset) {
   return grads_ + offset * esize_;
 }
 
+Model::Model(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
+    : device_(device),
+      layout_(layout),
+      shape_(shape),
+      esize_(dtype_size(device.act_dtype())),
+      Vp_(device.gemm_row_stride(layout.spec().vocab_size)) {
+  check_shape(layout.spec(), shape);
+  if (Vp_ < layout.spec().vocab_size) {
+    throw std::logic_error("the device's GEMM row stride " + std::to_string(Vp_) +
+                           " is less than the vocabulary " +
+                           std::to_string(layout.spec().vocab_size));
+  }
+}
+
+void* Model::at(const void* base, std::size_t elements) const {
+  return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
+}
+
+void Model::set_batch(const std::vector<std::int32_t>& tokens,
+                      const std::vector<std::int32_t>& targets, dev::Stream& s) {
+  batch_->set(tokens, targets, s);
+}
+
+void Model::set_token(int pos, std::int32_t token, dev::Stream& s) {
+  batch_->set_token(static_cast<std::size_t>(pos), token, s);
+}
+
+void Model::forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
+                    dev::Stream& s) {
+  check_forward_positions(shape_, t);
+  t_ = t;
+  grads_ready_ = with_targets && dloss_scale != 0.0f;
+  cached_ = shape_.B == 1 && !shape_.recompute ? t : 0;
+  run(store, RowSpan::whole(shape_.B, t), s);
+  if (with_targets) {
+    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, batch_->targets(),
+                          shape_.B * t, layout_.spec().vocab_size, Vp_, dloss_scale, s);
+  }
+}
+
 void Model::forward(const void* params, int t, bool with_targets, float dloss_scale,
                     dev::Stream& s) {
-  FlatParameters flat(params, nullptr, act_);
+  FlatParameters flat(params, nullptr, device_.act_dtype());
   forward(flat, t, with_targets, dloss_scale, s);
 }
 
+void Model::backward(ParameterStore& store, dev::Stream& s) {
+  if (!grads_ready_) {
+    throw std::logic_error(
+        "Model::backward needs a preceding training forward (targets and a non-zero "
+        "dloss_scale)");
+  }
+  grads_ready_ = false;
+  backward_pass(store, t_, s);
+}
+
 void Model::backward(const void* params, void* grads, dev::Stream& s) {
-  FlatParameters flat(params, grads, act_);
+  FlatParameters flat(params, grads, device_.act_dtype());
   backward(flat, s);
 }
 
 void Model::decode(ParameterStore& store, int pos, dev::Stream& s) {
-  const ModelShape& sh = shape();
-  if (sh.B != 1 || sh.recompute) {
+  if (shape_.B != 1 || shape_.recompute) {
     throw std::logic_error("decode needs a model of micro-batch 1 without recompute (micro-batch " +
-                           std::to_string(sh.B) + (sh.recompute ? ", recompute)" : ")"));
+                           std::to_string(shape_.B) + (shape_.recompute ? ", recompute)" : ")"));
   }
-  if (pos < 0 || pos >= sh.T || pos > cached_) {
+  if (pos < 0 || pos >= shape_.T || pos > cached_) {
     throw std::invalid_argument("decode at position " + std::to_string(pos) +
-                                ": need 0 <= pos < T = " + std::to_string(sh.T) +
+                                ": need 0 <= pos < T = " + std::to_string(shape_.T) +
                                 " and pos <= the " + std::to_string(cached_) +
                                 " positions cached (forward over the prompt first)");
   }
+  grads_ready_ = false;  // the step's logits row overwrites dlogits
   run(store, RowSpan::step(pos), s);
   cached_ = pos + 1;
 }
 
 void Model::decode(const void* params, int pos, dev::Stream& s) {
-  FlatParameters flat(params, nullptr, act_);
+  FlatParameters flat(params, nullptr, device_.act_dtype());
   decode(flat, pos, s);
-}
-
-void Model::forwarded(int t) {
-  cached_ = shape().B == 1 && !shape().recompute ? t : 0;
 }
 
 void check_shape(const ModelSpec& spec, const ModelShape& shape) {

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "device/device.h"
+#include "model/activation_arena.h"
+#include "model/device_batch.h"
 #include "model/layout.h"
 #include "model/parameter_store.h"
 #include "model/row_span.h"
@@ -25,32 +27,34 @@ struct ModelShape {
 class Model {
  public:
   virtual ~Model() = default;
-  virtual const ModelShape& shape() const = 0;
-  virtual const ParameterLayout& layout() const = 0;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelShape& shape() const { return shape_; }
+  const ParameterLayout& layout() const { return layout_; }
 
   // Copies a batch (B*T tokens and targets; targets may be empty for inference) to the device
   // on stream s. The host vectors may be reused as soon as this returns.
-  virtual void set_batch(const std::vector<std::int32_t>& tokens,
-                         const std::vector<std::int32_t>& targets, dev::Stream& s) = 0;
+  void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                 dev::Stream& s);
 
   // Forward over the first t <= T positions of the batch. With targets, per-position losses are
   // computed; with dloss_scale != 0 the logits buffer is overwritten with dloss_scale * dL/dlogits
   // for the backward pass that must follow.
-  virtual void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale,
-                       dev::Stream& s) = 0;
+  void forward(ParameterStore& store, int t, bool with_targets, float dloss_scale, dev::Stream& s);
   void forward(const void* params, int t, bool with_targets, float dloss_scale, dev::Stream& s);
 
   // Accumulates (+=) the gradients of the last training forward into the store.
-  virtual void backward(ParameterStore& store, dev::Stream& s) = 0;
+  void backward(ParameterStore& store, dev::Stream& s);
   // The same into one flat buffer (layout.size(), act dtype).
   void backward(const void* params, void* grads, dev::Stream& s);
 
   // Device pointers for the last forward: losses (B*T fp32), logits (B*T rows of V act dtype,
   // logits_stride() elements apart; hold dlogits after a training forward).
-  virtual const float* losses() const = 0;
-  virtual const void* logits() const = 0;
+  const float* losses() const { return losses_; }
+  const void* logits() const { return logits_; }
   // The logits' row stride: V on the host backend, V rounded up to a multiple of 128 on CUDA.
-  virtual int logits_stride() const = 0;
+  int logits_stride() const { return Vp_; }
 
   // Incremental decoding with a KV cache (micro-batch 1, recompute off). The cache is each
   // layer's qkv activations, (T, qkv_width) with the row of position p as [q | k | v] (the
@@ -63,17 +67,47 @@ class Model {
   void decode(ParameterStore& store, int pos, dev::Stream& s);
   void decode(const void* params, int pos, dev::Stream& s);
   // The token of position pos (sequence 0), for decode; the host value may be reused at once.
-  virtual void set_token(int pos, std::int32_t token, dev::Stream& s) = 0;
+  void set_token(int pos, std::int32_t token, dev::Stream& s);
 
  protected:
-  explicit Model(DType act) : act_(act) {}
-  // Embedding, blocks and LM head over the rows of r: a forward's whole batch, or decode's step.
+  // Checks the shape; the subclass then carves its activations (carve) and its own buffers.
+  Model(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
+
+  // Embedding, blocks and LM head (logits_) over the rows of r: a forward's whole batch, or
+  // decode's step.
   virtual void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) = 0;
-  // A forward over t positions calls this: with micro-batch 1 and no recompute it fills the cache.
-  void forwarded(int t);
+  // The backward of a training forward over t positions, from dlogits (in logits_) down.
+  virtual void backward_pass(ParameterStore& store, int t, dev::Stream& s) = 0;
+
+  // Allocates the activations the walk describes (activation_arena.h), whose first two buffers
+  // must be the (B*T) int32 tokens and targets, and hands those to batch_. The subclass takes
+  // the rest from arena() in walk order.
+  template <class Walk>
+  void carve(Walk&& walk) {
+    arena_ = std::make_unique<CarvedArena>(device_, walk);
+    std::int32_t* tokens = arena_->next_i32();
+    std::int32_t* targets = arena_->next_i32();
+    batch_ = std::make_unique<DeviceBatch>(device_, tokens, targets,
+                                           std::size_t(shape_.B) * shape_.T,
+                                           layout_.spec().vocab_size);
+  }
+  CarvedArena& arena() { return *arena_; }
+  const std::int32_t* tokens() const { return batch_->tokens(); }
+  void* at(const void* base, std::size_t elements) const;  // base + elements in act dtype
+
+  dev::Device& device_;
+  const ParameterLayout& layout_;
+  const ModelShape shape_;
+  const std::size_t esize_;  // bytes per activation element, of parameters and gradients too
+  const int Vp_;             // the logits' row stride (gemm_row_stride(V))
+  void* logits_ = nullptr;   // (B,T) rows of Vp_; dlogits after a training forward
+  float* losses_ = nullptr;  // (B,T)
 
  private:
-  DType act_;     // of parameters, gradients and activations
+  std::unique_ptr<CarvedArena> arena_;
+  std::unique_ptr<DeviceBatch> batch_;
+  int t_ = 0;                 // positions used by the last forward
+  bool grads_ready_ = false;  // the last forward was a training forward
   int cached_ = 0;  // positions [0, cached_) of the KV cache hold the current sequence's rows
 };
 
