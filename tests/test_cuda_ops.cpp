@@ -43,6 +43,7 @@ namespace zo::simt {
 [[gnu::weak]] void cublaslt_refuse_epilogues(bool refuse);
 [[gnu::weak]] void cublaslt_offer_algorithms(int count);
 [[gnu::weak]] std::uint64_t device_allocations();
+[[gnu::weak]] std::uint64_t graph_launches();
 }  // namespace zo::simt
 
 namespace {
@@ -244,6 +245,58 @@ TEST_P(CudaModel, DecodeStepsEqualTheFullForward) {
     const bool f32 = t() == DType::kF32;
     zo::test::expect_close(r.decoded, r.forward,
                            f32 ? zo::test::Tol{1e-4, 1e-4} : zo::test::Tol{5e-2, 1e-1}, "logits");
+  }
+}
+
+// CUDA Graphs: a model with graphs on replays recordings of its forward and backward from the
+// second use of a key on; over steps with new batches, a changed loss scale and an evaluation
+// forward in between, its losses and gradients equal an eager model's bit for bit.
+TEST_P(CudaModel, GraphsReplayBitForBitWhatEagerRuns) {
+  for (const nlohmann::json& cfg :
+       {nlohmann::json{{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101},
+                       {"block_size", 16}},
+        nlohmann::json{{"model_type", "llama"}, {"hidden_size", 48}, {"num_hidden_layers", 2},
+                       {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 64},
+                       {"intermediate_size", 37}, {"vocab_size", 101},
+                       {"max_position_embeddings", 16}}}) {
+    SCOPED_TRACE(cfg.dump());
+    const zo::model::ParameterLayout layout(zo::model::model_spec_from_json(cfg, "graphs"));
+    const int B = 2, T = 13;
+    const std::size_t BT = std::size_t(B) * T;
+    std::vector<float> params(layout.size());
+    zo::model::init_weights(layout, 3, params.data());
+    const auto dev = cuda_device(t());
+    OpRun d(*dev, t(), 0);
+    const Tensor p = d.act(zo::test::round_to(params, t()));
+    const Tensor g_eager = d.act(std::vector<float>(layout.size(), 0.0f));
+    const Tensor g_graph = d.act(std::vector<float>(layout.size(), 0.0f));
+    const auto eager = zo::model::make_model(*dev, layout, {B, T, false});
+    const auto graphed = zo::model::make_model(*dev, layout, {B, T, false});
+    graphed->use_graphs(true);
+    const std::uint64_t launches_before =
+        zo::simt::graph_launches != nullptr ? zo::simt::graph_launches() : 0;
+    const Tensor losses_eager{const_cast<float*>(eager->losses()), BT, DType::kF32, false};
+    const Tensor losses_graph{const_cast<float*>(graphed->losses()), BT, DType::kF32, false};
+    for (int step = 0; step < 5; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const auto tok = tokens(BT, 101), tgt = tokens(BT, 101);
+      const float scale = step < 3 ? 1.0f : 0.5f;  // a new key at step 3: eager, then recorded
+      for (auto* m : {eager.get(), graphed.get()}) {
+        m->set_batch(tok, tgt, d.s());
+        m->forward(p.p, T, true, 0.0f, d.s());  // an evaluation forward
+        m->forward(p.p, T, true, scale, d.s());
+        m->backward(p.p, m == eager.get() ? g_eager.p : g_graph.p, d.s());
+      }
+      ASSERT_EQ(d.get(losses_graph), d.get(losses_eager));
+      ASSERT_EQ(d.get(g_graph), d.get(g_eager)) << "accumulated gradients";
+    }
+    EXPECT_EQ(graphed->graph_fallback(), "");
+    if (zo::simt::graph_launches != nullptr) {
+      // Step 0 runs the three keys (evaluation, training forward, backward) eagerly; steps 1
+      // and 2 launch all three; step 3 launches two (its training forward has a new scale and
+      // runs eagerly), step 4 all three.
+      EXPECT_EQ(zo::simt::graph_launches() - launches_before, 11u);
+    }
   }
 }
 

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "gpu/check.h"
 #include "gpu/device.h"
+#include "gpu/graph.h"
 #include "gpu/nccl_comm.h"
 #include "gpu/ops.h"
 #include "gpu/runtime.h"
@@ -291,6 +292,82 @@ TEST_F(GpuTest, StreamsAndEventsMoveAndOrderWork) {
                  zo::OutOfMemoryError);
   }
   EXPECT_EQ(pool->in_use(), 0u);
+}
+
+// A graph records without running and replays in stream order, as often as it is launched,
+// reading memory as it is at replay; the stream works eagerly in between. The recording goes
+// stale once the stream's scratch moves.
+TEST_F(GpuTest, GraphsRecordOnceAndReplayInStreamOrder) {
+  const std::size_t n = 1001;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  auto values = [&] {
+    std::vector<float> x(n);
+    for (float& v : x)
+      v = u(rng);
+    return x;
+  };
+  auto as_bf16 = [&](const std::vector<float>& x) {
+    std::vector<std::uint16_t> r(n);
+    for (std::size_t i = 0; i < n; ++i)
+      r[i] = zo::float_to_bf16(x[i]);
+    return r;
+  };
+  GpuBuffer src(n * 4), dst(n * 2);
+  zo::gpu::Stream s = make_stream();
+  std::vector<std::uint16_t> back(n), zeros(n, 0);
+  auto read_dst = [&] {
+    s.copy(back.data(), dst.data(), n * 2, cudaMemcpyDeviceToHost);
+    s.synchronize();
+    return back;
+  };
+  const std::vector<float> x1 = values(), x2 = values();
+  s.copy(src.data(), x1.data(), n * 4, cudaMemcpyHostToDevice);
+  s.fill_zero(dst.data(), n * 2);
+  s.with_scratch(256, "test scratch", [](void*) {});
+  zo::gpu::Graph g = zo::gpu::Graph::capture(s, [&] {
+    zo::gpu::launch_cast(src.data(), DType::kF32, dst.data(), DType::kBF16, n, s.get());
+  });
+  EXPECT_FALSE(s.capturing());
+  EXPECT_EQ(read_dst(), zeros) << "the recording ran";
+  g.launch();
+  EXPECT_EQ(read_dst(), as_bf16(x1));
+  s.copy(src.data(), x2.data(), n * 4, cudaMemcpyHostToDevice);
+  s.fill_zero(dst.data(), n * 2);
+  g.launch();  // after the eager copy and fill, in stream order
+  EXPECT_EQ(read_dst(), as_bf16(x2));
+  EXPECT_TRUE(g.current());
+  s.with_scratch(std::size_t{1} << 20, "test scratch", [](void*) {});
+  EXPECT_FALSE(g.current()) << "the scratch moved";
+}
+
+// What a recording cannot hold fails the capture with the reason, and leaves the stream usable.
+TEST_F(GpuTest, GraphCaptureRefusesSynchronisationAndScratchGrowth) {
+  zo::gpu::Stream s = make_stream();
+  GpuBuffer a(64);
+  try {
+    (void)zo::gpu::Graph::capture(s, [&] { s.synchronize(); });
+    FAIL() << "a synchronisation was recorded";
+  } catch (const CudaError& e) {
+    EXPECT_EQ(e.code(), cudaErrorStreamCaptureUnsupported) << e.what();
+  }
+  EXPECT_FALSE(s.capturing());
+  try {
+    (void)zo::gpu::Graph::capture(s, [&] { s.with_scratch(4096, "grown scratch", [](void*) {}); });
+    FAIL() << "the scratch grew in a recording";
+  } catch (const std::logic_error& e) {
+    EXPECT_TRUE(contains(e.what(), "grown scratch")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "graph is being captured")) << e.what();
+  }
+  EXPECT_FALSE(s.capturing());
+  EXPECT_THROW((void)zo::gpu::Graph::capture(s, [] { throw std::runtime_error("from fn"); }),
+               std::runtime_error);
+  const std::vector<std::uint8_t> ones(64, 1);
+  std::vector<std::uint8_t> back(64);
+  s.copy(a.data(), ones.data(), 64, cudaMemcpyHostToDevice);
+  s.copy(back.data(), a.data(), 64, cudaMemcpyDeviceToHost);
+  s.synchronize();
+  EXPECT_EQ(back, ones);
 }
 
 TEST_F(GpuTest, OversizedAllocationNamesTheRequest) {

@@ -52,8 +52,15 @@ class Session {
       ZO_CUDA_CHECK(cudaStreamWaitEvent(stream, ctx.last_use, 0));
     }
   }
+  // In a graph capture the record becomes a node of the graph (cudaEventRecordExternal), so
+  // that each replay marks the workspace's last use as an eager launch does.
   ~Session() {
-    if (cudaEventRecord(ctx_.last_use, stream_) == cudaSuccess) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const unsigned flags = cudaStreamIsCapturing(stream_, &capture) == cudaSuccess &&
+                                   capture == cudaStreamCaptureStatusActive
+                               ? cudaEventRecordExternal
+                               : cudaEventRecordDefault;
+    if (cudaEventRecordWithFlags(ctx_.last_use, stream_, flags) == cudaSuccess) {
       ctx_.last_stream = stream_;
       ctx_.used = true;
     } else {

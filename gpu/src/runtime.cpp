@@ -150,6 +150,11 @@ void* Stream::grow_scratch(std::size_t bytes, const char* what) {
   Scratch& s = *scratch_;
   if (bytes <= s.bytes) return s.p;
   const DeviceGuard guard(device_);
+  if (capturing()) {
+    throw std::logic_error(std::string(what) + " needs " + std::to_string(bytes) +
+                           " bytes of stream scratch, more than the stream holds, while a CUDA "
+                           "graph is being captured on it: run the work once before capturing it");
+  }
   const std::size_t size = MemoryPool::size_class(bytes);
   if (s.p != nullptr) {
     ZO_CUDA_CHECK(cudaFreeAsync(s.p, stream_));
@@ -171,7 +176,19 @@ void* Stream::grow_scratch(std::size_t bytes, const char* what) {
   }
   s.p = p;
   s.bytes = size;
+  ++s.epoch;
   return p;
+}
+
+std::uint64_t Stream::scratch_epoch() const {
+  const std::lock_guard<std::mutex> lock(scratch_->mu);
+  return scratch_->epoch;
+}
+
+bool Stream::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ZO_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // ---- events

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "gpu/device.h"
+#include "gpu/graph.h"
 #include "gpu/ops.h"
 #include "gpu/runtime.h"
 
@@ -40,6 +41,17 @@ class CudaEvent final : public Event {
   bool query() override { return e_.query(); }
   double elapsed_ms_since(Event& start) override;
   gpu::Event e_;
+};
+
+class CudaGraph final : public Graph {
+ public:
+  explicit CudaGraph(gpu::Graph g) : g_(std::move(g)) {}
+  bool launch() override {
+    if (!g_.current()) return false;
+    g_.launch();
+    return true;
+  }
+  gpu::Graph g_;
 };
 
 gpu::Stream& cuda_stream(Stream& s, const char* op) {
@@ -102,6 +114,12 @@ class CudaDevice final : public Device {
     cuda_event(e, "record").record(cuda_stream(s, "record"));
   }
   void wait(Stream& s, Event& e) override { cuda_stream(s, "wait").wait(cuda_event(e, "wait")); }
+
+  bool can_capture() const override { return !sync_each_op_; }
+  std::unique_ptr<Graph> capture(Stream& s, const std::function<void()>& work) override {
+    if (sync_each_op_) return Device::capture(s, work);  // throws
+    return std::make_unique<CudaGraph>(gpu::Graph::capture(cuda_stream(s, "capture"), work));
+  }
 
   void copy_to_device(void* dst, const void* host_src, std::size_t bytes, Stream& s) override {
     copy("copy_to_device", dst, host_src, bytes, cudaMemcpyHostToDevice, s);

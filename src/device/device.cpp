@@ -1,4 +1,5 @@
-// Backend-independent parts of the device interface: Buffer and the shared argument checks.
+// Backend-independent parts of the device interface: Buffer, the shared argument checks and
+// the default of capture.
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -31,6 +32,10 @@ void check_adamw_args(const char* op, const AdamConfig& c, std::int64_t t, float
                                 ": only AdamW (decoupled weight decay) runs on a device; use "
                                 "cpu_adam for L2-style Adam");
   }
+}
+
+std::unique_ptr<Graph> Device::capture(Stream&, const std::function<void()>&) {
+  throw std::logic_error(name() + " cannot record graphs (check can_capture first)");
 }
 
 }  // namespace zo::dev

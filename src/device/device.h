@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -78,6 +79,16 @@ class Event {
   virtual bool query() = 0;        // true if done (or never recorded)
   // Milliseconds between two completed events on the same device (for traces and timings).
   virtual double elapsed_ms_since(Event& start) = 0;
+};
+
+// One stream's work recorded once and replayed as one launch (Device::capture; CUDA Graphs,
+// docs/gpu.md). The work replays with the arguments it had when recorded.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Replays the work on the stream it was captured on. False, with nothing enqueued, when the
+  // recording is stale (the stream's scratch moved since): capture it again.
+  virtual bool launch() = 0;
 };
 
 // ---- op parameters --------------------------------------------------------------------------
@@ -147,6 +158,14 @@ class Device {
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes, Stream& s) = 0;
   virtual void copy_on_device(void* dst, const void* src, std::size_t bytes, Stream& s) = 0;
   virtual void fill_zero(void* dst, std::size_t bytes, Stream& s) = 0;
+
+  // ---- graphs (CUDA Graphs; the host backend has none) -----------------------------------------
+  // Whether capture works here: CUDA, unless ZO_SYNC_EACH_OP waits after every op.
+  virtual bool can_capture() const { return false; }
+  // Records what `work` enqueues on s (it must enqueue on s alone and must have run once on s
+  // before: lazy setup cannot be recorded) without running it. Throws when the work did what a
+  // recording cannot hold (a synchronisation, an allocation, a pageable copy); s records no more.
+  virtual std::unique_ptr<Graph> capture(Stream& s, const std::function<void()>& work);
 
   // ---- GPT ops ----------------------------------------------------------------------------------
   // out (B,T,C) written = wte[tokens] + wpe[t]; tokens (B,T) int32 device memory, wte (V,C), wpe

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -45,11 +46,15 @@ void Model::forward(ParameterStore& store, int t, bool with_targets, float dloss
   t_ = t;
   grads_ready_ = with_targets && dloss_scale != 0.0f;
   cached_ = shape_.B == 1 && !shape_.recompute ? t : 0;
-  run(store, RowSpan::whole(shape_.B, t), s);
-  if (with_targets) {
-    device_.cross_entropy(losses_, grads_ready_ ? logits_ : nullptr, logits_, batch_->targets(),
-                          shape_.B * t, layout_.spec().vocab_size, Vp_, dloss_scale, s);
-  }
+  const bool training = grads_ready_;
+  const GraphKey key{store.params(), nullptr, t, with_targets, dloss_scale};
+  run_recorded(store, key, s, [&] {
+    run(store, RowSpan::whole(shape_.B, t), s);
+    if (with_targets) {
+      device_.cross_entropy(losses_, training ? logits_ : nullptr, logits_, batch_->targets(),
+                            shape_.B * t, layout_.spec().vocab_size, Vp_, dloss_scale, s);
+    }
+  });
 }
 
 void Model::forward(const void* params, int t, bool with_targets, float dloss_scale,
@@ -65,7 +70,43 @@ void Model::backward(ParameterStore& store, dev::Stream& s) {
         "dloss_scale)");
   }
   grads_ready_ = false;
-  backward_pass(store, t_, s);
+  const int t = t_;
+  const GraphKey key{store.params(), store.replayable() ? store.grad(0) : nullptr, t, true, 0.0f};
+  run_recorded(store, key, s, [&] { backward_pass(store, t, s); });
+}
+
+void Model::run_recorded(ParameterStore& store, const GraphKey& key, dev::Stream& s,
+                         const std::function<void()>& work) {
+  constexpr std::size_t kMaxRecordings = 4;
+  if (!graphs_on_ || !store.replayable() || !device_.can_capture()) {
+    work();
+    return;
+  }
+  ++uses_;
+  auto it = std::find_if(recordings_.begin(), recordings_.end(),
+                         [&](const Recording& r) { return r.key == key; });
+  if (it == recordings_.end()) {  // the first use runs eagerly, doing any lazy setup
+    if (recordings_.size() == kMaxRecordings) {
+      recordings_.erase(std::min_element(
+          recordings_.begin(), recordings_.end(),
+          [](const Recording& a, const Recording& b) { return a.last_use < b.last_use; }));
+    }
+    recordings_.push_back({key, uses_, nullptr});
+    work();
+    return;
+  }
+  it->last_use = uses_;
+  if (it->graph != nullptr && it->graph->launch()) return;
+  try {  // the second use, or the recording went stale
+    it->graph = device_.capture(s, work);
+  } catch (const std::exception& e) {
+    graphs_on_ = false;
+    graph_fallback_ = e.what();
+    recordings_.clear();
+    work();  // a real error surfaces again here
+    return;
+  }
+  if (!it->graph->launch()) throw std::logic_error("a graph went stale while it was recorded");
 }
 
 void Model::backward(const void* params, void* grads, dev::Stream& s) {

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "device/device.h"
@@ -69,6 +71,15 @@ class Model {
   // The token of position pos (sequence 0), for decode; the host value may be reused at once.
   void set_token(int pos, std::int32_t token, dev::Stream& s);
 
+  // CUDA Graphs (docs/gpu.md). When on, on a device that can record graphs and with a replayable
+  // store (ParameterStore::replayable), a forward or backward runs eagerly the first time it has
+  // its positions, targets, loss scale and parameter buffers, is recorded the second time and
+  // replayed as one launch from then on (a few recordings are kept, the least recently used
+  // dropped). Decode steps always run eagerly. If a recording fails, the model runs eagerly from
+  // then on and graph_fallback() says why.
+  void use_graphs(bool on) { graphs_on_ = on; }
+  const std::string& graph_fallback() const { return graph_fallback_; }
+
  protected:
   // Checks the shape; the subclass then carves its activations (carve) and its own buffers.
   Model(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
@@ -109,6 +120,28 @@ class Model {
   int t_ = 0;                 // positions used by the last forward
   bool grads_ready_ = false;  // the last forward was a training forward
   int cached_ = 0;  // positions [0, cached_) of the KV cache hold the current sequence's rows
+
+  // What a recording depends on besides the shape.
+  struct GraphKey {
+    const void* params;
+    const void* grads;  // nullptr for a forward
+    int t;
+    bool with_targets;
+    float dloss_scale;
+    bool operator==(const GraphKey&) const = default;
+  };
+  struct Recording {
+    GraphKey key;
+    std::uint64_t last_use;
+    std::unique_ptr<dev::Graph> graph;  // null until the second use
+  };
+  // Runs work (which enqueues on s) eagerly, or records it and replays the recording.
+  void run_recorded(ParameterStore& store, const GraphKey& key, dev::Stream& s,
+                    const std::function<void()>& work);
+  bool graphs_on_ = false;
+  std::string graph_fallback_;
+  std::vector<Recording> recordings_;
+  std::uint64_t uses_ = 0;
 };
 
 // The model the layout's spec describes.

@@ -28,6 +28,9 @@ class ParameterStore {
   virtual void before_read(std::size_t group) { (void)group; }
   virtual void* grad(std::size_t offset) = 0;
   virtual void complete_from(std::size_t offset) { (void)offset; }
+  // params() and grad() always give the same pointers and before_read / complete_from do nothing,
+  // so a recording of the model's work on this store may be replayed (Model::use_graphs).
+  virtual bool replayable() const { return false; }
 };
 
 // Flat buffers in layout order: parameters and (for backward) gradients, act dtype, device.
@@ -37,6 +40,7 @@ class FlatParameters final : public ParameterStore {
       : params_(params), grads_(static_cast<char*>(grads)), esize_(dtype_size(act)) {}
   const void* params() override { return params_; }
   void* grad(std::size_t offset) override;
+  bool replayable() const override { return true; }
 
  private:
   const void* params_;

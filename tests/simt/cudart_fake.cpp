@@ -3,7 +3,7 @@
 // libcudart, so a call not defined here fails to link, which is the signal to add it.
 //
 // Streams are worker threads (streams.h) and events carry record generations, so the ordering
-// rules are CUDA's: work on a stream runs later than the call that enqueued it, cudaStreamWaitEvent
+// rules are CUDA's (stream capture for CUDA Graphs: graph.h, cudart_graph.cpp): work on a stream runs later than the call that enqueued it, cudaStreamWaitEvent
 // orders against the last record issued before it, copies between device memory and page-locked
 // host memory are asynchronous, copies to or from pageable memory wait for the stream first (as
 // CUDA's do), and cudaFree waits for the whole device. Memory is tracked by range, so a copy in a
@@ -27,16 +27,27 @@
 #include <thread>
 #include <utility>
 
+#include "graph.h"
 #include "simt.h"
 #include "streams.h"
 
 using Clock = std::chrono::steady_clock;
+
+struct CUevent_st;
 
 struct CUstream_st {
   std::deque<std::function<void()>> queue;  // guarded by g_mu
   bool busy = false;                        // the worker is running an item
   bool stop = false;
   std::thread worker;
+  // While captured (graph.h), what is enqueued becomes graph nodes instead (guarded by g_mu).
+  struct Capture {
+    std::thread::id thread;  // the capturing thread (ThreadLocal mode)
+    bool invalid = false;    // a refused call broke it: cudaStreamEndCapture fails
+    std::vector<zo::simt::GraphNode> nodes;
+    std::set<const CUevent_st*> events;  // recorded within the capture
+  };
+  std::unique_ptr<Capture> capture;
 };
 
 struct CUevent_st {
@@ -61,6 +72,7 @@ std::size_t g_device_used = 0;
 cudaError_t g_sticky = cudaSuccess;  // a failed stream item poisons the context, as on a GPU
 std::string g_sticky_text;
 thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local CUstream_st* t_capturing = nullptr;  // the stream this thread is capturing
 
 cudaError_t record(cudaError_t e) {
   if (e != cudaSuccess) t_last_error = e;
@@ -126,6 +138,21 @@ void drain(std::unique_lock<std::mutex>& lock, const CUstream_st* s) {
 
 cudaError_t sticky_or(cudaError_t e) {
   return record(g_sticky != cudaSuccess ? g_sticky : e);
+}
+
+// A call CUDA refuses from a thread that is capturing (ThreadLocal mode: synchronisation,
+// allocation, synchronous copies): it fails and breaks the capture.
+cudaError_t refused_in_capture() {
+  if (t_capturing == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (t_capturing->capture != nullptr) t_capturing->capture->invalid = true;
+  return record(cudaErrorStreamCaptureUnsupported);
+}
+
+// The stream's capture, or nullptr (holding g_mu).
+CUstream_st::Capture* capture_of(cudaStream_t s) {
+  return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread ? nullptr
+                                                                           : s->capture.get();
 }
 
 cudaError_t synchronize(const CUstream_st* s) {
@@ -221,6 +248,10 @@ namespace zo::simt {
 void enqueue(cudaStream_t stream, std::function<void()> work) {
   CUstream_st* s = worker_of(stream);
   std::unique_lock<std::mutex> lock(g_mu);
+  if (s != nullptr && s->capture != nullptr) {  // recorded, run by each cudaGraphLaunch
+    if (!s->capture->invalid) s->capture->nodes.push_back([w = std::move(work)] { return w; });
+    return;
+  }
   if (s == nullptr) {
     drain(lock, nullptr);  // the legacy default stream waits for every stream
     if (g_sticky != cudaSuccess) return;
@@ -239,6 +270,38 @@ bool is_device_pointer(const void* p) {
 std::uint64_t device_allocations() {
   std::lock_guard<std::mutex> lock(g_mu);
   return g_device_allocations;
+}
+
+cudaError_t begin_capture(cudaStream_t stream) {
+  if (stream == nullptr || worker_of(stream) == nullptr || !valid_stream(stream))
+    return record(cudaErrorInvalidValue);  // the legacy stream cannot be captured
+  if (t_capturing != nullptr) return record(cudaErrorIllegalState);  // one capture per thread
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (stream->capture != nullptr) return record(cudaErrorIllegalState);
+  stream->capture = std::make_unique<CUstream_st::Capture>();
+  stream->capture->thread = std::this_thread::get_id();
+  t_capturing = stream;
+  return cudaSuccess;
+}
+
+cudaError_t end_capture(cudaStream_t stream, std::vector<GraphNode>& nodes) {
+  if (!valid_stream(stream)) return record(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_mu);
+  CUstream_st::Capture* c = capture_of(stream);
+  if (c == nullptr) return record(cudaErrorIllegalState);
+  if (c->thread != std::this_thread::get_id()) return record(cudaErrorStreamCaptureWrongThread);
+  const bool invalid = c->invalid;
+  nodes = std::move(c->nodes);
+  stream->capture.reset();
+  t_capturing = nullptr;
+  return invalid ? record(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
+}
+
+cudaStreamCaptureStatus capture_status(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const CUstream_st::Capture* c = capture_of(stream);
+  if (c == nullptr) return cudaStreamCaptureStatusNone;
+  return c->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
 }
 
 }  // namespace zo::simt
@@ -281,6 +344,16 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered:
       return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation:
+      return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureWrongThread:
+      return "cudaErrorStreamCaptureWrongThread";
     default:
       return "cudaErrorUnknown";
   }
@@ -314,6 +387,16 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "part or all of the requested memory range is already mapped";
     case cudaErrorHostMemoryNotRegistered:
       return "pointer does not correspond to a registered memory region";
+    case cudaErrorIllegalState:
+      return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     default:
       return "unknown error";
   }
@@ -395,6 +478,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   return synchronize(nullptr);
 }
 
@@ -410,12 +494,14 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return record(cudaErrorInvalidValue);
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   *ptr = size == 0 ? nullptr : device_alloc(size);
   return size != 0 && *ptr == nullptr ? record(cudaErrorMemoryAllocation) : cudaSuccess;
 }
 
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   {
     std::unique_lock<std::mutex> lock(g_mu);
     drain(lock, nullptr);  // cudaFree synchronises the device
@@ -423,8 +509,11 @@ cudaError_t cudaFree(void* ptr) {
   return device_free(ptr) ? cudaSuccess : record(cudaErrorInvalidValue);
 }
 
+// In a capture CUDA would make graph-owned allocations; the project never allocates while
+// capturing (gpu::Stream's scratch exists before), so the emulator refuses, stricter than CUDA.
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   if (ptr == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidValue);
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   *ptr = size == 0 ? nullptr : device_alloc(size);
   return size != 0 && *ptr == nullptr ? record(cudaErrorMemoryAllocation) : cudaSuccess;
 }
@@ -433,6 +522,7 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return cudaSuccess;
   if (!valid_stream(stream) || !zo::simt::is_device_pointer(ptr))
     return record(cudaErrorInvalidValue);
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   zo::simt::enqueue(stream, [ptr] { device_free(ptr); });
   return cudaSuccess;
 }
@@ -477,7 +567,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   if (count == 0) return cudaSuccess;
   const void* host = host_side(dst, src, kind);
   if (host != nullptr && where_is(host) == Where::kPageable) {
-    // Pageable memory: CUDA waits for the stream, then copies before returning.
+    // Pageable memory: CUDA waits for the stream, then copies before returning; a graph cannot.
+    if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
     const cudaError_t e = synchronize(worker_of(stream));
     if (e != cudaSuccess) return e;
     std::memmove(dst, src, count);
@@ -488,6 +579,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return record(e);
   if (const cudaError_t e = synchronize(nullptr); e != cudaSuccess) return e;
   if (count != 0) std::memmove(dst, src, count);
@@ -505,6 +597,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
   if (ptr == nullptr || where_is(ptr) == Where::kPinned) return record(cudaErrorInvalidValue);
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   if (const cudaError_t e = synchronize(nullptr); e != cudaSuccess) return e;
   std::memset(ptr, value, count);
   return cudaSuccess;
@@ -561,6 +654,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   return synchronize(worker_of(stream));
 }
 
@@ -593,20 +687,49 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  if (event == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
-  std::uint64_t generation = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    generation = ++event->recorded;
-  }
-  zo::simt::enqueue(stream, [event, generation] {
+namespace {
+
+// The stream item that completes record number `generation` of `event`.
+std::function<void()> completes(cudaEvent_t event, std::uint64_t generation) {
+  return [event, generation] {
     std::lock_guard<std::mutex> lock(g_mu);
     event->completed = std::max(event->completed, generation);
     event->when = Clock::now();
     g_cv.notify_all();
-  });
+  };
+}
+
+}  // namespace
+
+// In a capture, a plain record only marks a point of the capture that its stream may wait for
+// (no graph node); with cudaEventRecordExternal it becomes a node that records the event at
+// every launch.
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
+  if (event == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+  std::uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (CUstream_st::Capture* c = capture_of(stream)) {
+      if ((flags & cudaEventRecordExternal) == 0) {
+        c->events.insert(event);
+        return cudaSuccess;
+      }
+      if (!c->invalid) {
+        c->nodes.push_back([event] {
+          std::lock_guard<std::mutex> inner(g_mu);
+          return completes(event, ++event->recorded);
+        });
+      }
+      return cudaSuccess;
+    }
+    generation = ++event->recorded;
+  }
+  zo::simt::enqueue(stream, completes(event, generation));
   return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  return cudaEventRecordWithFlags(event, stream, cudaEventRecordDefault);
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
@@ -619,17 +742,25 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return record(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t e = refused_in_capture(); e != cudaSuccess) return e;
   std::unique_lock<std::mutex> lock(g_mu);
   const std::uint64_t target = event->recorded;
   g_cv.wait(lock, [&] { return event->completed >= target || g_sticky != cudaSuccess; });
   return sticky_or(cudaSuccess);
 }
 
+// A captured stream may only wait for an event recorded in its own capture (already in order on
+// one stream); any other breaks the capture (CUDA's cudaErrorStreamCaptureIsolation).
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (event == nullptr || !valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
   std::uint64_t target = 0;
   {
     std::lock_guard<std::mutex> lock(g_mu);
+    if (CUstream_st::Capture* c = capture_of(stream)) {
+      if (c->events.count(event) != 0) return cudaSuccess;
+      c->invalid = true;
+      return record(cudaErrorStreamCaptureIsolation);
+    }
     target = event->recorded;  // the last record issued before this call
   }
   if (target == 0) return cudaSuccess;  // never recorded: nothing to wait for

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -147,17 +148,23 @@ class Stream {
   // block persists with the stream, so ops in steady state allocate nothing; it grows in stream
   // order (cudaFreeAsync / cudaMallocAsync), so kernels still using the old block are unaffected,
   // and is accounted in the pool (OutOfMemoryError naming `what`). fn must not call with_scratch.
+  // The block may not grow while the stream is capturing a graph (std::logic_error): run the work
+  // once before capturing it.
   template <class Fn>
   void with_scratch(std::size_t bytes, const char* what, Fn&& fn) {
     const std::lock_guard<std::mutex> lock(scratch_->mu);
     fn(grow_scratch(bytes, what));
   }
+  // Counts the scratch's moves: a graph captured before the last one refers to a freed block.
+  std::uint64_t scratch_epoch() const;
+  bool capturing() const;  // a graph capture is under way on this stream
 
  private:
   struct Scratch {
     std::mutex mu;
     void* p = nullptr;
     std::size_t bytes = 0;
+    std::uint64_t epoch = 0;  // moves so far
   };
   void* grow_scratch(std::size_t bytes, const char* what);  // with scratch_->mu held
   void destroy() noexcept;
