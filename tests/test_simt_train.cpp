@@ -101,6 +101,26 @@ TEST_F(SimtTrain, ResidentBf16MatchesTheHostBackend) {
                       host(accum, dir_.path, "host"), 2e-2, 1e-1, "bf16 resident, accumulation");
 }
 
+// CUDA Graphs (on by default) change no result: resident runs replaying the recordings equal runs
+// launching kernel by kernel, bit for bit, for both families, with micro-batches summed in fp32,
+// and with an fp16 loss scale that doubles every two steps (each new scale a new recording).
+TEST_F(SimtTrain, CudaGraphsChangeNoResult) {
+  for (const std::string model : {"tiny", "tiny-llama"}) {
+    for (const std::string args :
+         {"--mode resident --precision bf16 --grad-accum 2 --steps 5",
+          "--mode resident --precision fp16 --loss-scale dynamic --loss-scale-window 2 "
+          "--steps 6"}) {
+      SCOPED_TRACE(model + " " + args);
+      const Steps graphs = emulated(args, dir_.path, "graphs", model);
+      const Steps eager = emulated(args + " --no-cuda-graphs", dir_.path, "eager", model);
+      ASSERT_FALSE(graphs.loss.empty());
+      EXPECT_EQ(graphs.loss, eager.loss);
+      EXPECT_EQ(graphs.grad_norm, eager.grad_norm);
+      EXPECT_EQ(graphs.loss_scale, eager.loss_scale);
+    }
+  }
+}
+
 // The Llama family through the same binary: GQA, RoPE, RMSNorm and SwiGLU on the emulated GPU,
 // resident and offloaded.
 TEST_F(SimtTrain, LlamaFamilyMatchesTheHostBackend) {

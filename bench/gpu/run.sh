@@ -130,6 +130,12 @@ phase_resident() {
     --mode resident --models gpt2-124m --micro-batch 16 --seq-len 1024 --steps 30 --json
   train resident_124m_bf16 180 "${m[@]}" --precision bf16
   train resident_124m_fp16 180 "${m[@]}" --precision fp16
+  # CUDA Graphs' share: the same step launched kernel by kernel, and a small micro-batch where
+  # launches weigh most, both ways.
+  train resident_124m_bf16_eager 180 "${m[@]}" --precision bf16 --no-cuda-graphs
+  local small=(--model gpt2-124m -b 1 --seq-len 256 --steps 60 --device cuda --mode resident)
+  train resident_124m_b1_graphs 120 "${small[@]}" --precision bf16
+  train resident_124m_b1_eager 120 "${small[@]}" --precision bf16 --no-cuda-graphs
   # The peer: the same GPT-2 in PyTorch (torch.compile, bf16 autocast, fused AdamW), if present.
   step pytorch_124m 300 python3 "$here/pytorch_gpt2.py" --batch 16 --seq 1024 --steps 30
 }

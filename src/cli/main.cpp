@@ -109,6 +109,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--precision", c.precision,
                 "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
       ->capture_default_str();
+  t->add_flag("!--no-cuda-graphs", c.cuda_graphs,
+              "cuda, resident: launch forward and backward kernel by kernel instead of "
+              "replaying CUDA Graph recordings");
   t->add_option("--loss-scale", c.loss_scale,
                 "auto (dynamic for fp16, else off), dynamic, off, or a fixed scale")
       ->capture_default_str();

@@ -56,6 +56,9 @@ struct TrainConfig {
   // bucket per step to the host), host (every micro-batch's buckets), or auto (the device when
   // the plan fits with the fp32 sum there). Resident mode always sums on the device.
   std::string grad_accum_on = "auto";
+  // CUDA: replay forward and backward as CUDA Graph recordings from the second step (resident
+  // mode; the offload engine's hooks between ops need eager launches). --no-cuda-graphs: eager.
+  bool cuda_graphs = true;
   std::string precision =
       "auto";  // device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16, fp16
   // Loss scaling: auto (dynamic for fp16, off otherwise), dynamic, off, or a fixed number.

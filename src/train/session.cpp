@@ -265,6 +265,12 @@ void Session::make_updater_and_model() {
                      : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,
                                             comm.get());
   model = model::make_model(*dev, *layout, model::ModelShape{cfg.micro_batch, T, cfg.recompute});
+  model->use_graphs(cfg.cuda_graphs);
+  if (cfg.cuda_graphs && resident && dev->can_capture()) {
+    notes.push_back(
+        "CUDA graphs: forward and backward recorded at the second step and replayed as one launch "
+        "each (--no-cuda-graphs: kernel by kernel)");
+  }
 }
 
 // The initial or resumed weights and optimizer state, on the host.

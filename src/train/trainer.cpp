@@ -81,6 +81,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   TrainSummary summary;
   summary.first_step = S.start_step;
   std::int64_t nonfinite_run = 0;  // consecutive steps with Inf/NaN gradients
+  bool graph_fallback_said = false;
   double ema_step_ms = 0.0;
   const auto run_t0 = Clock::now();
   std::int64_t run_tokens = 0;
@@ -171,6 +172,11 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     up.phase_times(m);
     totals.add(m);
 
+    if (!graph_fallback_said && !model.graph_fallback().empty()) {
+      say("CUDA graphs off, forward and backward run kernel by kernel: " +
+          model.graph_fallback());
+      graph_fallback_said = true;
+    }
     const bool last = step + 1 == cfg.steps;
     if (S.loaders.val && ((cfg.eval_interval > 0 && (step + 1) % cfg.eval_interval == 0) || last)) {
       m.val_loss = S.evaluate();
