@@ -111,6 +111,13 @@ TEST(Cli, TrainResumeExportSample) {
   r = run("sample --init-from " + out +
           " --model tiny --temperature 0 -n 4 --ids --prompt-tokens 3");
   ASSERT_EQ(r.code, 0) << r.out;
+  // A lone weights file has no config.json beside it to take the model from.
+  for (const std::string cmd : {"sample --ids -n 1 --prompt-tokens 3", "train --steps 1"}) {
+    r = run(cmd + " --init-from " + out);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("no config.json beside the weights"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("pass --model"), std::string::npos) << r.out;
+  }
 }
 
 // export -o DIR: a Hugging Face model directory, sharded at --shard-size, that --init-from and
@@ -142,6 +149,14 @@ TEST(Cli, ExportWritesAHuggingFaceDirectory) {
           " --steps 1 --seq-len 32 -b 2 -q");
   EXPECT_EQ(r.code, 0) << r.out;
   r = run("sample --model tiny --init-from " + (out / "model.safetensors.index.json").string() +
+          " -n 2 --ids --prompt-tokens 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Without --model, the model comes from the config.json beside the weights.
+  r = run("train --init-from " + out.string() + " --steps 1 --seq-len 32 -b 2");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model from " + (out / "config.json").string()), std::string::npos)
+      << r.out;
+  r = run("sample --init-from " + (out / "model.safetensors.index.json").string() +
           " -n 2 --ids --prompt-tokens 1");
   EXPECT_EQ(r.code, 0) << r.out;
 
@@ -197,6 +212,11 @@ TEST(Cli, LlamaCheckpointsExportToADirectoryAndTrainOnFromIt) {
     r = run("train --model " + (out / "config.json").string() + " --init-from " + out.string() +
             " --steps 1 --seq-len 16 -b 2 -q");
     EXPECT_EQ(r.code, 0) << model << "\n" << r.out;
+    r = run("train --init-from " + out.string() + " --steps 1 --seq-len 16 -b 2");  // no --model
+    EXPECT_EQ(r.code, 0) << model << "\n" << r.out;
+    EXPECT_NE(r.out.find(config.at("model_type").get<std::string>() + ", n_layer"),
+              std::string::npos)
+        << r.out;
   }
 }
 

@@ -49,7 +49,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
                        std::string& state_dtype, ByteSize& devmem, ByteSize& hostmem,
                        ByteSize& bucket) {
   t->add_option("--model", c.model,
-                presets_help() + "; default tiny, or the checkpoint's with --resume");
+                presets_help() +
+                    "; default tiny, the checkpoint's with --resume, or the config.json beside "
+                    "--init-from's weights");
   t->add_option("--init-from", c.init_from,
                 "start from Hugging Face weights: a .safetensors file, a "
                 "model.safetensors.index.json, or a directory holding either");
@@ -303,8 +305,10 @@ int main(int argc, char** argv) {
   smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
   smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
   smp->add_option("--init-from", sc.init_from,
-                  "Hugging Face weights: .safetensors, index or directory (needs --model)");
-  smp->add_option("--model", sc.model, presets_help());
+                  "Hugging Face weights: .safetensors, index or directory");
+  smp->add_option("--model", sc.model,
+                  presets_help() + "; with --init-from, default the config.json beside the "
+                                   "weights");
   smp->add_option("--prompt", prompt,
                   "prompt text: bytes (byte-level models), or encoded with --tokenizer");
   smp->add_option("--prompt-tokens", prompt_tokens, "prompt as comma-separated token ids");

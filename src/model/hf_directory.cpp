@@ -57,6 +57,14 @@ void remove_file(const fs::path& p) {
 
 }  // namespace
 
+std::optional<fs::path> hf_config_beside(const fs::path& path) {
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
+  const fs::path config = (dir.empty() ? fs::path(".") : dir) / "config.json";
+  if (fs::is_regular_file(config, ec)) return config;
+  return std::nullopt;
+}
+
 nlohmann::json hf_config(const ModelSpec& spec, DType dtype) {
   nlohmann::json j = spec.llama() ? spec.to_json() : gpt2_config(spec);
   j.erase("name");

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ void from_hf(const TensorInfo& t, const T* hf, T* ours);
 // head; everything is read before params is written, so it is untouched on error.
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params);
+
+// The config.json beside Hugging Face weights (`path` as import_hf_weights takes it): inside a
+// directory, or next to a file; nullopt when there is none. Training and sampling take the model
+// from it when --model is not given.
+std::optional<std::filesystem::path> hf_config_beside(const std::filesystem::path& path);
 
 // Adds every parameter to `writer` in HF names/shapes, stored as `dtype`. The transposed copies
 // live in `scratch`, which must outlive the write.

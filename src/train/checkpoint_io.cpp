@@ -4,6 +4,8 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "checkpoint/atomic_io.h"
@@ -343,6 +345,13 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
 
 model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state) {
   return model::model_spec_from_json(trainer_state.at("model_spec"), "checkpoint");
+}
+
+std::string init_from_config(const std::string& init_from) {
+  if (const auto config = model::hf_config_beside(init_from)) return config->string();
+  throw std::invalid_argument("--init-from '" + init_from +
+                              "': no config.json beside the weights to take the model from; pass "
+                              "--model (a preset, a JSON spec or the model's config.json)");
 }
 
 nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout& layout,

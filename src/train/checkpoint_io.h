@@ -51,6 +51,9 @@ std::filesystem::path resolve_checkpoint(const std::string& resume,
 nlohmann::json read_trainer_state(const std::filesystem::path& dir);
 // The model spec a checkpoint was trained with.
 model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
+// The config.json beside --init-from's weights (model::hf_config_beside), for a run or a sample
+// without --model; std::invalid_argument naming the path and the fix when there is none.
+std::string init_from_config(const std::string& init_from);
 
 // Loads the owned part of the master weights, m, v and the Adam step into opt (from a whole or a
 // sharded checkpoint); returns trainer_state. Throws

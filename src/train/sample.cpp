@@ -31,8 +31,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     weights.resize(model::ParameterLayout(spec).size());
     model::import_hf_weights(dir / "model.safetensors", model::ParameterLayout(spec), weights);
   } else {
-    if (c.model.empty()) throw std::invalid_argument("--init-from needs --model");
-    spec = model::load_model_spec(c.model);
+    spec = model::load_model_spec(c.model.empty() ? init_from_config(c.init_from) : c.model);
     weights.resize(model::ParameterLayout(spec).size());
     model::import_hf_weights(c.init_from, model::ParameterLayout(spec), weights);
   }

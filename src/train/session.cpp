@@ -109,7 +109,11 @@ void Session::resolve_model() {
   } else {
     run_id = comm::broadcast_string(*comm, rank == 0 ? new_run_id() : std::string(), 0);
   }
-  if (cfg.model.empty()) {
+  if (cfg.model.empty() && !resume_state && !cfg.init_from.empty()) {
+    const std::string config = init_from_config(cfg.init_from);
+    spec = model::load_model_spec(config);
+    notes.push_back("model from " + config + " (beside --init-from)");
+  } else if (cfg.model.empty()) {
     spec = resume_state ? checkpoint_spec(*resume_state) : model::load_model_spec("tiny");
   } else {
     spec = model::load_model_spec(cfg.model);
