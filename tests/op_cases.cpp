@@ -127,6 +127,13 @@ Tensor OpRun::i32(const std::vector<std::int32_t>& x) {
   return r;
 }
 
+Tensor OpRun::u64(const std::vector<std::uint64_t>& x) {
+  Tensor r = alloc(2 * x.size(), DType::kF32, false);  // two 4-byte elements each
+  dev_.copy_to_device(r.p, x.data(), x.size() * sizeof(std::uint64_t), *stream_);
+  stream_->synchronize();
+  return r;
+}
+
 Tensor OpRun::from_reference(const std::string& name) {
   const std::vector<Output>& outputs = reference_ != nullptr ? *reference_ : outputs_;
   const auto o =

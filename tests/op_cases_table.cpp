@@ -449,22 +449,44 @@ void cast_from(OpRun& r, DType src_t) {
 
 // ---- AdamW: ten steps with fresh gradients ------------------------------------------------------
 
-void adamw(OpRun& r) {
+// With `runs`, weight decay by run table (core/adam.h): the first run at 0, others in [1, n).
+// The one launch over the table must equal, bit for bit on the same device, one launch per run
+// with the run's own weight decay.
+void adamw(OpRun& r, const std::vector<std::uint64_t>& runs) {
   const std::size_t n = 1001;
-  const std::vector<float> zeros(n, 0.0f);
-  const Tensor master = r.f32(r.normal_f32(n)), m = r.f32(zeros), v = r.f32(zeros);
+  const std::vector<float> zeros(n, 0.0f), start = r.normal_f32(n);
+  const Tensor master = r.f32(start), m = r.f32(zeros), v = r.f32(zeros);
   const Tensor params = r.act(zeros);
+  const Tensor run_master = r.f32(start), run_m = r.f32(zeros), run_v = r.f32(zeros);
   const zo::AdamConfig c{
       .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   const float grad_mult = 0.5f;
+  const Tensor table = r.u64(runs.empty() ? std::vector<std::uint64_t>{0} : runs);
+  const auto* starts = runs.empty() ? nullptr : static_cast<const std::uint64_t*>(table.p);
   for (std::int64_t k = 1; k <= 10; ++k) {
     const Tensor g = r.rand(n);
-    r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, c, k, grad_mult, r.s());
+    r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, c, k, grad_mult, starts,
+                  static_cast<int>(runs.size()), r.s());
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const std::size_t b = runs[i] & ~zo::kAdamRunDecays;
+      const std::size_t e = i + 1 < runs.size() ? runs[i + 1] & ~zo::kAdamRunDecays : n;
+      zo::AdamConfig rc = c;
+      rc.weight_decay = (runs[i] & zo::kAdamRunDecays) != 0 ? c.weight_decay : 0.0f;
+      const std::size_t esize = zo::dtype_size(g.t);
+      r.dev().adamw(run_master.f() + b, run_m.f() + b, run_v.f() + b,
+                    static_cast<const char*>(g.p) + b * esize, nullptr, e - b, rc, k, grad_mult,
+                    nullptr, 0, r.s());
+    }
   }
   const std::vector<float> new_master = r.out("master", master, Check::kStats);
   r.out("m", m, Check::kStats);
   r.out("v", v, Check::kStats);
   EXPECT_EQ(r.raw(params), encode(new_master, params.t)) << "params_out is the new master, rounded";
+  if (!runs.empty()) {
+    EXPECT_EQ(r.raw(master), r.raw(run_master)) << "the run table against one launch per run";
+    EXPECT_EQ(r.raw(m), r.raw(run_m));
+    EXPECT_EQ(r.raw(v), r.raw(run_v));
+  }
 }
 
 std::vector<OpCase> make_cases() {
@@ -627,7 +649,12 @@ std::vector<OpCase> make_cases() {
         [src_t](OpRun& r) { cast_from(r, src_t); });
     cases.back().any_act_dtype = true;
   }
-  add("AdamW" + dim("n", 1001) + "_10steps", adamw);
+  add("AdamW" + dim("n", 1001) + "_10steps", [](OpRun& r) { adamw(r, {}); });
+  // Runs of 7, 293, 1, 698 and 2 elements, decaying, not, decaying, not, decaying.
+  constexpr std::uint64_t kDecays = zo::kAdamRunDecays;
+  add("AdamWRuns" + dim("n", 1001) + "_10steps", [](OpRun& r) {
+    adamw(r, {0 | kDecays, 7, 300 | kDecays, 301, 999 | kDecays});
+  });
   return cases;
 }
 

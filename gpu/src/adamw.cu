@@ -16,6 +16,11 @@
 // grads/params), then the tail one element per thread. kVec == 1 when a pointer is not aligned
 // to its pack. params_out may be null, and may equal master (fp32): each element is read before
 // it is written, by the same thread.
+//
+// Weight decay by run (a run table, core/adam.h): one launch updates a whole layout whose
+// tensors differ in weight decay, instead of one launch per run (a GPT-2 has about nine runs
+// per block). Each element finds its run by binary search in the table (a few hundred entries,
+// cached) and takes the decaying or the plain constants; with no table every element decays.
 
 #include <cstddef>
 #include <cstdint>
@@ -42,12 +47,33 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   p = __fmaf_rn(k.neg_step_size, __fdiv_rn(m, denom), __fmul_rn(p, k.decay));
 }
 
+// The constants for element i: the decaying ones unless i's run in the table (if any) has no
+// weight decay.
+struct AdamWRuns {
+  const std::uint64_t* starts;  // device run table, or null
+  int count;
+  AdamScalars decay, plain;
+  __device__ __forceinline__ AdamScalars at(std::size_t i) const {
+    if (starts == nullptr) return decay;
+    int lo = 0, hi = count - 1;  // the last run starting at or before i
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if ((starts[mid] & ~kAdamRunDecays) <= i) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return (starts[lo] & kAdamRunDecays) != 0 ? decay : plain;
+  }
+};
+
 // master, m, v (n) fp32 updated; params_out (n) written when non-null. No __restrict__ on master
 // and params_out: they may be the same array.
 template <typename GT, typename PT, int kVec>
 __global__ void __launch_bounds__(kAdamWThreads)
     adamw_kernel(float* master, float* __restrict__ m, float* __restrict__ v,
-                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamScalars k) {
+                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamWRuns k) {
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t packs = n / kVec;
@@ -59,7 +85,7 @@ __global__ void __launch_bounds__(kAdamWThreads)
     const Pack<GT, kVec> g = *reinterpret_cast<const Pack<GT, kVec>*>(grads + i);
 #pragma unroll
     for (int e = 0; e < kVec; ++e)
-      adamw_element(p.v[e], mm.v[e], vv.v[e], to_float(g.v[e]), k);
+      adamw_element(p.v[e], mm.v[e], vv.v[e], to_float(g.v[e]), k.at(i + e));
     *reinterpret_cast<Pack<float, kVec>*>(master + i) = p;
     *reinterpret_cast<Pack<float, kVec>*>(m + i) = mm;
     *reinterpret_cast<Pack<float, kVec>*>(v + i) = vv;
@@ -76,7 +102,7 @@ __global__ void __launch_bounds__(kAdamWThreads)
     float p = master[i];
     float mm = m[i];
     float vv = v[i];
-    adamw_element(p, mm, vv, to_float(grads[i]), k);
+    adamw_element(p, mm, vv, to_float(grads[i]), k.at(i));
     master[i] = p;
     m[i] = mm;
     v[i] = vv;
@@ -100,7 +126,7 @@ int fill_grid(std::size_t threads_needed) {
 
 template <typename GT, typename PT>
 void launch_typed(float* master, float* m, float* v, const void* grads, void* params_out,
-                  std::size_t n, const AdamScalars& k, cudaStream_t s) {
+                  std::size_t n, const AdamWRuns& k, cudaStream_t s) {
   constexpr int kVec = 4;
   const auto* g = static_cast<const GT*>(grads);
   auto* out = static_cast<PT*>(params_out);
@@ -119,7 +145,7 @@ void launch_typed(float* master, float* m, float* v, const void* grads, void* pa
 
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
-                  cudaStream_t s) {
+                  cudaStream_t s, const std::uint64_t* run_starts, int num_runs) {
   if (!detail::valid_dtype(gt) || !detail::valid_dtype(pt)) {
     bad_argument("invalid DType value (grads " + std::to_string(static_cast<int>(gt)) +
                  ", params_out " + std::to_string(static_cast<int>(pt)) + ")");
@@ -131,7 +157,12 @@ void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt
   if (n == 0) return;
   detail::check_not_null(kOp, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}},
                          [n] { return detail::elements(n); });
-  const AdamScalars k = adam_scalars(c, t, grad_mult);
+  if (run_starts != nullptr && num_runs <= 0)
+    bad_argument("a run table needs num_runs >= 1, got " + std::to_string(num_runs));
+  AdamConfig plain = c;
+  plain.weight_decay = 0.0f;
+  const AdamWRuns k{run_starts, num_runs, adam_scalars(c, t, grad_mult),
+                    adam_scalars(plain, t, grad_mult)};
   ZO_DISPATCH_DTYPE(
       gt, G,
       ZO_DISPATCH_DTYPE(pt, P, launch_typed<G, P>(master, m, v, grads, params_out, n, k, s)));

@@ -304,10 +304,12 @@ class CudaDevice final : public Device {
     launch(s, "cast", [&](cudaStream_t cs) { gpu::launch_cast(src, src_t, dst, dst_t, n, cs); });
   }
   void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
-             const AdamConfig& c, std::int64_t t, float grad_mult, Stream& s) override {
+             const AdamConfig& c, std::int64_t t, float grad_mult, const std::uint64_t* run_starts,
+             int num_runs, Stream& s) override {
     launch(s, "adamw", [&](cudaStream_t cs) {
       check_adamw_args("adamw", c, t, grad_mult);  // the Device contract's own messages
-      gpu::launch_adamw(master, m, v, grads, act_, params_out, act_, n, c, t, grad_mult, cs);
+      gpu::launch_adamw(master, m, v, grads, act_, params_out, act_, n, c, t, grad_mult, cs,
+                        run_starts, num_runs);
     });
   }
 

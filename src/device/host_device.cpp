@@ -408,21 +408,38 @@ class HostDevice final : public Device {
   }
 
   void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
-             const AdamConfig& c, std::int64_t t, float grad_mult, Stream& s) override {
+             const AdamConfig& c, std::int64_t t, float grad_mult, const std::uint64_t* run_starts,
+             int num_runs, Stream& s) override {
     constexpr const char* op = "adamw";
     check_adamw_args(op, c, t, grad_mult);
+    if (run_starts != nullptr && num_runs <= 0) bad_arg(op, "a run table needs num_runs >= 1");
     if (!require_elementwise(s, op, n, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}}))
       return;
     launch(s, op, [=](host::Arena&) {
-      // The same fused kernel as the host optimizer; fp32 on this backend, so params_out (if it
-      // is not the master itself) is a plain copy.
-      const cpu_adam::CpuAdam adam(c);
-      cpu_adam::AdamBuffers b;
-      b.params = {master, n};
-      b.exp_avg = {m, n, DType::kF32};
-      b.exp_avg_sq = {v, n, DType::kF32};
-      b.grads = {grads, n, DType::kF32};
-      adam.update(b, t, {grad_mult, cpu_adam::NonFinitePolicy::kReport});
+      // The same fused kernel as the host optimizer, run by run (the table is read when the op
+      // runs, as the GPU's kernel reads it); fp32 on this backend, so params_out (if it is not
+      // the master itself) is a plain copy.
+      AdamConfig plain = c;
+      plain.weight_decay = 0.0f;
+      const cpu_adam::CpuAdam decaying(c), not_decaying(plain);
+      const auto* g = static_cast<const float*>(grads);
+      const int runs = run_starts != nullptr ? num_runs : 1;
+      for (int r = 0; r < runs; ++r) {
+        const std::uint64_t entry = run_starts != nullptr ? run_starts[r] : kAdamRunDecays;
+        const std::size_t begin = entry & ~kAdamRunDecays;
+        const std::size_t end = r + 1 < runs ? run_starts[r + 1] & ~kAdamRunDecays : n;
+        if ((r == 0 && begin != 0) || end <= begin || end > n)
+          throw std::invalid_argument("adamw: run table entry " + std::to_string(r) +
+                                      " is out of order or past n");
+        cpu_adam::AdamBuffers b;
+        b.params = {master + begin, end - begin};
+        b.exp_avg = {m + begin, end - begin, DType::kF32};
+        b.exp_avg_sq = {v + begin, end - begin, DType::kF32};
+        b.grads = {g + begin, end - begin, DType::kF32};
+        const bool decays = (entry & kAdamRunDecays) != 0;
+        (decays ? decaying : not_decaying)
+            .update(b, t, {grad_mult, cpu_adam::NonFinitePolicy::kReport});
+      }
       if (params_out != nullptr && params_out != master) std::memcpy(params_out, master, n * 4);
     });
   }

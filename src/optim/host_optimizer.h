@@ -73,7 +73,7 @@ class HostOptimizer {
   std::string find_invalid(const model::ParameterLayout& layout);
 
   // Maximal runs of tensors with the same weight-decay setting, in layout order; the
-  // GPU-resident mode applies the device AdamW run by run too.
+  // GPU-resident mode gives them to the device AdamW as its run table.
   struct Run {
     std::size_t begin, end;
     bool decay;

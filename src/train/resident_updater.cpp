@@ -1,8 +1,9 @@
 // GPU-resident mode: the whole training state on the device. Gradients go to one flat buffer;
-// the step's norm is one device reduction; AdamW runs on the device run by run (weight decay
-// differs between runs of tensors), writing the new parameters in act dtype. With several 16-bit
-// micro-batches per step, each micro-batch's gradient is added into an fp32 buffer and the sum is
-// rounded once (adding in bf16 would round after every micro-batch).
+// the step's norm is one device reduction; AdamW is one device launch over the whole layout
+// (weight decay differs between runs of tensors: the runs go to it as a table), writing the new
+// parameters in act dtype. With several 16-bit micro-batches per step, each micro-batch's
+// gradient is added into an fp32 buffer and the sum is rounded once (adding in bf16 would round
+// after every micro-batch).
 #include <chrono>
 #include <string>
 
@@ -36,6 +37,7 @@ class ResidentUpdater final : public Updater {
     if (act_ != DType::kF32) params_out_ = pinned::HostBuffer(n_ * dtype_size(act_));
     if (resident_accumulates_in_f32(act_, grad_accum))
       sum_ = device.alloc(n_ * 4, "fp32 gradient accumulator");
+    upload_run_table();
   }
   // Work still queued on the stream reads and writes the buffers: finish it first.
   ~ResidentUpdater() override {
@@ -91,16 +93,10 @@ class ResidentUpdater final : public Updater {
   void apply(float lr, float grad_multiplier) override {
     const auto t0 = Clock::now();
     const std::int64_t t = state_.state().step + 1;
-    const std::size_t esize = dtype_size(act_);
     AdamConfig c = state_.config().adam;
     c.lr = lr;
-    const float wd = c.weight_decay;
-    for (const auto& r : state_.runs()) {
-      c.weight_decay = r.decay ? wd : 0.0f;
-      dev_.adamw(master_.as<float>() + r.begin, m_.as<float>() + r.begin, v_.as<float>() + r.begin,
-                 grads_.as<char>() + r.begin * esize, params_.as<char>() + r.begin * esize,
-                 r.end - r.begin, c, t, grad_multiplier, stream_);
-    }
+    dev_.adamw(master_.as<float>(), m_.as<float>(), v_.as<float>(), grads_.data(), params_.data(),
+               n_, c, t, grad_multiplier, runs_.as<std::uint64_t>(), num_runs_, stream_);
     state_.state().step = t;
     apply_ms_ = ms_since(t0);
   }
@@ -126,6 +122,23 @@ class ResidentUpdater final : public Updater {
   }
 
  private:
+  // The weight-decay runs as adamw's table (core/adam.h), on the device for the run.
+  void upload_run_table() {
+    std::vector<std::uint64_t> starts;
+    std::size_t next = 0;
+    for (const auto& r : state_.runs()) {
+      if (r.begin != next || r.end <= r.begin)
+        throw std::logic_error("resident updater: the weight-decay runs do not tile the layout");
+      starts.push_back(std::uint64_t(r.begin) | (r.decay ? kAdamRunDecays : 0));
+      next = r.end;
+    }
+    if (next != n_) throw std::logic_error("resident updater: the weight-decay runs end early");
+    num_runs_ = static_cast<int>(starts.size());
+    runs_ = dev_.alloc(starts.size() * 8, "AdamW run table");
+    dev_.copy_to_device(runs_.data(), starts.data(), starts.size() * 8, stream_);
+    stream_.synchronize();  // starts goes out of scope
+  }
+
   dev::Device& dev_;
   dev::Stream& stream_;
   optim::HostOptimizer& state_;
@@ -134,6 +147,8 @@ class ResidentUpdater final : public Updater {
   dev::Buffer params_, grads_, norm_;  // (n) act dtype each; fp32 scratch
   dev::Buffer master_, m_, v_;         // fp32 (n) each
   dev::Buffer sum_;                    // fp32 (n): the step's gradient over micro-batches, or none
+  dev::Buffer runs_;                   // the weight-decay run table
+  int num_runs_ = 0;
   pinned::HostBuffer params_out_;      // 16-bit staging for the upload
   model::FlatParameters flat_;
   double wait_ms_ = 0.0, apply_ms_ = 0.0;

@@ -46,4 +46,9 @@ struct AdamScalars {
 };
 AdamScalars adam_scalars(const AdamConfig& c, std::int64_t t, float grad_multiplier);
 
+// A weight-decay run table, for one AdamW launch over a whole layout: entry r is the first
+// element of run r, ascending from 0, with kAdamRunDecays set where weight decay applies; run r
+// ends where run r + 1 starts, the last at the array's end.
+inline constexpr std::uint64_t kAdamRunDecays = std::uint64_t{1} << 63;
+
 }  // namespace zo

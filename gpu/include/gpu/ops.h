@@ -165,10 +165,12 @@ void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t
 // ---- AdamW for the GPU-resident mode (adamw.cu) -----------------------------------------------
 // The same math as cpu_adam (core/adam.h, docs/cpu_adam.md): fp32 master/m/v on the device, grads
 // (n, gt) times grad_mult; params_out (n, pt) written with the new params when non-null. Update
-// number t; decoupled weight decay only.
+// number t; decoupled weight decay only. With a run table (run_starts: num_runs >= 1 entries in
+// device memory, core/adam.h's format, starting at 0, ascending, below n) weight decay
+// c.weight_decay applies only in the runs marked for it; without, to every element.
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
-                  cudaStream_t s);
+                  cudaStream_t s, const std::uint64_t* run_starts = nullptr, int num_runs = 0);
 
 // ---- element-type conversion (cast.cu) ---------------------------------------------------------
 // dst[i] = src[i] converted from src_t to dst_t for i < n. Narrowing rounds to nearest, ties to
