@@ -334,11 +334,17 @@ TEST(Cli, SampleEdgesAndNonFiniteFlags) {
   r = run(sample + "-n 0 --ids --prompt-tokens 1,2");  // used to corrupt the heap
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "\n");
+  // A context of 4 positions: a 6-token prompt keeps its last 4, generation refills twice.
+  r = run(sample + "--context 4 -n 7 --ids --prompt-tokens 1,2,3,4,5,6");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^[0-9]+(,[0-9]+){6}\n$"))) << r.out;
   const std::pair<std::string, std::string> bad[] = {
       {sample + "--temperature inf -n 2", "--temperature must be finite"},
       {sample + "--temperature nan -n 2", "--temperature must be finite"},
       {sample + "--top-k 1000 -n 2", "--top-k 1000 exceeds"},
       {sample + "--prompt-tokens 4294967297 -n 2", "'4294967297' is not a token id"},
+      {sample + "--context 65 -n 2", "--context 65 exceeds the model's block_size 64"},
+      {sample + "--context -1 -n 2", "--context must be >= 1"},
       {"train --steps 1 --comm-timeout inf", "--comm-timeout"},
       {"train --steps 1 --adam-eps inf", "--adam-eps"},
       {"train --steps 1 --weight-decay inf", "--weight-decay"},

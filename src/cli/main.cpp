@@ -317,6 +317,10 @@ int main(int argc, char** argv) {
   smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")
       ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
+  smp->add_option("--context", sc.context,
+                  "positions kept (activations and KV cache); 0 = the model's block_size, at "
+                  "most 2048")
+      ->capture_default_str();
   smp->add_flag("--ids", print_ids, "print token ids instead of text");
   smp->add_option("--tokenizer", sample_tokenizer,
                   "tokenizer.json (or its directory) that encodes --prompt and decodes the output");

@@ -21,6 +21,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     throw std::invalid_argument("--temperature must be finite and >= 0 (0 = greedy)");
   }
   if (c.top_k < 0) throw std::invalid_argument("--top-k must be >= 0 (0 = all)");
+  if (c.context < 0) throw std::invalid_argument("--context must be >= 1 (or 0 for the default)");
   if (c.prompt.empty())
     throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
   model::ModelSpec spec;
@@ -51,16 +52,21 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     }
   }
 
+  if (c.context > spec.block_size) {
+    throw std::invalid_argument("--context " + std::to_string(c.context) +
+                                " exceeds the model's block_size " +
+                                std::to_string(spec.block_size));
+  }
+  const int T = c.context > 0 ? c.context : std::min(spec.block_size, kDefaultSampleContext);
+
   dev::HostDeviceOptions ho;
   ho.threads = c.threads;
   auto dev = dev::make_host_device(ho);
   auto stream = dev->create_stream();
   dev::Buffer params = dev->alloc(weights.size() * 4, "parameters");
-  dev->copy_to_device(params.data(), weights.data(), weights.size() * 4, *stream);
-  const int T = spec.block_size, V = spec.vocab_size;
-  const auto model = model::make_model(*dev, layout, {1, T, false});
-  // Whatever was enqueued finishes before the buffers it uses are freed, on every way out
-  // (with no tokens to generate the upload above would otherwise outlive `params`).
+  // Whatever was enqueued finishes before the buffers it uses are freed, on every way out (the
+  // upload below would otherwise outlive `params` when the model cannot be made, or when there
+  // are no tokens to generate).
   struct Drain {
     dev::Stream& s;
     ~Drain() {
@@ -70,6 +76,9 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
       }
     }
   } drain{*stream};
+  dev->copy_to_device(params.data(), weights.data(), weights.size() * 4, *stream);
+  const int V = spec.vocab_size;
+  const auto model = model::make_model(*dev, layout, {1, T, false});
 
   std::mt19937_64 rng(c.seed);
   std::vector<int> order(static_cast<std::size_t>(V));

@@ -22,7 +22,11 @@ struct SampleConfig {
   int top_k = 0;             // 0 = all
   std::uint64_t seed = 1;
   int threads = 0;
+  // Positions the model holds (activations and KV cache); 0: the model's block_size, at most
+  // kDefaultSampleContext (a Llama 3's 131072 positions would need its logits alone in 67 GB).
+  int context = 0;
 };
+inline constexpr int kDefaultSampleContext = 2048;
 
 // Returns the prompt followed by the generated tokens (generate_with's context policy).
 std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size = nullptr);
