@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -217,3 +218,30 @@ TEST_F(SimtTrain, CheckpointAndResumeAreExact) {
 }
 
 }  // namespace
+
+// `sample --device cuda` on the emulated GPU: in fp32 its greedy tokens equal the host backend's
+// (the same logits to rounding), for GPT-2 and the Llama family; in bf16 it generates from the
+// same checkpoint too.
+TEST_F(SimtTrain, SampleOnTheGpuMatchesTheHost) {
+  for (const std::string model : {"tiny", "tiny-llama"}) {
+    SCOPED_TRACE(model);
+    const fs::path ckpt = dir_.path / ("sample_" + model);
+    train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 --steps 8 --checkpoint-dir " +
+              ckpt.string(),
+          dir_.path, "sample_" + model, model);
+    const std::string sample = " sample --checkpoint latest --checkpoint-dir " + ckpt.string() +
+                               " --temperature 0 -n 12 --ids --prompt-tokens 5,9,2 ";
+    const auto host = run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + sample + "--device host");
+    const auto gpu = run_command(std::string(ZO_OFFLOAD_TRAIN_SIMT_BIN) + sample +
+                                 "--device cuda --precision fp32");
+    const auto bf16 = run_command(std::string(ZO_OFFLOAD_TRAIN_SIMT_BIN) + sample +
+                                  "--device cuda --precision bf16 --context 8");
+    ASSERT_EQ(host.code, 0) << host.out;
+    ASSERT_EQ(gpu.code, 0) << gpu.out;
+    ASSERT_EQ(bf16.code, 0) << bf16.out;
+    EXPECT_EQ(gpu.out, host.out);
+    const std::regex twelve_ids("^[0-9]+(,[0-9]+){11}\n$");
+    EXPECT_TRUE(std::regex_search(host.out, twelve_ids)) << host.out;
+    EXPECT_TRUE(std::regex_search(bf16.out, twelve_ids)) << bf16.out;
+  }
+}

@@ -62,4 +62,21 @@ void convert_from_float(const float* in, void* out, DType dtype, std::size_t n) 
   }
 }
 
+void convert_to_float(const void* in, DType dtype, float* out, std::size_t n) {
+  const auto* i16 = static_cast<const std::uint16_t*>(in);
+  switch (dtype) {
+    case DType::kF32:
+      std::copy_n(static_cast<const float*>(in), n, out);
+      return;
+    case DType::kF16:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = half_to_float(i16[i]);
+      return;
+    case DType::kBF16:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = bf16_to_float(i16[i]);
+      return;
+  }
+}
+
 }  // namespace zo

@@ -317,6 +317,11 @@ int main(int argc, char** argv) {
   smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")
       ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
+  smp->add_option("--device", sc.device, "auto (cuda if a GPU is usable, else host), host or cuda")
+      ->capture_default_str();
+  smp->add_option("--precision", sc.precision,
+                  "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
+      ->capture_default_str();
   smp->add_option("--context", sc.context,
                   "positions kept (activations and KV cache); 0 = the model's block_size, at "
                   "most 2048")

@@ -5,7 +5,9 @@
 #include <random>
 #include <stdexcept>
 
+#include "core/dtype.h"
 #include "device/device.h"
+#include "device/make_device.h"
 #include "model/model.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint_io.h"
@@ -59,11 +61,16 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   }
   const int T = c.context > 0 ? c.context : std::min(spec.block_size, kDefaultSampleContext);
 
-  dev::HostDeviceOptions ho;
-  ho.threads = c.threads;
-  auto dev = dev::make_host_device(ho);
+  dev::DeviceRequest request;
+  request.device = c.device;
+  request.precision = c.precision;
+  request.threads = c.threads;
+  auto dev = dev::make_device(request);
   auto stream = dev->create_stream();
-  dev::Buffer params = dev->alloc(weights.size() * 4, "parameters");
+  const std::size_t bytes = weights.size() * dtype_size(dev->act_dtype());
+  std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
+  convert_from_float(weights.data(), staged.data(), dev->act_dtype(), weights.size());
+  dev::Buffer params = dev->alloc(bytes, "parameters");
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out (the
   // upload below would otherwise outlive `params` when the model cannot be made, or when there
   // are no tokens to generate).
@@ -76,7 +83,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
       }
     }
   } drain{*stream};
-  dev->copy_to_device(params.data(), weights.data(), weights.size() * 4, *stream);
+  dev->copy_to_device(params.data(), staged.data(), bytes, *stream);
   const int V = spec.vocab_size;
   const auto model = model::make_model(*dev, layout, {1, T, false});
 
@@ -112,7 +119,10 @@ std::vector<std::int32_t> generate_with(model::Model& model, const void* params,
                                         int new_tokens, const TokenPicker& pick) {
   const int T = model.shape().T, V = model.layout().spec().vocab_size;
   const int stride = model.logits_stride();
+  const DType act = dev.act_dtype();
+  const std::size_t esize = dtype_size(act);
   std::vector<std::int32_t> window(static_cast<std::size_t>(T));
+  std::vector<std::uint8_t> row(std::size_t(V) * esize);  // one logits row, act dtype
   std::vector<float> logits(static_cast<std::size_t>(V));
   std::size_t start = seq.size() > std::size_t(T) ? seq.size() - std::size_t(T) : 0;
   int pos = 0;  // the cache position of the last token, whose logits row comes next
@@ -125,10 +135,11 @@ std::vector<std::int32_t> generate_with(model::Model& model, const void* params,
   };
   if (new_tokens > 0) prefill();
   for (int k = 0; k < new_tokens; ++k) {
-    dev.copy_to_host(logits.data(),
-                     static_cast<const float*>(model.logits()) + std::size_t(pos) * stride,
-                     std::size_t(V) * 4, s);
+    dev.copy_to_host(row.data(),
+                     static_cast<const char*>(model.logits()) + std::size_t(pos) * stride * esize,
+                     row.size(), s);
     s.synchronize();
+    convert_to_float(row.data(), act, logits.data(), logits.size());
     const std::int32_t next = pick(logits);
     seq.push_back(next);
     if (k + 1 == new_tokens) break;

@@ -21,6 +21,8 @@ struct SampleConfig {
   float temperature = 1.0f;  // 0 = greedy
   int top_k = 0;             // 0 = all
   std::uint64_t seed = 1;
+  std::string device = "auto";     // auto (cuda if a GPU is usable), host or cuda
+  std::string precision = "auto";  // auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16
   int threads = 0;
   // Positions the model holds (activations and KV cache); 0: the model's block_size, at most
   // kDefaultSampleContext (a Llama 3's 131072 positions would need its logits alone in 67 GB).
@@ -36,8 +38,8 @@ using TokenPicker = std::function<std::int32_t(const std::vector<float>& logits)
 
 // The generation loop with the KV cache (Model::decode): a forward over the context (prefill),
 // then one decode step per new token, each reading one logits row. `model` was made with
-// micro-batch 1, no recompute and T = the context length; params (its layout, act dtype, fp32
-// logits: the host backend) on dev. Context policy: a prompt longer than T keeps its last T
+// micro-batch 1, no recompute and T = the context length; params (its layout, act dtype) on dev;
+// each logits row is read in the act dtype and widened to fp32 for `pick`. Context policy: a prompt longer than T keeps its last T
 // tokens; when the context is full, the last max(1, T/2) tokens are prefilled again and decoding
 // goes on from there (the KV cache holds absolute positions, so it cannot slide by one).
 std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,

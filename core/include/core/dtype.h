@@ -22,5 +22,7 @@ std::uint16_t float_to_bf16(float x);
 float bf16_to_float(std::uint16_t b);
 // out (n, dtype) = in (n) converted as above (a copy for kF32).
 void convert_from_float(const float* in, void* out, DType dtype, std::size_t n);
+// out (n) = in (n, dtype) widened exactly.
+void convert_to_float(const void* in, DType dtype, float* out, std::size_t n);
 
 }  // namespace zo
