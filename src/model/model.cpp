@@ -47,7 +47,7 @@ void Model::forward(ParameterStore& store, int t, bool with_targets, float dloss
   grads_ready_ = with_targets && dloss_scale != 0.0f;
   cached_ = shape_.B == 1 && !shape_.recompute ? t : 0;
   const bool training = grads_ready_;
-  const GraphKey key{store.params(), nullptr, t, with_targets, dloss_scale};
+  const GraphKey key{false, store.params(), nullptr, t, with_targets, dloss_scale};
   run_recorded(store, key, s, [&] {
     run(store, RowSpan::whole(shape_.B, t), s);
     if (with_targets) {
@@ -71,7 +71,8 @@ void Model::backward(ParameterStore& store, dev::Stream& s) {
   }
   grads_ready_ = false;
   const int t = t_;
-  const GraphKey key{store.params(), store.replayable() ? store.grad(0) : nullptr, t, true, 0.0f};
+  const GraphKey key{true, store.params(), store.replayable() ? store.grad(0) : nullptr, t, true,
+                     0.0f};
   run_recorded(store, key, s, [&] { backward_pass(store, t, s); });
 }
 

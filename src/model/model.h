@@ -123,6 +123,7 @@ class Model {
 
   // What a recording depends on besides the shape.
   struct GraphKey {
+    bool backward;
     const void* params;
     const void* grads;  // nullptr for a forward
     int t;
