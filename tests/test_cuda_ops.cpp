@@ -217,21 +217,25 @@ TEST_P(CudaModel, LlamaFamilyLossAndGradientsMatchHost) {
                                                             "tiny-qwen2-cuda"));
 }
 
+// Three small models of vocabulary 101 and 16 positions: GPT-2; GQA with head size 64 (the
+// tensor-core attention in 16 bits); Qwen2's single kv head and tied head.
+std::vector<nlohmann::json> small_model_configs() {
+  return {nlohmann::json{{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101},
+                         {"block_size", 16}},
+          nlohmann::json{{"model_type", "llama"}, {"hidden_size", 48}, {"num_hidden_layers", 2},
+                         {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 64},
+                         {"intermediate_size", 37}, {"vocab_size", 101},
+                         {"max_position_embeddings", 16}},
+          nlohmann::json{{"model_type", "qwen2"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+                         {"num_attention_heads", 4}, {"num_key_value_heads", 1},
+                         {"intermediate_size", 40}, {"vocab_size", 101},
+                         {"max_position_embeddings", 16}, {"tie_word_embeddings", true}}};
+}
+
 // The KV cache on the CUDA backend: after a prefill of 4 positions, each decode step's logits
-// against the full forward's at that position on the same device (GPT-2; GQA with head size 64,
-// the tensor-core path of the full forward in 16 bits; Qwen2's single kv head).
+// against the full forward's at that position on the same device.
 TEST_P(CudaModel, DecodeStepsEqualTheFullForward) {
-  for (const nlohmann::json& cfg :
-       {nlohmann::json{{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101},
-                       {"block_size", 16}},
-        nlohmann::json{{"model_type", "llama"}, {"hidden_size", 48}, {"num_hidden_layers", 2},
-                       {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 64},
-                       {"intermediate_size", 37}, {"vocab_size", 101},
-                       {"max_position_embeddings", 16}},
-        nlohmann::json{{"model_type", "qwen2"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-                       {"num_attention_heads", 4}, {"num_key_value_heads", 1},
-                       {"intermediate_size", 40}, {"vocab_size", 101},
-                       {"max_position_embeddings", 16}, {"tie_word_embeddings", true}}}) {
+  for (const nlohmann::json& cfg : small_model_configs()) {
     const zo::model::ParameterLayout layout(zo::model::model_spec_from_json(cfg, "decode"));
     SCOPED_TRACE(cfg.dump());
     std::vector<float> params(layout.size());
@@ -252,13 +256,7 @@ TEST_P(CudaModel, DecodeStepsEqualTheFullForward) {
 // second use of a key on; over steps with new batches, a changed loss scale and an evaluation
 // forward in between, its losses and gradients equal an eager model's bit for bit.
 TEST_P(CudaModel, GraphsReplayBitForBitWhatEagerRuns) {
-  for (const nlohmann::json& cfg :
-       {nlohmann::json{{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101},
-                       {"block_size", 16}},
-        nlohmann::json{{"model_type", "llama"}, {"hidden_size", 48}, {"num_hidden_layers", 2},
-                       {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 64},
-                       {"intermediate_size", 37}, {"vocab_size", 101},
-                       {"max_position_embeddings", 16}}}) {
+  for (const nlohmann::json& cfg : small_model_configs()) {
     SCOPED_TRACE(cfg.dump());
     const zo::model::ParameterLayout layout(zo::model::model_spec_from_json(cfg, "graphs"));
     const int B = 2, T = 13;

@@ -1,11 +1,15 @@
 // Sampling with the KV cache on the host backend: every decode step's logits against the full
 // forward's at that position (GPT-2 and the Llama family), greedy generation with the cache
-// against the old path (a forward over the whole context for every token), bad input.
+// against the old path (a forward over the whole context for every token), bad input; and the
+// token sampler (temperature, top-k, top-p) against the renormalised probabilities.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <utility>
 #include <random>
 #include <set>
 #include <string>
@@ -152,6 +156,86 @@ TEST(SampleCacheInput, DecodeRefusesWhatTheCacheDoesNotHold) {
   c.checkpoint = "unused";
   EXPECT_HAS(zo::test::error_of([&] { zo::train::generate(c); }),
              "the prompt is empty: give --prompt or --prompt-tokens");
+}
+
+
+// ---- the sampler -------------------------------------------------------------------------------
+
+// Five tokens of probabilities 0.5, 0.2, 0.15, 0.1, 0.05, shuffled over the ids, as logits.
+struct KnownDistribution {
+  std::vector<float> logits;
+  std::vector<int> id;  // id[r]: the token of rank r
+  KnownDistribution() : logits(5), id{3, 0, 4, 1, 2} {
+    const double p[5] = {0.5, 0.2, 0.15, 0.1, 0.05};
+    for (int r = 0; r < 5; ++r)
+      logits[static_cast<std::size_t>(id[r])] = static_cast<float>(std::log(p[r]) + 7.0);
+  }
+};
+
+// Frequencies of 40,000 draws against the renormalised probabilities of the kept ranks (p in
+// rank order; ranks past it must never be drawn).
+void expect_frequencies(zo::train::TokenSampler& pick, const KnownDistribution& d,
+                        const std::vector<double>& p) {
+  const int draws = 40000;
+  std::vector<int> count(5, 0);
+  for (int i = 0; i < draws; ++i)
+    ++count[static_cast<std::size_t>(pick(d.logits))];
+  double total = 0.0;
+  for (double x : p)
+    total += x;
+  for (std::size_t r = 0; r < 5; ++r) {
+    const double want = r < p.size() ? p[r] / total : 0.0;
+    const double got = double(count[static_cast<std::size_t>(d.id[r])]) / draws;
+    EXPECT_NEAR(got, want, 0.015) << "rank " << r;  // 4 standard deviations at most
+    if (r >= p.size()) EXPECT_EQ(count[static_cast<std::size_t>(d.id[r])], 0) << "rank " << r;
+  }
+}
+
+TEST(SampleSampler, TopKAndTopPKeepTheMostLikelyAndRenormalise) {
+  const KnownDistribution d;
+  zo::train::TokenSampler all(1.0f, 0, 1.0f, 11);
+  expect_frequencies(all, d, {0.5, 0.2, 0.15, 0.1, 0.05});
+  zo::train::TokenSampler top2(1.0f, 2, 1.0f, 12);
+  expect_frequencies(top2, d, {0.5, 0.2});
+  // 0.5 + 0.2 = 0.7 < 0.8, so the nucleus takes the third too.
+  zo::train::TokenSampler nucleus(1.0f, 0, 0.8f, 13);
+  expect_frequencies(nucleus, d, {0.5, 0.2, 0.15});
+  zo::train::TokenSampler both(1.0f, 4, 0.8f, 14);  // top-k first, then the nucleus
+  expect_frequencies(both, d, {0.5, 0.2, 0.15});
+  zo::train::TokenSampler one(1.0f, 0, 0.3f, 15);  // the most likely alone reaches 0.3
+  expect_frequencies(one, d, {0.5});
+  // Temperature 0.5 squares the probabilities before they are renormalised.
+  zo::train::TokenSampler cold(0.5f, 0, 1.0f, 16);
+  expect_frequencies(cold, d, {0.25, 0.04, 0.0225, 0.01, 0.0025});
+}
+
+TEST(SampleSampler, GreedyIsTheFirstLargestAndSeedsRepeat) {
+  const KnownDistribution d;
+  zo::train::TokenSampler greedy(0.0f, 0, 0.5f, 1);
+  EXPECT_EQ(greedy({1.0f, 3.0f, 3.0f, -2.0f}), 1);
+  EXPECT_EQ(greedy(d.logits), d.id[0]);
+  zo::train::TokenSampler a(1.0f, 0, 0.9f, 99), b(1.0f, 0, 0.9f, 99);
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(a(d.logits), b(d.logits));
+}
+
+TEST(SampleSampler, RefusesBadSettingsByName) {
+  const std::pair<std::function<void()>, std::string> bad[] = {
+      {[] { zo::train::TokenSampler(-1.0f, 0, 1.0f, 1); }, "--temperature"},
+      {[] { zo::train::TokenSampler(INFINITY, 0, 1.0f, 1); }, "--temperature"},
+      {[] { zo::train::TokenSampler(1.0f, -1, 1.0f, 1); }, "--top-k"},
+      {[] { zo::train::TokenSampler(1.0f, 0, 0.0f, 1); }, "--top-p"},
+      {[] { zo::train::TokenSampler(1.0f, 0, 1.5f, 1); }, "--top-p"},
+      {[] { zo::train::TokenSampler(1.0f, 0, NAN, 1); }, "--top-p"},
+  };
+  for (const auto& [make, name] : bad) {
+    try {
+      make();
+      ADD_FAILURE() << name << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

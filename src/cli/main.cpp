@@ -316,6 +316,9 @@ int main(int argc, char** argv) {
   smp->add_option("--temperature", sc.temperature, "0 = greedy")->capture_default_str();
   smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")
       ->capture_default_str();
+  smp->add_option("--top-p", sc.top_p,
+                  "nucleus: sample from the most likely tokens holding this probability; 1 = all")
+      ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
   smp->add_option("--device", sc.device, "auto (cuda if a GPU is usable, else host), host or cuda")
       ->capture_default_str();

@@ -54,7 +54,6 @@ class Gpt final : public Model {
   void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
                      dev::Stream& s);
 
-  std::vector<void*> residuals_;                 // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
   std::vector<LayerActs> layers_;                // L entries, or 1 with recompute
   void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch
   void* lnf_ = nullptr;                          // (B,T,C)

@@ -62,8 +62,6 @@ Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShap
   if (!spec.llama()) throw std::logic_error("Llama: a GPT-2 spec (make_model chooses)");
   carve([&](auto&& place) { walk_activations(spec, shape, esize_, std::size_t(Vp_), place); });
   CarvedArena& a = arena();
-  for (int i = 0; i <= spec.n_layer; ++i)
-    residuals_.push_back(a.next());
   layers_.resize(shape.recompute ? 1 : static_cast<std::size_t>(spec.n_layer));
   for (auto& l : layers_) {
     l.ln1 = a.next(), l.qkv = a.next(), l.atty = a.next(), l.res2 = a.next(), l.ln2 = a.next();

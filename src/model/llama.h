@@ -48,7 +48,6 @@ class Llama final : public Model {
   float eps_;                 // rms_norm_eps
   dev::Buffer inv_freq_;      // (head_dim / 2) fp32: RoPE's inverse frequencies
 
-  std::vector<void*> residuals_;  // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
   std::vector<LayerActs> layers_;  // L entries, or 1 with recompute
   void *attn_out_ = nullptr, *mlp_out_ = nullptr;  // (B,T,C) projections before the adds
   void* lnf_ = nullptr;                            // (B,T,C)

@@ -90,9 +90,9 @@ class Model {
   // The backward of a training forward over t positions, from dlogits (in logits_) down.
   virtual void backward_pass(ParameterStore& store, int t, dev::Stream& s) = 0;
 
-  // Allocates the activations the walk describes (activation_arena.h), whose first two buffers
-  // must be the (B*T) int32 tokens and targets, and hands those to batch_. The subclass takes
-  // the rest from arena() in walk order.
+  // Allocates the activations the walk describes (activation_arena.h), whose first buffers must
+  // be the (B*T) int32 tokens and targets, handed to batch_, and the n_layer + 1 points of the
+  // residual stream. The subclass takes the rest from arena() in walk order.
   template <class Walk>
   void carve(Walk&& walk) {
     arena_ = std::make_unique<CarvedArena>(device_, walk);
@@ -101,6 +101,8 @@ class Model {
     batch_ = std::make_unique<DeviceBatch>(device_, tokens, targets,
                                            std::size_t(shape_.B) * shape_.T,
                                            layout_.spec().vocab_size);
+    for (int i = 0; i <= layout_.spec().n_layer; ++i)
+      residuals_.push_back(arena_->next());
   }
   CarvedArena& arena() { return *arena_; }
   const std::int32_t* tokens() const { return batch_->tokens(); }
@@ -111,8 +113,9 @@ class Model {
   const ModelShape shape_;
   const std::size_t esize_;  // bytes per activation element, of parameters and gradients too
   const int Vp_;             // the logits' row stride (gemm_row_stride(V))
-  void* logits_ = nullptr;   // (B,T) rows of Vp_; dlogits after a training forward
-  float* losses_ = nullptr;  // (B,T)
+  std::vector<void*> residuals_;  // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
+  void* logits_ = nullptr;        // (B,T) rows of Vp_; dlogits after a training forward
+  float* losses_ = nullptr;       // (B,T)
 
  private:
   std::unique_ptr<CarvedArena> arena_;

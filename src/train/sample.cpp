@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 
@@ -19,10 +20,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     throw std::invalid_argument("sample needs exactly one of --checkpoint or --init-from");
   }
   if (c.new_tokens < 0) throw std::invalid_argument("--tokens must be >= 0");
-  if (!(c.temperature >= 0.0f) || !std::isfinite(c.temperature)) {
-    throw std::invalid_argument("--temperature must be finite and >= 0 (0 = greedy)");
-  }
-  if (c.top_k < 0) throw std::invalid_argument("--top-k must be >= 0 (0 = all)");
+  TokenSampler pick(c.temperature, c.top_k, c.top_p, c.seed);  // checks them
   if (c.context < 0) throw std::invalid_argument("--context must be >= 1 (or 0 for the default)");
   if (c.prompt.empty())
     throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
@@ -87,31 +85,52 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   const int V = spec.vocab_size;
   const auto model = model::make_model(*dev, layout, {1, T, false});
 
-  std::mt19937_64 rng(c.seed);
-  std::vector<int> order(static_cast<std::size_t>(V));
-  const TokenPicker pick = [&](const std::vector<float>& logits) -> std::int32_t {
-    if (c.temperature == 0.0f) {
-      return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                       logits.begin());
-    }
-    for (int i = 0; i < V; ++i)
-      order[i] = i;
-    int keep = V;
-    if (c.top_k > 0 && c.top_k < V) {
-      keep = c.top_k;
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                        [&](int a, int b) { return logits[a] > logits[b]; });
-    }
-    double mx = -INFINITY;
-    for (int i = 0; i < keep; ++i)
-      mx = std::max(mx, double(logits[order[i]]));
-    std::vector<double> p(static_cast<std::size_t>(keep));
-    for (int i = 0; i < keep; ++i)
-      p[i] = std::exp((logits[order[i]] - mx) / c.temperature);
-    std::discrete_distribution<int> choose(p.begin(), p.end());
-    return order[choose(rng)];
-  };
-  return generate_with(*model, params.data(), *dev, *stream, c.prompt, c.new_tokens, pick);
+  return generate_with(*model, params.data(), *dev, *stream, c.prompt, c.new_tokens,
+                       [&](const std::vector<float>& logits) { return pick(logits); });
+}
+
+TokenSampler::TokenSampler(float temperature, int top_k, float top_p, std::uint64_t seed)
+    : temperature_(temperature), top_k_(top_k), top_p_(top_p), rng_(seed) {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    throw std::invalid_argument("--temperature must be finite and >= 0 (0 = greedy)");
+  }
+  if (top_k < 0) throw std::invalid_argument("--top-k must be >= 0 (0 = all)");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    throw std::invalid_argument("--top-p must be in (0, 1] (1 = no nucleus cut)");
+  }
+}
+
+std::int32_t TokenSampler::operator()(const std::vector<float>& logits) {
+  const int V = static_cast<int>(logits.size());
+  if (temperature_ == 0.0f) {
+    return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                     logits.begin());
+  }
+  order_.resize(logits.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  const int keep = top_k_ > 0 && top_k_ < V ? top_k_ : V;
+  if (keep < V || top_p_ < 1.0f) {  // the kept tokens, most likely first
+    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(),
+                      [&](int a, int b) { return logits[a] > logits[b]; });
+  }
+  double mx = -INFINITY;
+  for (int i = 0; i < keep; ++i)
+    mx = std::max(mx, double(logits[order_[i]]));
+  weights_.resize(static_cast<std::size_t>(keep));
+  double total = 0.0;
+  for (int i = 0; i < keep; ++i) {
+    weights_[i] = std::exp((logits[order_[i]] - mx) / temperature_);
+    total += weights_[i];
+  }
+  if (top_p_ < 1.0f) {  // the shortest prefix whose probability reaches top_p
+    double mass = 0.0;
+    std::size_t n = 0;
+    while (n < weights_.size() && mass < double(top_p_) * total)
+      mass += weights_[n++];
+    weights_.resize(std::max<std::size_t>(n, 1));
+  }
+  std::discrete_distribution<int> choose(weights_.begin(), weights_.end());
+  return order_[static_cast<std::size_t>(choose(rng_))];
 }
 
 std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ struct SampleConfig {
   int new_tokens = 64;
   float temperature = 1.0f;  // 0 = greedy
   int top_k = 0;             // 0 = all
+  float top_p = 1.0f;        // nucleus: 1 = all
   std::uint64_t seed = 1;
   std::string device = "auto";     // auto (cuda if a GPU is usable), host or cuda
   std::string precision = "auto";  // auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16
@@ -35,6 +37,26 @@ std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size =
 
 // Picks the next token from one row of logits (V fp32).
 using TokenPicker = std::function<std::int32_t(const std::vector<float>& logits)>;
+
+// The sampler `sample` uses, as Hugging Face's generate with do_sample: greedy (the first
+// largest logit) at temperature 0; else softmax(logits / temperature) over the top_k most likely
+// tokens (0: all), cut to the smallest set of the most likely whose probability reaches top_p
+// (nucleus sampling, arXiv 1904.09751; 1: no cut), renormalised, drawn with a seeded generator.
+class TokenSampler {
+ public:
+  // Throws std::invalid_argument for temperature < 0 or not finite, top_k < 0, top_p outside
+  // (0, 1].
+  TokenSampler(float temperature, int top_k, float top_p, std::uint64_t seed);
+  std::int32_t operator()(const std::vector<float>& logits);
+
+ private:
+  float temperature_;
+  int top_k_;
+  float top_p_;
+  std::mt19937_64 rng_;
+  std::vector<int> order_;
+  std::vector<double> weights_;
+};
 
 // The generation loop with the KV cache (Model::decode): a forward over the context (prefill),
 // then one decode step per new token, each reading one logits row. `model` was made with
