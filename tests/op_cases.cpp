@@ -128,7 +128,9 @@ Tensor OpRun::i32(const std::vector<std::int32_t>& x) {
 }
 
 Tensor OpRun::u64(const std::vector<std::uint64_t>& x) {
-  Tensor r = alloc(2 * x.size(), DType::kF32, false);  // two 4-byte elements each
+  // An index table: 8-byte aligned as the ops require, so without the operand offset.
+  buffers_.push_back(dev_.alloc(x.size() * sizeof(std::uint64_t), "op case table"));
+  const Tensor r{buffers_.back().data(), 2 * x.size(), DType::kF32, false};  // 4-byte elements
   dev_.copy_to_device(r.p, x.data(), x.size() * sizeof(std::uint64_t), *stream_);
   stream_->synchronize();
   return r;

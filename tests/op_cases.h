@@ -96,7 +96,7 @@ class OpRun {
   Tensor put(const std::vector<float>& x, zo::DType storage);  // exact for representable x
   Tensor f32(const std::vector<float>& x) { return put(x, zo::DType::kF32); }
   Tensor i32(const std::vector<std::int32_t>& x);
-  Tensor u64(const std::vector<std::uint64_t>& x);
+  Tensor u64(const std::vector<std::uint64_t>& x);  // 8-byte aligned whatever the offset
   // The reference run's output `name` as an input here (this run's own in the reference run),
   // stored as that output was: the backward ops read the reference's forward results.
   Tensor from_reference(const std::string& name);

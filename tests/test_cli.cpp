@@ -154,8 +154,7 @@ TEST(Cli, ExportWritesAHuggingFaceDirectory) {
   // Without --model, the model comes from the config.json beside the weights.
   r = run("train --init-from " + out.string() + " --steps 1 --seq-len 32 -b 2");
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("model from " + (out / "config.json").string()), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("model from " + (out / "config.json").string()), std::string::npos) << r.out;
   r = run("sample --init-from " + (out / "model.safetensors.index.json").string() +
           " -n 2 --ids --prompt-tokens 1");
   EXPECT_EQ(r.code, 0) << r.out;

@@ -220,16 +220,27 @@ TEST_P(CudaModel, LlamaFamilyLossAndGradientsMatchHost) {
 // Three small models of vocabulary 101 and 16 positions: GPT-2; GQA with head size 64 (the
 // tensor-core attention in 16 bits); Qwen2's single kv head and tied head.
 std::vector<nlohmann::json> small_model_configs() {
-  return {nlohmann::json{{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101},
-                         {"block_size", 16}},
-          nlohmann::json{{"model_type", "llama"}, {"hidden_size", 48}, {"num_hidden_layers", 2},
-                         {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"head_dim", 64},
-                         {"intermediate_size", 37}, {"vocab_size", 101},
-                         {"max_position_embeddings", 16}},
-          nlohmann::json{{"model_type", "qwen2"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-                         {"num_attention_heads", 4}, {"num_key_value_heads", 1},
-                         {"intermediate_size", 40}, {"vocab_size", 101},
-                         {"max_position_embeddings", 16}, {"tie_word_embeddings", true}}};
+  return {
+      nlohmann::json{
+          {"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
+      nlohmann::json{{"model_type", "llama"},
+                     {"hidden_size", 48},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 6},
+                     {"num_key_value_heads", 2},
+                     {"head_dim", 64},
+                     {"intermediate_size", 37},
+                     {"vocab_size", 101},
+                     {"max_position_embeddings", 16}},
+      nlohmann::json{{"model_type", "qwen2"},
+                     {"hidden_size", 64},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 1},
+                     {"intermediate_size", 40},
+                     {"vocab_size", 101},
+                     {"max_position_embeddings", 16},
+                     {"tie_word_embeddings", true}}};
 }
 
 // The KV cache on the CUDA backend: after a prefill of 4 positions, each decode step's logits

@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <stdexcept>
-#include <utility>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode_check.h"
@@ -58,8 +58,7 @@ struct CachedModel {
 };
 
 std::int32_t argmax(const std::vector<float>& logits) {
-  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                   logits.begin());
+  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 // The old path: a forward over the whole context for every new token, with generate_with's
@@ -92,8 +91,8 @@ TEST_P(SampleCache, DecodeStepsEqualTheFullForward) {
   const auto tokens = su.tokens(23, 3);
   for (const int prefill : {1, 6}) {
     SCOPED_TRACE("prefill " + std::to_string(prefill));
-    const auto r = zo::test::decode_vs_forward(*su.dev, su.layout, su.params.data(), tokens,
-                                               prefill);
+    const auto r =
+        zo::test::decode_vs_forward(*su.dev, su.layout, su.params.data(), tokens, prefill);
     ASSERT_EQ(r.decoded.size(), r.forward.size());
     double worst = 0.0, scale = 0.0;
     for (std::size_t i = 0; i < r.forward.size(); ++i) {
@@ -144,7 +143,8 @@ TEST(SampleCacheInput, DecodeRefusesWhatTheCacheDoesNotHold) {
   EXPECT_HAS(zo::test::error_of([&] { m->decode(su.params.data(), 4, *su.stream); }),
              "decode at position 4: need 0 <= pos < T = 8 and pos <= the 3 positions cached");
   m->decode(su.params.data(), 3, *su.stream);
-  EXPECT_HAS(zo::test::error_of([&] { m->decode(su.params.data(), 8, *su.stream); }), "pos < T = 8");
+  EXPECT_HAS(zo::test::error_of([&] { m->decode(su.params.data(), 8, *su.stream); }),
+             "pos < T = 8");
   EXPECT_HAS(zo::test::error_of([&] { m->set_token(2, 256, *su.stream); }),
              "token id 256 is outside the model's vocabulary [0, 256)");
   const auto batched = zo::model::make_model(*su.dev, su.layout, {2, 8, false});
@@ -157,7 +157,6 @@ TEST(SampleCacheInput, DecodeRefusesWhatTheCacheDoesNotHold) {
   EXPECT_HAS(zo::test::error_of([&] { zo::train::generate(c); }),
              "the prompt is empty: give --prompt or --prompt-tokens");
 }
-
 
 // ---- the sampler -------------------------------------------------------------------------------
 

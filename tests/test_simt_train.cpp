@@ -226,9 +226,9 @@ TEST_F(SimtTrain, SampleOnTheGpuMatchesTheHost) {
   for (const std::string model : {"tiny", "tiny-llama"}) {
     SCOPED_TRACE(model);
     const fs::path ckpt = dir_.path / ("sample_" + model);
-    train(ZO_OFFLOAD_TRAIN_BIN, "--device host --precision fp32 --steps 8 --checkpoint-dir " +
-              ckpt.string(),
-          dir_.path, "sample_" + model, model);
+    train(ZO_OFFLOAD_TRAIN_BIN,
+          "--device host --precision fp32 --steps 8 --checkpoint-dir " + ckpt.string(), dir_.path,
+          "sample_" + model, model);
     const std::string sample = " sample --checkpoint latest --checkpoint-dir " + ckpt.string() +
                                " --temperature 0 -n 12 --ids --prompt-tokens 5,9,2 ";
     const auto host = run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + sample + "--device host");

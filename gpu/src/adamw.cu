@@ -159,6 +159,8 @@ void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt
                          [n] { return detail::elements(n); });
   if (run_starts != nullptr && num_runs <= 0)
     bad_argument("a run table needs num_runs >= 1, got " + std::to_string(num_runs));
+  if (!aligned(run_starts, sizeof(std::uint64_t)))
+    bad_argument("the run table is not 8-byte aligned");
   AdamConfig plain = c;
   plain.weight_decay = 0.0f;
   const AdamWRuns k{run_starts, num_runs, adam_scalars(c, t, grad_mult),

@@ -307,8 +307,9 @@ int main(int argc, char** argv) {
   smp->add_option("--init-from", sc.init_from,
                   "Hugging Face weights: .safetensors, index or directory");
   smp->add_option("--model", sc.model,
-                  presets_help() + "; with --init-from, default the config.json beside the "
-                                   "weights");
+                  presets_help() +
+                      "; with --init-from, default the config.json beside the "
+                      "weights");
   smp->add_option("--prompt", prompt,
                   "prompt text: bytes (byte-level models), or encoded with --tokenizer");
   smp->add_option("--prompt-tokens", prompt_tokens, "prompt as comma-separated token ids");

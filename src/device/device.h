@@ -297,9 +297,9 @@ class Device {
   // dtype) times grad_mult; params_out (n, act dtype) written with the new parameters (may be
   // null; on the host backend, whose act dtype is fp32, it may equal master). Decoupled weight
   // decay only (c.decoupled_weight_decay). With a run table (run_starts: num_runs >= 1 entries
-  // in device memory, core/adam.h's format, from 0 ascending below n) c.weight_decay applies
-  // only in the runs marked for it, so that one launch updates a whole layout; with null, to
-  // every element.
+  // in device memory, 8-byte aligned, core/adam.h's format, from 0 ascending below n)
+  // c.weight_decay applies only in the runs marked for it, so that one launch updates a whole
+  // layout; with null, to every element.
   virtual void adamw(float* master, float* m, float* v, const void* grads, void* params_out,
                      std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
                      const std::uint64_t* run_starts, int num_runs, Stream& s) = 0;

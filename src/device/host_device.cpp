@@ -301,8 +301,8 @@ class HostDevice final : public Device {
     constexpr const char* op = "attention_decode";
     require_attention(op, at);
     if (pos < 0 || pos >= at.T) {
-      bad_arg(op, "position " + std::to_string(pos) + " is outside the cache's [0, T = " +
-                      std::to_string(at.T) + ")");
+      bad_arg(op, "position " + std::to_string(pos) +
+                      " is outside the cache's [0, T = " + std::to_string(at.T) + ")");
     }
     require_ptrs(op, {{out, "out"}, {qkv, "qkv"}});
     launch(s, op, [=](host::Arena& a) {
@@ -413,6 +413,8 @@ class HostDevice final : public Device {
     constexpr const char* op = "adamw";
     check_adamw_args(op, c, t, grad_mult);
     if (run_starts != nullptr && num_runs <= 0) bad_arg(op, "a run table needs num_runs >= 1");
+    if (reinterpret_cast<std::uintptr_t>(run_starts) % sizeof(std::uint64_t) != 0)
+      bad_arg(op, "the run table is not 8-byte aligned");
     if (!require_elementwise(s, op, n, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}}))
       return;
     launch(s, op, [=](host::Arena&) {

@@ -9,8 +9,8 @@ namespace {
 // Walks the activation layout once; `place(bytes)` either counts or hands out memory, so that
 // the size estimate and the real allocation cannot disagree. Vp: the logits' row stride.
 template <class Place>
-void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t esize, std::size_t Vp,
-                      Place&& place) {
+void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t esize,
+                      std::size_t Vp, Place&& place) {
   const std::size_t BT = std::size_t(sh.B) * sh.T, C = spec.n_embd;
   const std::size_t L = spec.n_layer, NH = spec.n_head;
   const std::size_t sets = sh.recompute ? 1 : L;
@@ -85,7 +85,8 @@ void Gpt::block_forward(const void* params, int l, const RowSpan& r, bool recomp
   void *ln1 = row(a.ln1, C), *atty = row(a.atty, C), *res2 = row(a.res2, C), *ln2 = row(a.ln2, C);
   void *fch = row(a.fch, 4 * C), *fch_gelu = row(a.fch_gelu, 4 * C);
   if (recomputing) {
-    device_.layernorm_forward(ln1, a.ln1_mean + r.row0, a.ln1_rstd + r.row0, in, p(bp.ln1_w), p(bp.ln1_b), N, C, s);
+    device_.layernorm_forward(ln1, a.ln1_mean + r.row0, a.ln1_rstd + r.row0, in, p(bp.ln1_w),
+                              p(bp.ln1_b), N, C, s);
   }
   device_.matmul_forward(row(a.qkv, 3 * C), ln1, p(bp.qkv_w), p(bp.qkv_b), {N, C, 3 * C}, s);
   if (r.decode()) {
@@ -127,16 +128,16 @@ void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
       LayerActs& next = acts(l + 1);
       const BlockParams& bp = layout_.block(l + 1);
       device_.residual_layernorm_forward(out, row(next.ln1, C), next.ln1_mean + f,
-                                         next.ln1_rstd + f, res2, fcproj_, p(bp.ln1_w),
-                                         p(bp.ln1_b), N, C, s);
+                                         next.ln1_rstd + f, res2, fcproj_, p(bp.ln1_w), p(bp.ln1_b),
+                                         N, C, s);
     } else {
       device_.residual_layernorm_forward(out, row(lnf_, C), lnf_mean_ + f, lnf_rstd_ + f, res2,
                                          fcproj_, p(layout_.lnf_w()), p(layout_.lnf_b()), N, C, s);
     }
   }
   // The LM head; logits rows Vp_ apart (the device's GEMM stride), only the first V columns used.
-  device_.matmul_forward(row(logits_, Vp_), row(lnf_, C), p(layout_.wte()), nullptr,
-                         {N, C, V, Vp_}, s);
+  device_.matmul_forward(row(logits_, Vp_), row(lnf_, C), p(layout_.wte()), nullptr, {N, C, V, Vp_},
+                         s);
 }
 
 void Gpt::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
@@ -186,7 +187,8 @@ void Gpt::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
                                a.ln1_mean, a.ln1_rstd, N, C, s);
     done(bp.ln1_w);
   }
-  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens(), shape_.B, t, C, s);
+  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens(), shape_.B, t, C,
+                             s);
   done(0);
 }
 

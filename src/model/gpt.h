@@ -51,8 +51,7 @@ class Gpt final : public Model {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
   };
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
-  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
-                     dev::Stream& s);
+  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing, dev::Stream& s);
 
   std::vector<LayerActs> layers_;                // L entries, or 1 with recompute
   void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch

@@ -30,10 +30,10 @@ void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t e
     place(BT * w.C * esize);  // residual stream, L+1 points
   for (std::size_t l = 0; l < (sh.recompute ? 1 : L); ++l) {
     for (std::size_t n : {w.C, w.QKV, w.Q, w.C, w.C, 2 * w.I, w.I})
-      place(BT * n * esize);                                // ln1 qkv atty res2 ln2 gate_up h
-    place(BT * 4);                                          // rstd1
-    place(BT * 4);                                          // rstd2
-    place(std::size_t(sh.B) * spec.n_head * sh.T * 4);      // lse
+      place(BT * n * esize);                            // ln1 qkv atty res2 ln2 gate_up h
+    place(BT * 4);                                      // rstd1
+    place(BT * 4);                                      // rstd2
+    place(std::size_t(sh.B) * spec.n_head * sh.T * 4);  // lse
   }
   place(BT * w.C * esize);  // attn_out
   place(BT * w.C * esize);  // mlp_out
@@ -51,9 +51,8 @@ std::size_t llama_activation_bytes(const ModelSpec& spec, const ModelShape& shap
                                    std::size_t act_elem_bytes, int logits_stride) {
   const int V = spec.vocab_size;
   const int Vp = logits_stride != 0 ? logits_stride : padded_vocab(V);
-  return arena_bytes([&](auto&& place) {
-    walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp), place);
-  });
+  return arena_bytes(
+      [&](auto&& place) { walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp), place); });
 }
 
 Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
@@ -125,13 +124,13 @@ void Llama::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
   auto p = [&](std::size_t off) { return at(params, off); };
   auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   store.before_read(0);
-  device_.embedding_forward(row(residuals_[0], C), tokens() + r.row0, p(layout_.wte()),
-                            nullptr, r.B, r.T, C, s);
+  device_.embedding_forward(row(residuals_[0], C), tokens() + r.row0, p(layout_.wte()), nullptr,
+                            r.B, r.T, C, s);
   for (int l = 0; l < L; ++l) {
     store.before_read(std::size_t(l) + 1);
     block_forward(params, l, r, false, s);
-    device_.residual_forward(row(residuals_[std::size_t(l) + 1], C), row(acts(l).res2, C),
-                             mlp_out_, std::size_t(N) * C, s);
+    device_.residual_forward(row(residuals_[std::size_t(l) + 1], C), row(acts(l).res2, C), mlp_out_,
+                             std::size_t(N) * C, s);
   }
   store.before_read(std::size_t(L) + 1);
   device_.rmsnorm_forward(row(lnf_, C), lnf_rstd_ + r.row0, row(residuals_.back(), C),
@@ -171,8 +170,8 @@ void Llama::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
     device_.matmul_backward(dln_, g(bp.gate_up_w), nullptr, a.gate_up, a.ln2, p(bp.gate_up_w),
                             {N, C, 2 * I}, s);
     done(bp.gate_up_w);
-    device_.rmsnorm_backward(dres_, dres_, g(bp.mlp_norm), dln_, a.res2, p(bp.mlp_norm), a.rstd2,
-                             N, C, s);
+    device_.rmsnorm_backward(dres_, dres_, g(bp.mlp_norm), dln_, a.res2, p(bp.mlp_norm), a.rstd2, N,
+                             C, s);
     done(bp.mlp_norm);
     // Attention: the transpose rotation turns the rotated q, k's gradient into the projection's.
     device_.matmul_backward(datty_, g(bp.o_w), gbias(bp.o_b), dres_, a.atty, p(bp.o_w), {N, Q, C},
@@ -189,8 +188,7 @@ void Llama::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
                              C, s);
     done(bp.attn_norm);
   }
-  device_.embedding_backward(g(layout_.wte()), nullptr, dres_, tokens(), shape_.B, t, C,
-                             s);
+  device_.embedding_backward(g(layout_.wte()), nullptr, dres_, tokens(), shape_.B, t, C, s);
   done(0);
 }
 

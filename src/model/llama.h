@@ -40,15 +40,14 @@ class Llama final : public Model {
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
   // Block l over the rows of r up to its MLP output in mlp_out_; recomputing (backward), up to
   // the SwiGLU. A decode step writes its qkv row into the cache and attends to the cached rows.
-  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
-                     dev::Stream& s);
+  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing, dev::Stream& s);
   // Attention's shapes for B sequences of T rows whose first row is at position pos0.
   dev::AttentionArgs attention(int B, int T, int pos0 = 0) const;
 
-  float eps_;                 // rms_norm_eps
-  dev::Buffer inv_freq_;      // (head_dim / 2) fp32: RoPE's inverse frequencies
+  float eps_;             // rms_norm_eps
+  dev::Buffer inv_freq_;  // (head_dim / 2) fp32: RoPE's inverse frequencies
 
-  std::vector<LayerActs> layers_;  // L entries, or 1 with recompute
+  std::vector<LayerActs> layers_;                  // L entries, or 1 with recompute
   void *attn_out_ = nullptr, *mlp_out_ = nullptr;  // (B,T,C) projections before the adds
   void* lnf_ = nullptr;                            // (B,T,C)
   float* lnf_rstd_ = nullptr;                      // (B,T)

@@ -71,8 +71,8 @@ void Model::backward(ParameterStore& store, dev::Stream& s) {
   }
   grads_ready_ = false;
   const int t = t_;
-  const GraphKey key{true, store.params(), store.replayable() ? store.grad(0) : nullptr, t, true,
-                     0.0f};
+  const GraphKey key{true, store.params(), store.replayable() ? store.grad(0) : nullptr,
+                     t,    true,           0.0f};
   run_recorded(store, key, s, [&] { backward_pass(store, t, s); });
 }
 
@@ -138,10 +138,9 @@ void Model::decode(const void* params, int pos, dev::Stream& s) {
 
 void check_shape(const ModelSpec& spec, const ModelShape& shape) {
   if (shape.B <= 0 || shape.T <= 0 || shape.T > spec.block_size) {
-    throw std::invalid_argument("micro-batch " + std::to_string(shape.B) + " x sequence length " +
-                                std::to_string(shape.T) +
-                                " is invalid: need B >= 1 and 1 <= T <= block_size = " +
-                                std::to_string(spec.block_size));
+    throw std::invalid_argument(
+        "micro-batch " + std::to_string(shape.B) + " x sequence length " + std::to_string(shape.T) +
+        " is invalid: need B >= 1 and 1 <= T <= block_size = " + std::to_string(spec.block_size));
   }
 }
 

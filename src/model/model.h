@@ -98,9 +98,8 @@ class Model {
     arena_ = std::make_unique<CarvedArena>(device_, walk);
     std::int32_t* tokens = arena_->next_i32();
     std::int32_t* targets = arena_->next_i32();
-    batch_ = std::make_unique<DeviceBatch>(device_, tokens, targets,
-                                           std::size_t(shape_.B) * shape_.T,
-                                           layout_.spec().vocab_size);
+    batch_ = std::make_unique<DeviceBatch>(
+        device_, tokens, targets, std::size_t(shape_.B) * shape_.T, layout_.spec().vocab_size);
     for (int i = 0; i <= layout_.spec().n_layer; ++i)
       residuals_.push_back(arena_->next());
   }
@@ -111,8 +110,8 @@ class Model {
   dev::Device& device_;
   const ParameterLayout& layout_;
   const ModelShape shape_;
-  const std::size_t esize_;  // bytes per activation element, of parameters and gradients too
-  const int Vp_;             // the logits' row stride (gemm_row_stride(V))
+  const std::size_t esize_;       // bytes per activation element, of parameters and gradients too
+  const int Vp_;                  // the logits' row stride (gemm_row_stride(V))
   std::vector<void*> residuals_;  // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
   void* logits_ = nullptr;        // (B,T) rows of Vp_; dlogits after a training forward
   float* losses_ = nullptr;       // (B,T)

@@ -149,7 +149,7 @@ class ResidentUpdater final : public Updater {
   dev::Buffer sum_;                    // fp32 (n): the step's gradient over micro-batches, or none
   dev::Buffer runs_;                   // the weight-decay run table
   int num_runs_ = 0;
-  pinned::HostBuffer params_out_;      // 16-bit staging for the upload
+  pinned::HostBuffer params_out_;  // 16-bit staging for the upload
   model::FlatParameters flat_;
   double wait_ms_ = 0.0, apply_ms_ = 0.0;
 };

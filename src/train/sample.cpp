@@ -9,8 +9,8 @@
 #include "core/dtype.h"
 #include "device/device.h"
 #include "device/make_device.h"
-#include "model/model.h"
 #include "model/hf_weights.h"
+#include "model/model.h"
 #include "train/checkpoint_io.h"
 
 namespace zo::train {

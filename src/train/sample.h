@@ -61,9 +61,10 @@ class TokenSampler {
 // The generation loop with the KV cache (Model::decode): a forward over the context (prefill),
 // then one decode step per new token, each reading one logits row. `model` was made with
 // micro-batch 1, no recompute and T = the context length; params (its layout, act dtype) on dev;
-// each logits row is read in the act dtype and widened to fp32 for `pick`. Context policy: a prompt longer than T keeps its last T
-// tokens; when the context is full, the last max(1, T/2) tokens are prefilled again and decoding
-// goes on from there (the KV cache holds absolute positions, so it cannot slide by one).
+// each logits row is read in the act dtype and widened to fp32 for `pick`. Context policy: a prompt
+// longer than T keeps its last T tokens; when the context is full, the last max(1, T/2) tokens are
+// prefilled again and decoding goes on from there (the KV cache holds absolute positions, so it
+// cannot slide by one).
 std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
                                         dev::Stream& s, std::vector<std::int32_t> prompt,
                                         int new_tokens, const TokenPicker& pick);

@@ -173,8 +173,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
     totals.add(m);
 
     if (!graph_fallback_said && !model.graph_fallback().empty()) {
-      say("CUDA graphs off, forward and backward run kernel by kernel: " +
-          model.graph_fallback());
+      say("CUDA graphs off, forward and backward run kernel by kernel: " + model.graph_fallback());
       graph_fallback_said = true;
     }
     const bool last = step + 1 == cfg.steps;

@@ -3,11 +3,12 @@
 // libcudart, so a call not defined here fails to link, which is the signal to add it.
 //
 // Streams are worker threads (streams.h) and events carry record generations, so the ordering
-// rules are CUDA's (stream capture for CUDA Graphs: graph.h, cudart_graph.cpp): work on a stream runs later than the call that enqueued it, cudaStreamWaitEvent
-// orders against the last record issued before it, copies between device memory and page-locked
-// host memory are asynchronous, copies to or from pageable memory wait for the stream first (as
-// CUDA's do), and cudaFree waits for the whole device. Memory is tracked by range, so a copy in a
-// certainly wrong direction or an unregister of memory never registered is refused.
+// rules are CUDA's (stream capture for CUDA Graphs: graph.h, cudart_graph.cpp): work on a stream
+// runs later than the call that enqueued it, cudaStreamWaitEvent orders against the last record
+// issued before it, copies between device memory and page-locked host memory are asynchronous,
+// copies to or from pageable memory wait for the stream first (as CUDA's do), and cudaFree waits
+// for the whole device. Memory is tracked by range, so a copy in a certainly wrong direction or an
+// unregister of memory never registered is refused.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -135,8 +135,9 @@ void launch_rmsnorm_forward(void* out, float* rstd, const void* inp, const void*
 void launch_rmsnorm_backward(void* dinp, const void* dresidual, void* dweight, const void* dout,
                              const void* inp, const void* weight, const float* rstd, int N, int C,
                              DType t, cudaStream_t s);
-// The q and k heads of qkv rotated in place by (d.pos0 + t) * inv_freq[i] (Hugging Face's rotate_half pairs
-// (i, i + hs/2)); the backward rotates dq, dk back (the transpose). inv_freq (hs/2) fp32; hs even.
+// The q and k heads of qkv rotated in place by (d.pos0 + t) * inv_freq[i] (Hugging Face's
+// rotate_half pairs (i, i + hs/2)); the backward rotates dq, dk back (the transpose). inv_freq
+// (hs/2) fp32; hs even.
 void launch_rope_forward(void* qkv, const float* inv_freq, const AttentionDims& d, DType t,
                          cudaStream_t s);
 void launch_rope_backward(void* dqkv, const float* inv_freq, const AttentionDims& d, DType t,
@@ -166,8 +167,8 @@ void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t
 // The same math as cpu_adam (core/adam.h, docs/cpu_adam.md): fp32 master/m/v on the device, grads
 // (n, gt) times grad_mult; params_out (n, pt) written with the new params when non-null. Update
 // number t; decoupled weight decay only. With a run table (run_starts: num_runs >= 1 entries in
-// device memory, core/adam.h's format, starting at 0, ascending, below n) weight decay
-// c.weight_decay applies only in the runs marked for it; without, to every element.
+// device memory, 8-byte aligned, core/adam.h's format, starting at 0, ascending, below n) weight
+// decay c.weight_decay applies only in the runs marked for it; without, to every element.
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
                   cudaStream_t s, const std::uint64_t* run_starts = nullptr, int num_runs = 0);
