@@ -11,7 +11,7 @@
 //   s_ij = (q_i . k_j) / sqrt(hs) for j <= i (causal), P = softmax_j(s), out_i = sum_j P_ij v_j.
 //   lse_i = log(sum_{j<=i} exp(s_ij)) (natural log, of the scaled scores), (B,NH,T) fp32.
 //   Backward (Algorithm 2): D_i = dout_i . out_i, dP = dout V^T, dS = P o (dP - D),
-//   dq = scale dS K, dk = scale dS^T Q, dv = P^T dout, all added (+=) into dqkv; dk and dv of a kv
+//   dq = scale dS K, dk = scale dS^T Q, dv = P^T dout, all written into dqkv; dk and dv of a kv
 //   head sum over its NH / NKV query heads.
 // Storage type T is float, __half or __nv_bfloat16; every product and sum is fp32. Exponentials
 // use exp2f on scores pre-multiplied by log2(e)/sqrt(hs); lse is converted back to natural log.
@@ -57,8 +57,8 @@
 // block, sm_90 227 KiB) and throw std::invalid_argument if the device's opt-in limit is smaller.
 // __launch_bounds__ carries the block counts above so that ptxas budgets registers for them; no
 // kernel spills. The backward pass computes dk/dv and dq in separate kernels (scores recomputed in
-// each) so each dqkv element is read-modified-written exactly once, by one thread: no atomics,
-// deterministic.
+// each) so each dqkv element is written exactly once, by one thread: no atomics, no zero-filled
+// buffer, deterministic.
 #pragma once
 
 #include <cuda_runtime.h>

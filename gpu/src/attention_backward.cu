@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
     const int key = k0 + 4 * ty + i;
     if (key >= sh.T) continue;
     T* dst = dqkv + (tok0 + key) * c3;
-    store_row<T, true>(dst + k_col(sh, g), dk[i], sh.scale, tx, sh);
-    store_row<T, true>(dst + v_col(sh, g), dv[i], 1.0f, tx, sh);
+    store_row<T, false>(dst + k_col(sh, g), dk[i], sh.scale, tx, sh);
+    store_row<T, false>(dst + v_col(sh, g), dv[i], 1.0f, tx, sh);
   }
 }
 
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kTile * 4, attention_detail::min_blocks_backwa
   for (int i = 0; i < 4; ++i) {
     const int q = q0 + 4 * ty + i;
     if (q >= sh.T) continue;
-    store_row<T, true>(dqkv + (tok0 + q) * c3 + bc.h * sh.hs, dq[i], sh.scale, tx, sh);
+    store_row<T, false>(dqkv + (tok0 + q) * c3 + bc.h * sh.hs, dq[i], sh.scale, tx, sh);
   }
 }
 

@@ -23,8 +23,8 @@
 //             dV += P^T dO, dK += dS^T Q (dO, Q .trans)
 //   bwd dQ    per 64 queries, loops key tiles (kN = 64 / 32) up to the diagonal:
 //             S = Q K^T, dP = dO V^T, dS, dQ += dS K (K .trans)
-// Deterministic: every dqkv element is read-modified-written by one thread of one block (dQ in its
-// own kernel, recomputing S and dP), no atomics.
+// Deterministic: every dqkv element is written once, by one thread of one block (dQ in its own
+// kernel, recomputing S and dP), no atomics.
 //
 // Shared memory (T elements, rows of hs + 8 so that the 8 rows of an ldmatrix phase fall in 8
 // different 16-byte bank groups; x2: double buffers), registers (ptxas, nvcc 13.0, sm_80 / sm_90,

@@ -11,7 +11,7 @@
 namespace zo::gpu {
 namespace attention_tc {
 
-// The backward kernels' operands: dqkv +=, the rest read.
+// The backward kernels' operands: dqkv written, the rest read.
 template <typename T>
 struct Grads {
   T* dqkv;
@@ -97,9 +97,9 @@ __global__ void __launch_bounds__(kThreads)
 
   T* dst = g.dqkv + f.seq0;
   const float dk_scale[2] = {sh.scale, sh.scale}, one[2] = {1.0f, 1.0f};
-  store_rows<T, true, kD>(dst + attention_detail::k_col(sh, kv), c3, dk, dk_scale, key0, sh.T,
+  store_rows<T, false, kD>(dst + attention_detail::k_col(sh, kv), c3, dk, dk_scale, key0, sh.T,
                           sh.async16, lane);
-  store_rows<T, true, kD>(dst + attention_detail::v_col(sh, kv), c3, dv, one, key0, sh.T,
+  store_rows<T, false, kD>(dst + attention_detail::v_col(sh, kv), c3, dv, one, key0, sh.T,
                           sh.async16, lane);
 }
 
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const float scale[2] = {sh.scale, sh.scale};
-  store_rows<T, true, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T, sh.async16,
+  store_rows<T, false, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T, sh.async16,
                           lane);
 }
 

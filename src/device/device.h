@@ -11,8 +11,8 @@
 // - Parameter gradients are accumulated (+=), so micro-batches and shared weights (tied
 //   embedding) add up. Activation gradients are written (the matmul's dinp: a GEMM with beta = 0
 //   needs no zero-filled buffer and does not read one) where the model consumes each once, and
-//   accumulated only where it sums several (attention_backward's dqkv, layernorm_backward's
-//   residual); each op's comment says which.
+//   accumulated only where it sums several (layernorm_backward's residual); each op's comment
+//   says which.
 // - Shapes are in the comment next to each pointer; B batch, T sequence, C channels, NH heads,
 //   V vocabulary, OC output channels, N = B*T rows.
 #pragma once
@@ -230,8 +230,8 @@ class Device {
   // kept for the backward pass instead of the (B,NH,T,T) probability matrix.
   virtual void attention_forward(void* out, float* lse, const void* qkv, const AttentionArgs& a,
                                  Stream& s) = 0;
-  // dqkv (B, T, qkv_width) += (the model zero-fills it: an accumulate the attention kernels still
-  // own); dk, dv of a kv head sum over the NH / NKV query heads sharing it, in a fixed order.
+  // dqkv (B, T, qkv_width) written, every element once; dk, dv of a kv head sum over the
+  // NH / NKV query heads sharing it, in a fixed order.
   virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                   const float* lse, const AttentionArgs& a, Stream& s) = 0;
 

@@ -135,12 +135,12 @@ void attention_backward(Arena& arena, float* dqkv, const float* dout, const floa
         for (std::size_t j = i + 1; j < keys; ++j)
           prow[j] = srow[j] = 0.0f;
       }
-      map(dseq + q.begin * ld + h * hs, q.size(), hs, ld).noalias() += scale * (ds * km);
+      map(dseq + q.begin * ld + h * hs, q.size(), hs, ld).noalias() = scale * (ds * km);
       dk.topRows(ix(keys)).noalias() += scale * (ds.transpose() * qm);
       dv.topRows(ix(keys)).noalias() += p.transpose() * dom;
     }
-    map(dseq + k_col, t_len, hs, ld) += dk;
-    map(dseq + v_col, t_len, hs, ld) += dv;
+    map(dseq + k_col, t_len, hs, ld) = dk;
+    map(dseq + v_col, t_len, hs, ld) = dv;
   });
 }
 

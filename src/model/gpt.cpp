@@ -143,12 +143,10 @@ void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
 void Gpt::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
-  const std::size_t NC = std::size_t(N) * C;
   const void* params = store.params();
   auto p = [&](std::size_t off) { return at(params, off); };
   auto g = [&](std::size_t off) { return store.grad(off); };
   auto done = [&](std::size_t off) { store.complete_from(off); };
-  auto zero = [&](void* x, std::size_t elements) { device_.fill_zero(x, elements * esize_, s); };
 
   // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf). Activation gradients
   // are written, not accumulated into zeroed buffers (device.h).
@@ -165,7 +163,6 @@ void Gpt::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
     const BlockParams& bp = layout_.block(l);
     LayerActs& a = acts(l);
     const void* in = residuals_[static_cast<std::size_t>(l)];
-    zero(dqkv_, 3 * NC);  // attention_backward accumulates
     device_.matmul_dgelu_backward(dfch_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
                                   p(bp.fcproj_w), a.fch, {N, 4 * C, C}, s);
     done(bp.fcproj_w);

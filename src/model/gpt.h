@@ -17,8 +17,7 @@
 // (residual_layernorm_forward; the add ending block l carries block l + 1's first LayerNorm, or
 // the final one); the MLP's first layer runs with its GELU (matmul_gelu_forward) and its
 // projection's input gradient with the GELU gradient (matmul_dgelu_backward). Activation
-// gradients are written instead of accumulated into zero-filled buffers, except dqkv, which
-// attention_backward accumulates.
+// gradients are written instead of accumulated into zero-filled buffers.
 #pragma once
 
 #include <cstddef>

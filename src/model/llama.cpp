@@ -177,7 +177,6 @@ void Llama::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
     device_.matmul_backward(datty_, g(bp.o_w), gbias(bp.o_b), dres_, a.atty, p(bp.o_w), {N, Q, C},
                             s);
     done(bp.o_w);
-    device_.fill_zero(dqkv_, std::size_t(N) * QKV * esize_, s);  // attention_backward accumulates
     device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, att, s);
     device_.rope_backward(dqkv_, inv_freq_.as<float>(), att, s);
     device_.matmul_backward(dln_, g(bp.qkv_w), gbias(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),

@@ -82,7 +82,6 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     }
   } drain{*stream};
   dev->copy_to_device(params.data(), staged.data(), bytes, *stream);
-  const int V = spec.vocab_size;
   const auto model = model::make_model(*dev, layout, {1, T, false});
 
   return generate_with(*model, params.data(), *dev, *stream, c.prompt, c.new_tokens,

@@ -112,7 +112,8 @@ struct AttentionDims {
 // score = q.k / sqrt(hs)).
 void launch_attention_forward(void* out, float* lse, const void* qkv, const AttentionDims& d,
                               DType t, cudaStream_t s);
-// dqkv +=; the dk, dv of a kv head sum over its query heads in a fixed order. `scratch` holds
+// dqkv written (every element once); the dk, dv of a kv head sum over its query heads in a fixed
+// order. `scratch` holds
 // attention_backward_scratch_floats(d) = B*NH*T floats (D = rowsum(dout * out)); the caller keeps
 // it alive until the launch has run.
 std::size_t attention_backward_scratch_floats(const AttentionDims& d);  // checks the shape
