@@ -98,9 +98,9 @@ __global__ void __launch_bounds__(kThreads)
   T* dst = g.dqkv + f.seq0;
   const float dk_scale[2] = {sh.scale, sh.scale}, one[2] = {1.0f, 1.0f};
   store_rows<T, false, kD>(dst + attention_detail::k_col(sh, kv), c3, dk, dk_scale, key0, sh.T,
-                          sh.async16, lane);
+                           sh.async16, lane);
   store_rows<T, false, kD>(dst + attention_detail::v_col(sh, kv), c3, dv, one, key0, sh.T,
-                          sh.async16, lane);
+                           sh.async16, lane);
 }
 
 // dQ: one block per (b, h, 64 queries); same frame as the forward kernel, dS in place of P.
@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const float scale[2] = {sh.scale, sh.scale};
-  store_rows<T, false, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T, sh.async16,
-                          lane);
+  store_rows<T, false, kD>(g.dqkv + f.seq0 + f.bc.h * sh.hs, f.c3, dq, scale, row0, sh.T,
+                           sh.async16, lane);
 }
 
 void backward(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D,

@@ -67,9 +67,9 @@ void attention_decode(Arena& arena, float* out, const float* qkv, int B, int T, 
     const std::size_t b = bh / nh, h = bh % nh, kv = (h / group) * hs;
     const float* seq = qkv + b * std::size_t(T) * ld;
     const ConstMatMap qm = cmap(seq + keys * ld - ld + h * hs, 1, hs, ld);  // (1, hs)
-    const ConstMatMap km = cmap(seq + k_col + kv, keys, hs, ld);           // (keys, hs)
-    const ConstMatMap vm = cmap(seq + v_col + kv, keys, hs, ld);           // (keys, hs)
-    RowMat p(1, ix(keys));                                                 // (1, keys)
+    const ConstMatMap km = cmap(seq + k_col + kv, keys, hs, ld);            // (keys, hs)
+    const ConstMatMap vm = cmap(seq + v_col + kv, keys, hs, ld);            // (keys, hs)
+    RowMat p(1, ix(keys));                                                  // (1, keys)
     p.noalias() = qm * km.transpose();
     float* row = p.data();
     float m = -std::numeric_limits<float>::infinity();
