@@ -107,6 +107,32 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps,
 
 // ---- the whole model -------------------------------------------------------------------------
 
+// Three small models of vocabulary 101 and 16 positions: GPT-2; GQA with head size 64 (the
+// tensor-core attention in 16 bits); Qwen2's single kv head and tied head.
+std::vector<nlohmann::json> small_model_configs() {
+  return {
+      nlohmann::json{
+          {"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
+      nlohmann::json{{"model_type", "llama"},
+                     {"hidden_size", 48},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 6},
+                     {"num_key_value_heads", 2},
+                     {"head_dim", 64},
+                     {"intermediate_size", 37},
+                     {"vocab_size", 101},
+                     {"max_position_embeddings", 16}},
+      nlohmann::json{{"model_type", "qwen2"},
+                     {"hidden_size", 64},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 1},
+                     {"intermediate_size", 40},
+                     {"vocab_size", 101},
+                     {"max_position_embeddings", 16},
+                     {"tie_word_embeddings", true}}};
+}
+
 class CudaModel : public zo::test::DtypeOpTest {
  protected:
   void SetUp() override { ZO_REQUIRE_GPU(); }
@@ -178,69 +204,23 @@ void CudaModel::expect_model_matches_host(const zo::model::ModelSpec& spec) {
 }
 
 TEST_P(CudaModel, GptLossAndGradientsMatchHost) {
-  expect_model_matches_host(zo::model::model_spec_from_json(
-      {{"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
-      "tiny-cuda"));
+  expect_model_matches_host(zo::model::model_spec_from_json(small_model_configs()[0], "tiny-cuda"));
 }
 
 // Grouped-query attention (6 query heads over 2 kv heads) with head size 64 (the tensor-core
-// path in 16 bits) and q/k/v/o biases, Llama 3 RoPE scaling, an untied head; and Qwen2's shape
-// with one kv head, head size 16 (the FMA path) and a tied head.
+// path in 16 bits), with q/k/v/o biases and Llama 3 RoPE scaling added, an untied head; and
+// Qwen2's shape with one kv head, head size 16 (the FMA path) and a tied head.
 TEST_P(CudaModel, LlamaFamilyLossAndGradientsMatchHost) {
+  nlohmann::json llama = small_model_configs()[1];
+  llama["attention_bias"] = true;
+  llama["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 4.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 2.0},
+                           {"original_max_position_embeddings", 8}};
+  expect_model_matches_host(zo::model::model_spec_from_json(llama, "tiny-llama-cuda"));
   expect_model_matches_host(
-      zo::model::model_spec_from_json({{"model_type", "llama"},
-                                       {"hidden_size", 48},
-                                       {"num_hidden_layers", 2},
-                                       {"num_attention_heads", 6},
-                                       {"num_key_value_heads", 2},
-                                       {"head_dim", 64},
-                                       {"intermediate_size", 37},
-                                       {"vocab_size", 101},
-                                       {"max_position_embeddings", 16},
-                                       {"attention_bias", true},
-                                       {"rope_scaling",
-                                        {{"rope_type", "llama3"},
-                                         {"factor", 4.0},
-                                         {"low_freq_factor", 1.0},
-                                         {"high_freq_factor", 2.0},
-                                         {"original_max_position_embeddings", 8}}}},
-                                      "tiny-llama-cuda"));
-  expect_model_matches_host(zo::model::model_spec_from_json({{"model_type", "qwen2"},
-                                                             {"hidden_size", 64},
-                                                             {"num_hidden_layers", 2},
-                                                             {"num_attention_heads", 4},
-                                                             {"num_key_value_heads", 1},
-                                                             {"intermediate_size", 40},
-                                                             {"vocab_size", 101},
-                                                             {"max_position_embeddings", 16},
-                                                             {"tie_word_embeddings", true}},
-                                                            "tiny-qwen2-cuda"));
-}
-
-// Three small models of vocabulary 101 and 16 positions: GPT-2; GQA with head size 64 (the
-// tensor-core attention in 16 bits); Qwen2's single kv head and tied head.
-std::vector<nlohmann::json> small_model_configs() {
-  return {
-      nlohmann::json{
-          {"n_layer", 2}, {"n_head", 3}, {"n_embd", 48}, {"vocab_size", 101}, {"block_size", 16}},
-      nlohmann::json{{"model_type", "llama"},
-                     {"hidden_size", 48},
-                     {"num_hidden_layers", 2},
-                     {"num_attention_heads", 6},
-                     {"num_key_value_heads", 2},
-                     {"head_dim", 64},
-                     {"intermediate_size", 37},
-                     {"vocab_size", 101},
-                     {"max_position_embeddings", 16}},
-      nlohmann::json{{"model_type", "qwen2"},
-                     {"hidden_size", 64},
-                     {"num_hidden_layers", 2},
-                     {"num_attention_heads", 4},
-                     {"num_key_value_heads", 1},
-                     {"intermediate_size", 40},
-                     {"vocab_size", 101},
-                     {"max_position_embeddings", 16},
-                     {"tie_word_embeddings", true}}};
+      zo::model::model_spec_from_json(small_model_configs()[2], "tiny-qwen2-cuda"));
 }
 
 // The KV cache on the CUDA backend: after a prefill of 4 positions, each decode step's logits
