@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -69,9 +70,10 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
   convert_from_float(weights.data(), staged.data(), dev->act_dtype(), weights.size());
   dev::Buffer params = dev->alloc(bytes, "parameters");
+  std::unique_ptr<model::Model> model;  // made below the drain, so freed after it
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out (the
   // upload below would otherwise outlive `params` when the model cannot be made, or when there
-  // are no tokens to generate).
+  // are no tokens to generate; a failed step would leave kernels writing freed activations).
   struct Drain {
     dev::Stream& s;
     ~Drain() {
@@ -82,7 +84,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
     }
   } drain{*stream};
   dev->copy_to_device(params.data(), staged.data(), bytes, *stream);
-  const auto model = model::make_model(*dev, layout, {1, T, false});
+  model = model::make_model(*dev, layout, {1, T, false});
 
   return generate_with(*model, params.data(), *dev, *stream, c.prompt, c.new_tokens,
                        [&](const std::vector<float>& logits) { return pick(logits); });
