@@ -392,8 +392,7 @@ void set_smem(const char* op, Kernel* kernel, std::size_t bytes) {
                             " bytes of shared memory per block; device " + std::to_string(device) +
                             " allows " + std::to_string(optin));
   }
-  ZO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(bytes)));
+  detail::opt_in_shared_memory(device, reinterpret_cast<const void*>(kernel), bytes);
 }
 
 // Shared-memory bytes: `tiles` (kTile, ld) head tiles, `ptiles` (kTile, kTile + 4) score tiles and

@@ -105,6 +105,13 @@ inline int current_device() {
   return device;
 }
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory on `device`
+// (cudaFuncAttributeMaxDynamicSharedMemorySize), calling the runtime only the first time a
+// kernel needs that much there. Why once: cudaFuncSetAttribute is reported to wait for the
+// runtime's queued host-device copies, which at every launch would stall the copies the offload
+// engine overlaps with compute, and inside a CUDA Graph recording it is best not called at all.
+void opt_in_shared_memory(int device, const void* kernel, std::size_t bytes);
+
 inline int device_attribute(cudaDeviceAttr attr, int device) {
   int value = 0;
   ZO_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
