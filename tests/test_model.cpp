@@ -326,8 +326,8 @@ TEST(Gpt, RecomputeGivesIdenticalGradientsAndAccumulates) {
   const std::vector<float> g3 = m.read(m.grads);
   for (std::size_t i = 0; i < g3.size(); ++i)
     ASSERT_NEAR(g3[i], 2.0f * g1[i], 1e-6f + 1e-5f * std::fabs(g1[i]));
-  EXPECT_GT(zo::model::gpt_activation_bytes(m.spec, {2, 5, false}, 4),
-            zo::model::gpt_activation_bytes(m.spec, {2, 5, true}, 4));
+  EXPECT_GT(zo::model::activation_bytes(m.spec, {2, 5, false}, 4),
+            zo::model::activation_bytes(m.spec, {2, 5, true}, 4));
 }
 
 TEST(Gpt, RejectsBadShapesAndTokens) {

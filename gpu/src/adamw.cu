@@ -47,15 +47,17 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   p = __fmaf_rn(k.neg_step_size, __fdiv_rn(m, denom), __fmul_rn(p, k.decay));
 }
 
-// The constants for element i: the decaying ones unless i's run in the table (if any) has no
-// weight decay.
+// The constants by element: the decaying ones unless the element's run in the table (if any)
+// has no weight decay.
 struct AdamWRuns {
   const std::uint64_t* starts;  // device run table, or null
   int count;
   AdamScalars decay, plain;
-  __device__ __forceinline__ AdamScalars at(std::size_t i) const {
-    if (starts == nullptr) return decay;
-    int lo = 0, hi = count - 1;  // the last run starting at or before i
+  // The index of the run holding element i: the last one starting at or before i (0 without a
+  // table).
+  __device__ __forceinline__ int run(std::size_t i) const {
+    if (starts == nullptr) return 0;
+    int lo = 0, hi = count - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if ((starts[mid] & ~kAdamRunDecays) <= i) {
@@ -64,8 +66,12 @@ struct AdamWRuns {
         hi = mid - 1;
       }
     }
-    return (starts[lo] & kAdamRunDecays) != 0 ? decay : plain;
+    return lo;
   }
+  __device__ __forceinline__ AdamScalars of_run(int r) const {
+    return starts == nullptr || (starts[r] & kAdamRunDecays) != 0 ? decay : plain;
+  }
+  __device__ __forceinline__ AdamScalars at(std::size_t i) const { return of_run(run(i)); }
 };
 
 // master, m, v (n) fp32 updated; params_out (n) written when non-null. No __restrict__ on master
@@ -83,9 +89,13 @@ __global__ void __launch_bounds__(kAdamWThreads)
     Pack<float, kVec> mm = *reinterpret_cast<const Pack<float, kVec>*>(m + i);
     Pack<float, kVec> vv = *reinterpret_cast<const Pack<float, kVec>*>(v + i);
     const Pack<GT, kVec> g = *reinterpret_cast<const Pack<GT, kVec>*>(grads + i);
+    // A pack inside one run (all but a few) takes its constants once.
+    const int r = k.run(i);
+    const bool one_run = kVec == 1 || k.run(i + kVec - 1) == r;
+    const AdamScalars first = k.of_run(r);
 #pragma unroll
     for (int e = 0; e < kVec; ++e)
-      adamw_element(p.v[e], mm.v[e], vv.v[e], to_float(g.v[e]), k.at(i + e));
+      adamw_element(p.v[e], mm.v[e], vv.v[e], to_float(g.v[e]), one_run ? first : k.at(i + e));
     *reinterpret_cast<Pack<float, kVec>*>(master + i) = p;
     *reinterpret_cast<Pack<float, kVec>*>(m + i) = mm;
     *reinterpret_cast<Pack<float, kVec>*>(v + i) = vv;

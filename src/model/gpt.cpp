@@ -40,10 +40,9 @@ void walk_activations(const ModelSpec& spec, const ModelShape& sh, std::size_t e
 
 std::size_t gpt_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
                                  std::size_t act_elem_bytes, int logits_stride) {
-  const int V = spec.vocab_size;
-  const int Vp = logits_stride != 0 ? logits_stride : padded_vocab(V);
-  return arena_bytes(
-      [&](auto&& place) { walk_activations(spec, shape, act_elem_bytes, std::size_t(Vp), place); });
+  return arena_bytes([&](auto&& place) {
+    walk_activations(spec, shape, act_elem_bytes, std::size_t(logits_stride), place);
+  });
 }
 
 Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)

@@ -32,9 +32,10 @@
 
 namespace zo::model {
 
-// Bytes of device memory Gpt allocates (activation_bytes in model.h for a GPT-2 spec).
+// Bytes of device memory Gpt allocates with the logits rows logits_stride elements apart
+// (activation_bytes in model.h chooses the stride).
 std::size_t gpt_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
-                                 std::size_t act_elem_bytes, int logits_stride = 0);
+                                 std::size_t act_elem_bytes, int logits_stride);
 
 class Gpt final : public Model {
  public:

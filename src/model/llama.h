@@ -21,8 +21,9 @@
 
 namespace zo::model {
 
+// The same for Llama (gpt_activation_bytes).
 std::size_t llama_activation_bytes(const ModelSpec& spec, const ModelShape& shape,
-                                   std::size_t act_elem_bytes, int logits_stride = 0);
+                                   std::size_t act_elem_bytes, int logits_stride);
 
 class Llama final : public Model {
  public:

@@ -13,6 +13,20 @@ void* FlatParameters::grad(std::size_t offset) {
   return grads_ + offset * esize_;
 }
 
+namespace {
+
+// Throws std::invalid_argument unless a forward over t positions fits the shape (t < T only with
+// micro-batch 1).
+void check_forward_positions(const ModelShape& shape, int t) {
+  if (t < 1 || t > shape.T || (t < shape.T && shape.B != 1)) {
+    throw std::invalid_argument("forward over " + std::to_string(t) +
+                                " positions: need 1 <= t <= " + std::to_string(shape.T) +
+                                " (t < T only with micro-batch 1)");
+  }
+}
+
+}  // namespace
+
 Model::Model(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape)
     : device_(device),
       layout_(layout),
@@ -144,14 +158,6 @@ void check_shape(const ModelSpec& spec, const ModelShape& shape) {
   }
 }
 
-void check_forward_positions(const ModelShape& shape, int t) {
-  if (t < 1 || t > shape.T || (t < shape.T && shape.B != 1)) {
-    throw std::invalid_argument("forward over " + std::to_string(t) +
-                                " positions: need 1 <= t <= " + std::to_string(shape.T) +
-                                " (t < T only with micro-batch 1)");
-  }
-}
-
 std::unique_ptr<Model> make_model(dev::Device& device, const ParameterLayout& layout,
                                   const ModelShape& shape) {
   if (layout.spec().llama()) return std::make_unique<Llama>(device, layout, shape);
@@ -160,8 +166,9 @@ std::unique_ptr<Model> make_model(dev::Device& device, const ParameterLayout& la
 
 std::size_t activation_bytes(const ModelSpec& spec, const ModelShape& shape,
                              std::size_t act_elem_bytes, int logits_stride) {
-  if (spec.llama()) return llama_activation_bytes(spec, shape, act_elem_bytes, logits_stride);
-  return gpt_activation_bytes(spec, shape, act_elem_bytes, logits_stride);
+  const int Vp = logits_stride != 0 ? logits_stride : padded_vocab(spec.vocab_size);
+  if (spec.llama()) return llama_activation_bytes(spec, shape, act_elem_bytes, Vp);
+  return gpt_activation_bytes(spec, shape, act_elem_bytes, Vp);
 }
 
 }  // namespace zo::model

@@ -159,9 +159,6 @@ std::size_t activation_bytes(const ModelSpec& spec, const ModelShape& shape,
 
 // Throws std::invalid_argument unless 1 <= T <= block_size and B >= 1.
 void check_shape(const ModelSpec& spec, const ModelShape& shape);
-// Throws std::invalid_argument unless a forward over t positions fits the shape (t < T only with
-// micro-batch 1).
-void check_forward_positions(const ModelShape& shape, int t);
 // V rounded up to the CUDA backend's GEMM row alignment: the logits stride that bounds every
 // device's (Device::gemm_row_stride).
 inline int padded_vocab(int V) {

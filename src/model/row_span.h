@@ -8,8 +8,8 @@
 namespace zo::model {
 
 struct RowSpan {
-  int row0;     // first row of the activations this pass reads and writes
-  int B, T;     // the row-wise ops' batch and sequence: (B, t) or (1, 1)
+  int row0;      // first row of the activations this pass reads and writes
+  int B, T;      // the row-wise ops' batch and sequence: (B, t) or (1, 1)
   int pos = -1;  // the decode step's position; -1: a whole forward
 
   static RowSpan whole(int B, int t) { return {0, B, t}; }
