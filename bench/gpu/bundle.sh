@@ -11,7 +11,8 @@ root=$PWD
 bundle=${1:-gpu-bundle}
 build=${ZO_BUNDLE_BUILD:-build-bundle}
 max_mib=40
-targets=(offload_train test_gpu test_cuda_ops test_pinned_memory bench_copy bench_train)
+targets=(offload_train test_gpu test_cuda_ops test_pinned_memory bench_copy bench_train
+  bench_cpu_adam)
 
 bash .ci/install-deps
 mkdir -p "$build"
@@ -31,7 +32,7 @@ for t in "${targets[@]}"; do
   cp "$f" "$bundle/bin/"
   strip "$bundle/bin/$t"
 done
-cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/pytorch_gpt2.py "$bundle/"
+cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/pytorch_gpt2.py "$bundle/"
 git -C "$root" rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo unknown > "$bundle/COMMIT"
 git -C "$root" diff --quiet 2>/dev/null || echo "(with uncommitted changes)" >> "$bundle/COMMIT"
 

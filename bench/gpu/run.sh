@@ -142,6 +142,10 @@ phase_resident() {
 
 phase_offload() {
   step bench_copy 90 "$here/bin/bench_copy" --device cuda --sizes 8MiB,32MiB,128MiB,512MiB --json
+  # The host's memory roofline (a triad on every core) and CPU Adam alone on every core: the
+  # yardsticks for CPU Adam inside the offloaded step (summarize.py's targets).
+  step cpu_adam_roofline 180 "$here/bin/bench_cpu_adam" --sizes 256M --grad-dtype bf16 \
+    --state-dtype fp32,bf16 --json
   local model
   for model in gpt2-350m gpt2-774m gpt2-1558m; do
     local m=(--model "$model" -b 8 --seq-len 1024 --steps 12 --device cuda --precision bf16)

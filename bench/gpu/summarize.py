@@ -7,7 +7,8 @@ import os
 import re
 import sys
 
-H100_BF16_DENSE_TFLOPS = 989.4  # H100 SXM datasheet, dense bf16/fp16 tensor core peak
+from targets import H100_BF16_DENSE_TFLOPS, target_section
+
 WARMUP_STEPS = 3  # steps left out of the means (allocation, cuBLASLt plans, pinned buffers)
 
 
@@ -62,7 +63,9 @@ def peak_mem_mib(log_dir, name):
 def bench_note(b):
     """The figures of one benchmark JSON line, compactly."""
     keys = ("memory", "bytes", "h2d_gbps", "d2h_gbps", "model", "micro_batch", "tokens_per_s",
-            "step_ms", "model_gflops", "model_tflops", "matmul_gflops", "ratio_to_matmul")
+            "step_ms", "model_gflops", "model_tflops", "matmul_gflops", "ratio_to_matmul",
+            "isa", "state_dtype", "threads", "gparams_per_s", "gbytes_per_s",
+            "triad_gbytes_per_s", "ratio_to_triad")
     parts = []
     for k in keys:
         if k in b:
@@ -181,6 +184,7 @@ def main():
         report += ["", "## Offload practicality (offload tok/s / resident tok/s)", "",
                    "| model | mode | offload tok/s | resident tok/s | ratio |", "|---|---|---|---|---|"]
         report += [f"| {a} | {b} | {c:.0f} | {d:.0f} | {e:.3f} |" for a, b, c, d, e in ratios]
+    report += target_section(by_name, log_dir)
     per_step = [(s["step"], s["per_step"]) for s in steps if "per_step" in s]
     if per_step:
         report += ["", "## Per-phase times (busy and exposed, ms per step)", ""]
