@@ -4,6 +4,7 @@
 // values (+= onto them). Padded rows (a row stride past the last column) hold NaN in inputs, so
 // that reading them shows, and junk in outputs, which must stay as it was.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -466,7 +467,7 @@ void adamw(OpRun& r, const std::vector<std::uint64_t>& runs) {
   for (std::int64_t k = 1; k <= 10; ++k) {
     const Tensor g = r.rand(n);
     r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, c, k, grad_mult, starts,
-                  static_cast<int>(runs.size()), r.s());
+                  static_cast<int>(runs.size()), nullptr, r.s());
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const std::size_t b = runs[i] & ~zo::kAdamRunDecays;
       const std::size_t e = i + 1 < runs.size() ? runs[i + 1] & ~zo::kAdamRunDecays : n;
@@ -475,7 +476,7 @@ void adamw(OpRun& r, const std::vector<std::uint64_t>& runs) {
       const std::size_t esize = zo::dtype_size(g.t);
       r.dev().adamw(run_master.f() + b, run_m.f() + b, run_v.f() + b,
                     static_cast<const char*>(g.p) + b * esize, nullptr, e - b, rc, k, grad_mult,
-                    nullptr, 0, r.s());
+                    nullptr, 0, nullptr, r.s());
     }
   }
   const std::vector<float> new_master = r.out("master", master, Check::kStats);
@@ -487,6 +488,93 @@ void adamw(OpRun& r, const std::vector<std::uint64_t>& runs) {
     EXPECT_EQ(r.raw(m), r.raw(run_m));
     EXPECT_EQ(r.raw(v), r.raw(run_v));
   }
+}
+
+// ---- the step's gate, and AdamW behind it ------------------------------------------------------
+
+zo::StepGate read_gate(OpRun& r, const Tensor& gate, const std::string& what) {
+  r.out(what, gate, Check::kBits);
+  zo::StepGate g;
+  const std::vector<std::uint8_t> bytes = r.raw(gate);
+  std::memcpy(&g, bytes.data(), sizeof g);
+  return g;
+}
+
+// The gate on the device against the rule written out here: unscale the norm, clip it as
+// torch.nn.utils.clip_grad_norm_ does (max / (norm + 1e-6) when over max), skip on Inf/NaN or
+// when forced. Bit for bit: the training loop decides the same step on the host.
+void step_gate(OpRun& r) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::pair<float, zo::StepGateRule>> cases = {
+      {2.5e7f, {1024.0f, 1.0f, false}},   // norm 4.9: clipped to 1
+      {2.5e7f, {1024.0f, 10.0f, false}},  // under the clip
+      {2.5e7f, {1024.0f, 0.0f, false}},   // no clipping
+      {0.0f, {1.0f, 1.0f, false}},        // a zero gradient
+      {0.25f, {1.0f, 0.5f, false}},       // exactly at the clip: not clipped
+      {3.0e38f, {1.0f, 1.0f, false}},     // finite and huge
+      {inf, {65536.0f, 1.0f, false}},     // an fp16 overflow
+      {nan, {1.0f, 0.0f, false}},        {1.0f, {1.0f, 1.0f, true}},  // forced
+  };
+  for (const float x : r.normal_f32(6))
+    cases.push_back({x * x * 1e4f, {std::exp2(std::round(x * 8.0f)), std::fabs(x) + 0.5f, false}});
+  for (const auto& [sumsq, rule] : cases) {
+    const std::string what = "sumsq " + std::to_string(sumsq) + " scale " +
+                             std::to_string(rule.loss_scale) + " max " +
+                             std::to_string(rule.max_norm) + (rule.force_skip ? " forced" : "");
+    const Tensor in = r.f32({sumsq}), gate = r.u64({~std::uint64_t{0}});
+    r.dev().step_gate(static_cast<zo::StepGate*>(gate.p), in.f(), rule, r.s());
+    const zo::StepGate got = read_gate(r, gate, what);
+    const double norm = std::sqrt(double(sumsq)) / double(rule.loss_scale);
+    const bool skip = rule.force_skip || !std::isfinite(norm);
+    EXPECT_EQ(got.skip != 0, skip) << what;
+    if (skip) continue;
+    const float clip = rule.max_norm > 0.0f && norm > double(rule.max_norm)
+                           ? float(double(rule.max_norm) / (norm + 1e-6))
+                           : 1.0f;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(got.grad_mult),
+              std::bit_cast<std::uint32_t>(clip / rule.loss_scale))
+        << what;
+  }
+}
+
+// AdamW reading its multiplier from a device gate equals AdamW given it, bit for bit; a gate
+// that says skip leaves master, m, v and the parameters as they were.
+void adamw_gated(OpRun& r) {
+  const std::size_t n = 1001;
+  const std::vector<float> start = r.normal_f32(n), m0 = r.normal_f32(n);
+  std::vector<float> v0 = r.normal_f32(n);
+  for (float& x : v0)
+    x *= x;
+  const zo::AdamConfig c{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f};
+  const Tensor g = r.rand(n), sumsq = r.f32({900.0f});
+  const zo::StepGateRule rule{8.0f, 1.0f, false};  // norm 3.75, clipped
+  const Tensor gate = r.u64({0});
+  auto* gp = static_cast<zo::StepGate*>(gate.p);
+  r.dev().step_gate(gp, sumsq.f(), rule, r.s());
+  const zo::StepGate want = zo::step_gate(900.0, rule);
+  EXPECT_EQ(read_gate(r, gate, "gate").grad_mult, want.grad_mult);
+  const Tensor master = r.f32(start), m = r.f32(m0), v = r.f32(v0), params = r.act(start);
+  const Tensor plain_master = r.f32(start), plain_m = r.f32(m0), plain_v = r.f32(v0);
+  r.dev().adamw(master.f(), m.f(), v.f(), g.p, params.p, n, c, 3, 1.0f, nullptr, 0, gp, r.s());
+  r.dev().adamw(plain_master.f(), plain_m.f(), plain_v.f(), g.p, nullptr, n, c, 3, want.grad_mult,
+                nullptr, 0, nullptr, r.s());
+  r.out("master", master, Check::kStats);
+  EXPECT_EQ(r.raw(master), r.raw(plain_master)) << "the gate's multiplier against the argument";
+  EXPECT_EQ(r.raw(m), r.raw(plain_m));
+  EXPECT_EQ(r.raw(v), r.raw(plain_v));
+
+  const Tensor skip_gate = r.u64({0}), forced = r.f32({900.0f});
+  auto* sp = static_cast<zo::StepGate*>(skip_gate.p);
+  r.dev().step_gate(sp, forced.f(), {8.0f, 1.0f, true}, r.s());
+  const Tensor kept = r.f32(start), kept_m = r.f32(m0), kept_v = r.f32(v0), kept_p = r.act(start);
+  const std::vector<std::uint8_t> params_before = r.raw(kept_p);
+  r.dev().adamw(kept.f(), kept_m.f(), kept_v.f(), g.p, kept_p.p, n, c, 3, 1.0f, nullptr, 0, sp,
+                r.s());
+  EXPECT_EQ(r.get(kept), start) << "a skipped step changed the master weights";
+  EXPECT_EQ(r.get(kept_m), m0);
+  EXPECT_EQ(r.get(kept_v), v0);
+  EXPECT_EQ(r.raw(kept_p), params_before) << "a skipped step changed the parameters";
 }
 
 std::vector<OpCase> make_cases() {
@@ -655,6 +743,8 @@ std::vector<OpCase> make_cases() {
   add("AdamWRuns" + dim("n", 1001) + "_10steps", [](OpRun& r) {
     adamw(r, {0 | kDecays, 7, 300 | kDecays, 301, 999 | kDecays});
   });
+  add("StepGate", step_gate);
+  add("AdamWGated" + dim("n", 1001), adamw_gated);
   return cases;
 }
 

@@ -1350,7 +1350,7 @@ TEST(HostOps, AdamWMatchesFloat64Reference) {
       x = normal(rng);
     dev->copy_to_device(bg.data(), g.data(), n * 4, *s);
     dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), bout.data(), n, a, t,
-               grad_mult, nullptr, 0, *s);
+               grad_mult, nullptr, 0, nullptr, *s);
     s->synchronize();  // g is rewritten next iteration
     const double b1 = a.beta1, b2 = a.beta2;
     for (std::size_t i = 0; i < n; ++i) {
@@ -1371,11 +1371,11 @@ TEST(HostOps, AdamWMatchesFloat64Reference) {
     ASSERT_EQ(out[i], master[i]) << "params_out is the fp32 master on the host backend";
   }
   EXPECT_THROW(dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n, a,
-                          0, grad_mult, nullptr, 0, *s),
+                          0, grad_mult, nullptr, 0, nullptr, *s),
                std::invalid_argument);
   a.decoupled_weight_decay = false;  // the device AdamW is AdamW only
   EXPECT_THROW(dev->adamw(bp.as<float>(), bm.as<float>(), bv.as<float>(), bg.data(), nullptr, n, a,
-                          1, grad_mult, nullptr, 0, *s),
+                          1, grad_mult, nullptr, 0, nullptr, *s),
                std::invalid_argument);
 }
 

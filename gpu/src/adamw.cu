@@ -21,6 +21,10 @@
 // tensors differ in weight decay, instead of one launch per run (a GPT-2 has about nine runs
 // per block). Each element finds its run by binary search in the table (a few hundred entries,
 // cached) and takes the decaying or the plain constants; with no table every element decays.
+//
+// A gate (core/adam.h step_gate, written on the device from the step's gradient norm) supplies
+// the gradient multiplier and may skip the update: the resident step enqueues AdamW before the
+// host has read the norm, so the device does not idle while the host decides.
 
 #include <cstddef>
 #include <cstdint>
@@ -79,7 +83,13 @@ struct AdamWRuns {
 template <typename GT, typename PT, int kVec>
 __global__ void __launch_bounds__(kAdamWThreads)
     adamw_kernel(float* master, float* __restrict__ m, float* __restrict__ v,
-                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamWRuns k) {
+                 const GT* __restrict__ grads, PT* params_out, std::size_t n, AdamWRuns k,
+                 const StepGate* gate) {
+  if (gate != nullptr) {
+    const StepGate g = *gate;
+    if (g.skip != 0) return;
+    k.decay.grad_mult = k.plain.grad_mult = g.grad_mult;
+  }
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t packs = n / kVec;
@@ -136,17 +146,17 @@ int fill_grid(std::size_t threads_needed) {
 
 template <typename GT, typename PT>
 void launch_typed(float* master, float* m, float* v, const void* grads, void* params_out,
-                  std::size_t n, const AdamWRuns& k, cudaStream_t s) {
+                  std::size_t n, const AdamWRuns& k, const StepGate* gate, cudaStream_t s) {
   constexpr int kVec = 4;
   const auto* g = static_cast<const GT*>(grads);
   auto* out = static_cast<PT*>(params_out);
   if (aligned(master, 16) && aligned(m, 16) && aligned(v, 16) &&
       aligned(grads, sizeof(GT) * kVec) && aligned(params_out, sizeof(PT) * kVec)) {
     ZO_LAUNCH(fill_grid(n / kVec), kAdamWThreads, 0, s, adamw_kernel<GT, PT, kVec>)
-    (master, m, v, g, out, n, k);
+    (master, m, v, g, out, n, k, gate);
   } else {
     ZO_LAUNCH(fill_grid(n), kAdamWThreads, 0, s, adamw_kernel<GT, PT, 1>)
-    (master, m, v, g, out, n, k);
+    (master, m, v, g, out, n, k, gate);
   }
   ZO_CUDA_CHECK_LAUNCH();
 }
@@ -155,7 +165,8 @@ void launch_typed(float* master, float* m, float* v, const void* grads, void* pa
 
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
-                  cudaStream_t s, const std::uint64_t* run_starts, int num_runs) {
+                  cudaStream_t s, const std::uint64_t* run_starts, int num_runs,
+                  const StepGate* gate) {
   if (!detail::valid_dtype(gt) || !detail::valid_dtype(pt)) {
     bad_argument("invalid DType value (grads " + std::to_string(static_cast<int>(gt)) +
                  ", params_out " + std::to_string(static_cast<int>(pt)) + ")");
@@ -171,13 +182,14 @@ void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt
     bad_argument("a run table needs num_runs >= 1, got " + std::to_string(num_runs));
   if (!aligned(run_starts, sizeof(std::uint64_t)))
     bad_argument("the run table is not 8-byte aligned");
+  if (!aligned(gate, alignof(StepGate))) bad_argument("the gate is not 4-byte aligned");
   AdamConfig plain = c;
   plain.weight_decay = 0.0f;
   const AdamWRuns k{run_starts, num_runs, adam_scalars(c, t, grad_mult),
                     adam_scalars(plain, t, grad_mult)};
   ZO_DISPATCH_DTYPE(
       gt, G,
-      ZO_DISPATCH_DTYPE(pt, P, launch_typed<G, P>(master, m, v, grads, params_out, n, k, s)));
+      ZO_DISPATCH_DTYPE(pt, P, launch_typed<G, P>(master, m, v, grads, params_out, n, k, gate, s)));
 }
 
 }  // namespace zo::gpu

@@ -299,17 +299,20 @@ class CudaDevice final : public Device {
     launch(s, "nonfinite_flag",
            [&](cudaStream_t cs) { gpu::launch_nonfinite_flag(flag, data, n, act_, cs); });
   }
+  void step_gate(StepGate* gate, const float* sumsq, const StepGateRule& rule, Stream& s) override {
+    launch(s, "step_gate", [&](cudaStream_t cs) { gpu::launch_step_gate(gate, sumsq, rule, cs); });
+  }
   void cast(void* dst, DType dst_t, const void* src, DType src_t, std::size_t n,
             Stream& s) override {
     launch(s, "cast", [&](cudaStream_t cs) { gpu::launch_cast(src, src_t, dst, dst_t, n, cs); });
   }
   void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
              const AdamConfig& c, std::int64_t t, float grad_mult, const std::uint64_t* run_starts,
-             int num_runs, Stream& s) override {
+             int num_runs, const StepGate* gate, Stream& s) override {
     launch(s, "adamw", [&](cudaStream_t cs) {
       check_adamw_args("adamw", c, t, grad_mult);  // the Device contract's own messages
       gpu::launch_adamw(master, m, v, grads, act_, params_out, act_, n, c, t, grad_mult, cs,
-                        run_starts, num_runs);
+                        run_starts, num_runs, gate);
     });
   }
 

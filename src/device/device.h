@@ -288,6 +288,11 @@ class Device {
   virtual void sum_squares(float* out, const void* data, std::size_t n, Stream& s) = 0;
   // *flag (fp32, device) set to 1 if any element of data (n) is Inf/NaN (left as is otherwise).
   virtual void nonfinite_flag(float* flag, const void* data, std::size_t n, Stream& s) = 0;
+  // *gate (device) = step_gate(*sumsq, rule) (core/adam.h) from the squared gradient norm at
+  // sumsq (one fp32, device): the update decided on the device, for an adamw enqueued before
+  // the host has read the norm.
+  virtual void step_gate(StepGate* gate, const float* sumsq, const StepGateRule& rule,
+                         Stream& s) = 0;
   // Elementwise conversion; either side may be act_dtype() or fp32.
   virtual void cast(void* dst, DType dst_t, const void* src, DType src_t, std::size_t n,
                     Stream& s) = 0;
@@ -299,10 +304,12 @@ class Device {
   // decay only (c.decoupled_weight_decay). With a run table (run_starts: num_runs >= 1 entries
   // in device memory, 8-byte aligned, core/adam.h's format, from 0 ascending below n)
   // c.weight_decay applies only in the runs marked for it, so that one launch updates a whole
-  // layout; with null, to every element.
+  // layout; with null, to every element. With a gate (device memory, written by step_gate) its
+  // multiplier replaces grad_mult, and when it says skip nothing is written.
   virtual void adamw(float* master, float* m, float* v, const void* grads, void* params_out,
                      std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
-                     const std::uint64_t* run_starts, int num_runs, Stream& s) = 0;
+                     const std::uint64_t* run_starts, int num_runs, const StepGate* gate,
+                     Stream& s) = 0;
 
  protected:
   friend class Buffer;

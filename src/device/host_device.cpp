@@ -395,6 +395,11 @@ class HostDevice final : public Device {
     if (!require_elementwise(s, op, n, {{flag, "flag"}, {data, "data"}})) return;
     launch(s, op, [=](host::Arena& a) { host::nonfinite_flag(a, flag, f32(data), n); });
   }
+  void step_gate(StepGate* gate, const float* sumsq, const StepGateRule& rule, Stream& s) override {
+    constexpr const char* op = "step_gate";
+    if (!require_elementwise(s, op, 1, {{gate, "gate"}, {sumsq, "sumsq"}})) return;
+    launch(s, op, [=](host::Arena&) { *gate = zo::step_gate(static_cast<double>(*sumsq), rule); });
+  }
   void cast(void* dst, DType dst_t, const void* src, DType src_t, std::size_t n,
             Stream& s) override {
     constexpr const char* op = "cast";
@@ -409,7 +414,7 @@ class HostDevice final : public Device {
 
   void adamw(float* master, float* m, float* v, const void* grads, void* params_out, std::size_t n,
              const AdamConfig& c, std::int64_t t, float grad_mult, const std::uint64_t* run_starts,
-             int num_runs, Stream& s) override {
+             int num_runs, const StepGate* gate, Stream& s) override {
     constexpr const char* op = "adamw";
     check_adamw_args(op, c, t, grad_mult);
     if (run_starts != nullptr && num_runs <= 0) bad_arg(op, "a run table needs num_runs >= 1");
@@ -417,10 +422,14 @@ class HostDevice final : public Device {
       bad_arg(op, "the run table is not 8-byte aligned");
     if (!require_elementwise(s, op, n, {{master, "master"}, {m, "m"}, {v, "v"}, {grads, "grads"}}))
       return;
+    if (reinterpret_cast<std::uintptr_t>(gate) % alignof(StepGate) != 0)
+      bad_arg(op, "the gate is not 4-byte aligned");
     launch(s, op, [=](host::Arena&) {
-      // The same fused kernel as the host optimizer, run by run (the table is read when the op
-      // runs, as the GPU's kernel reads it); fp32 on this backend, so params_out (if it is not
-      // the master itself) is a plain copy.
+      // The same fused kernel as the host optimizer, run by run (the table and the gate are read
+      // when the op runs, as the GPU's kernel reads them); fp32 on this backend, so params_out
+      // (if it is not the master itself) is a plain copy.
+      if (gate != nullptr && gate->skip != 0) return;
+      const float mult = gate != nullptr ? gate->grad_mult : grad_mult;
       AdamConfig plain = c;
       plain.weight_decay = 0.0f;
       const cpu_adam::CpuAdam decaying(c), not_decaying(plain);
@@ -439,8 +448,7 @@ class HostDevice final : public Device {
         b.exp_avg_sq = {v + begin, end - begin, DType::kF32};
         b.grads = {g + begin, end - begin, DType::kF32};
         const bool decays = (entry & kAdamRunDecays) != 0;
-        (decays ? decaying : not_decaying)
-            .update(b, t, {grad_mult, cpu_adam::NonFinitePolicy::kReport});
+        (decays ? decaying : not_decaying).update(b, t, {mult, cpu_adam::NonFinitePolicy::kReport});
       }
       if (params_out != nullptr && params_out != master) std::memcpy(params_out, master, n * 4);
     });

@@ -22,7 +22,8 @@ class OffloadUpdater final : public Updater {
   void load_state() override { engine_.upload_all(); }
   void begin_step(bool dpu) override { engine_.begin_step(dpu); }
   void begin_micro_batch(int a) override { engine_.begin_micro_batch(a); }
-  GradStats finish_gradients() override {
+  // CPU Adam needs the norm first (the update starts on the host, in apply).
+  GradStats finish_gradients(const StepPlan&) override {
     const offload::GradStats s = engine_.finish_gradients();
     return {s.sumsq, s.nonfinite};
   }

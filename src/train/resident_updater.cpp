@@ -4,9 +4,17 @@
 // parameters in act dtype. With several 16-bit micro-batches per step, each micro-batch's
 // gradient is added into an fp32 buffer and the sum is rounded once (adding in bf16 would round
 // after every micro-batch).
+//
+// The device decides the step from its own norm (step_gate: clip multiplier or skip), and
+// AdamW is enqueued behind it before the host waits for the norm: the device goes from backward
+// to the update without idling while the host reads the norm, and the host's work between steps
+// (metrics, the next batch) overlaps the update.
 #include <chrono>
+#include <stdexcept>
 #include <string>
 
+#include "device/make_device.h"
+#include "pinned_memory/pinned_buffer.h"
 #include "train/updater.h"
 
 namespace zo::train {
@@ -29,12 +37,14 @@ class ResidentUpdater final : public Updater {
         act_(device.act_dtype()),
         params_(device.alloc(n_ * dtype_size(act_), "parameters")),
         grads_(device.alloc(n_ * dtype_size(act_), "gradients")),
-        norm_(device.alloc(64, "gradient norm")),
+        stats_(device.alloc(sizeof(Stats), "gradient norm and step gate")),
         master_(device.alloc(n_ * 4, "fp32 master weights")),
         m_(device.alloc(n_ * 4, "Adam m")),
         v_(device.alloc(n_ * 4, "Adam v")),
         flat_(params_.data(), grads_.data(), act_) {
     if (act_ != DType::kF32) params_out_ = pinned::HostBuffer(n_ * dtype_size(act_));
+    // Page-locked, so that the copy stays asynchronous and AdamW is enqueued behind it.
+    stats_host_ = pinned::PinnedBuffer(sizeof(Stats), dev::staging_pin_options(device, true));
     if (resident_accumulates_in_f32(act_, grad_accum))
       sum_ = device.alloc(n_ * 4, "fp32 gradient accumulator");
     upload_run_table();
@@ -65,6 +75,8 @@ class ResidentUpdater final : public Updater {
   }
 
   void begin_step(bool) override {
+    if (update_pending_)
+      throw std::logic_error("resident updater: the device updated a step the trainer skipped");
     dev_.fill_zero(grads_.data(), grads_.bytes(), stream_);
     if (sum_.data()) dev_.fill_zero(sum_.data(), sum_.bytes(), stream_);
   }
@@ -75,30 +87,42 @@ class ResidentUpdater final : public Updater {
     dev_.fill_zero(grads_.data(), grads_.bytes(), stream_);
   }
 
-  GradStats finish_gradients() override {
+  GradStats finish_gradients(const StepPlan& plan) override {
     const auto t0 = Clock::now();
     if (sum_.data()) {  // the last micro-batch, then the sum rounded once into the gradient
       dev_.accumulate_f32(sum_.as<float>(), grads_.data(), n_, stream_);
       dev_.cast(grads_.data(), act_, sum_.data(), DType::kF32, n_, stream_);
     }
-    float s = 0.0f;
-    dev_.fill_zero(norm_.data(), 4, stream_);
-    dev_.sum_squares(norm_.as<float>(), grads_.data(), n_, stream_);
-    dev_.copy_to_host(&s, norm_.data(), 4, stream_);
-    stream_.synchronize();
-    wait_ms_ = ms_since(t0);
-    return {double(s), false};
+    auto* stats = stats_.as<Stats>();
+    dev_.fill_zero(&stats->sumsq, sizeof(float), stream_);
+    dev_.sum_squares(&stats->sumsq, grads_.data(), n_, stream_);
+    dev_.step_gate(&stats->gate, &stats->sumsq, plan.gate, stream_);
+    dev_.copy_to_host(stats_host_.data(), stats, sizeof(Stats), stream_);
+    dev_.record(*stats_ready_, stream_);
+    AdamConfig c = state_.config().adam;
+    c.lr = plan.lr;
+    dev_.adamw(master_.as<float>(), m_.as<float>(), v_.as<float>(), grads_.data(), params_.data(),
+               n_, c, state_.state().step + 1, 1.0f, runs_.as<std::uint64_t>(), num_runs_,
+               &stats->gate, stream_);
+    apply_ms_ = ms_since(t0);
+    stats_ready_->synchronize();
+    wait_ms_ = ms_since(t0) - apply_ms_;
+    const Stats got = *static_cast<const Stats*>(stats_host_.data());
+    // The trainer decides from the same norm by the same rule; a difference would leave the
+    // step count and the device state apart.
+    const StepGate host = step_gate(double(got.sumsq), plan.gate);
+    if (host.skip != got.gate.skip || (host.skip == 0 && host.grad_mult != got.gate.grad_mult))
+      throw std::logic_error("resident updater: the device's step gate differs from the host's");
+    update_pending_ = got.gate.skip == 0;
+    return {double(got.sumsq), false};
   }
 
-  void apply(float lr, float grad_multiplier) override {
-    const auto t0 = Clock::now();
-    const std::int64_t t = state_.state().step + 1;
-    AdamConfig c = state_.config().adam;
-    c.lr = lr;
-    dev_.adamw(master_.as<float>(), m_.as<float>(), v_.as<float>(), grads_.data(), params_.data(),
-               n_, c, t, grad_multiplier, runs_.as<std::uint64_t>(), num_runs_, stream_);
-    state_.state().step = t;
-    apply_ms_ = ms_since(t0);
+  // The update is on the device already (finish_gradients); count it.
+  void apply(float, float) override {
+    if (!update_pending_)
+      throw std::logic_error("resident updater: apply for a step the device skipped");
+    update_pending_ = false;
+    ++state_.state().step;
   }
 
   void settle() override {}
@@ -144,10 +168,20 @@ class ResidentUpdater final : public Updater {
   optim::HostOptimizer& state_;
   std::size_t n_;
   DType act_;
-  dev::Buffer params_, grads_, norm_;  // (n) act dtype each; fp32 scratch
-  dev::Buffer master_, m_, v_;         // fp32 (n) each
-  dev::Buffer sum_;                    // fp32 (n): the step's gradient over micro-batches, or none
-  dev::Buffer runs_;                   // the weight-decay run table
+  // The step's squared gradient norm and the device's decision from it.
+  struct Stats {
+    float sumsq;
+    StepGate gate;
+  };
+
+  dev::Buffer params_, grads_;  // (n) act dtype each
+  dev::Buffer stats_;           // one Stats
+  pinned::PinnedBuffer stats_host_;
+  std::unique_ptr<dev::Event> stats_ready_ = dev_.create_event();
+  bool update_pending_ = false;  // the device applied this step's update; apply counts it
+  dev::Buffer master_, m_, v_;   // fp32 (n) each
+  dev::Buffer sum_;              // fp32 (n): the step's gradient over micro-batches, or none
+  dev::Buffer runs_;             // the weight-decay run table
   int num_runs_ = 0;
   pinned::HostBuffer params_out_;  // 16-bit staging for the upload
   model::FlatParameters flat_;

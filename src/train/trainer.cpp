@@ -77,6 +77,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   pinned::PinnedBuffer loss_buffer(std::size_t(A) * BT * sizeof(float),
                                    dev::staging_pin_options(dev, true));
   const std::span<float> losses = loss_buffer.span<float>();
+  const std::unique_ptr<dev::Event> losses_ready = dev.create_event();
 
   TrainSummary summary;
   summary.first_step = S.start_step;
@@ -113,10 +114,14 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       dev.record(*events[3 * a + 2], stream);
       dev.copy_to_host(losses.data() + a * BT, model.losses(), BT * 4, stream);
     }
-    // The step's one host synchronisation: gradient statistics (and the losses, queued after the
-    // last bucket).
-    const GradStats st = up.finish_gradients();
-    stream.synchronize();
+    dev.record(*losses_ready, stream);
+    const bool injected =
+        std::find(cfg.inject_overflow_steps.begin(), cfg.inject_overflow_steps.end(), step + 1) !=
+        cfg.inject_overflow_steps.end();
+    // The step's one host synchronisation: gradient statistics (the resident update is queued
+    // before it), then the losses, copied before.
+    const GradStats st = up.finish_gradients({lr, {scale, cfg.grad_clip, injected}});
+    losses_ready->synchronize();
 
     report::StepMetrics m;
     m.step = step + 1;
@@ -132,9 +137,6 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       }
       m.loss = l[0] / l[1];
     }
-    const bool injected =
-        std::find(cfg.inject_overflow_steps.begin(), cfg.inject_overflow_steps.end(), step + 1) !=
-        cfg.inject_overflow_steps.end();
     m.grad_norm = injected || st.nonfinite ? INFINITY : std::sqrt(st.sumsq) / double(scale);
     double fwd = 0, bwd = 0;
     for (int a = 0; a < A; ++a) {
@@ -147,7 +149,9 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
                      clock.us(*events[3 * a + 2]), {{"micro_batch", a}});
       }
     }
-    const bool overflow = !std::isfinite(m.grad_norm);
+    // Unscaling and clipping fold into the one multiplier the optimizer applies.
+    const StepGate gate = step_gate(st.sumsq, {scale, cfg.grad_clip, injected || st.nonfinite});
+    const bool overflow = gate.skip != 0;
     S.scaler.update(overflow);
     m.loss_scale = scale;
     if (overflow) {
@@ -156,11 +160,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       ++nonfinite_run;
     } else {
       nonfinite_run = 0;
-      // Unscaling and clipping fold into the one multiplier the optimizer applies.
-      const float clip = cfg.grad_clip > 0.0f && m.grad_norm > cfg.grad_clip
-                             ? static_cast<float>(cfg.grad_clip / (m.grad_norm + 1e-6))
-                             : 1.0f;
-      up.apply(lr, clip / scale);
+      up.apply(lr, gate.grad_mult);
     }
     S.tokens += std::int64_t(step_tokens);
     run_tokens += std::int64_t(step_tokens);

@@ -13,8 +13,8 @@
 
 #include "comm/comm.h"
 #include "device/device.h"
-#include "model/model.h"
 #include "model/layout.h"
+#include "model/model.h"
 #include "offload/engine_config.h"
 #include "optim/host_optimizer.h"
 #include "report/metrics.h"
@@ -27,6 +27,13 @@ struct GradStats {
   bool nonfinite = false;  // some gradient was Inf or NaN
 };
 
+// How the step's update goes, known before its gradient norm: the learning rate, and the rule
+// (core/adam.h step_gate) by which the norm gives the gradient multiplier or a skip.
+struct StepPlan {
+  float lr = 0.0f;
+  StepGateRule gate;
+};
+
 class Updater {
  public:
   virtual ~Updater() = default;
@@ -36,12 +43,17 @@ class Updater {
   virtual void load_state() = 0;
 
   // ---- one step: begin_step, per micro-batch begin_micro_batch (before its backward),
-  // finish_gradients (the step's host synchronisation), then apply unless the step is skipped.
+  // finish_gradients (the step's host synchronisation), then apply unless
+  // step_gate(stats.sumsq, plan.gate) skips the step (or stats.nonfinite).
   virtual void begin_step(bool dpu) = 0;  // dpu: this step's update may overlap the next step
   virtual void begin_micro_batch(int a) = 0;
-  virtual GradStats finish_gradients() = 0;
+  // Returns once the gradient statistics are on the host. An updater that decides on the device
+  // (resident) enqueues the update by `plan` before it waits, so that the device runs AdamW
+  // while the host reads the norm; the host's own step_gate then decides the same.
+  virtual GradStats finish_gradients(const StepPlan& plan) = 0;
   // Update number state().step + 1 with learning rate lr; every gradient is multiplied by
-  // grad_multiplier (1/loss_scale x clip coefficient). May run on after it returns.
+  // grad_multiplier (1/loss_scale x clip coefficient). May run on after it returns. Where
+  // finish_gradients enqueued the update, this counts it.
   virtual void apply(float lr, float grad_multiplier) = 0;
   // The device parameters hold every applied update (evaluation, the end of a run).
   virtual void settle() = 0;

@@ -10,7 +10,15 @@
 //   p   = p * (1 - lr * wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+
+// Functions the host and CUDA kernels both call (nvcc compiles them for both sides).
+#if defined(__CUDACC__)
+#define ZO_HOST_DEVICE __host__ __device__
+#else
+#define ZO_HOST_DEVICE
+#endif
 
 namespace zo {
 
@@ -45,6 +53,31 @@ struct AdamScalars {
   float grad_mult;  // 1/loss_scale x clip coefficient
 };
 AdamScalars adam_scalars(const AdamConfig& c, std::int64_t t, float grad_multiplier);
+
+// What a step does with its gradient, decided from the squared L2 norm of the loss-scaled
+// gradient: unscale it, clip the norm to max_norm (0: no clipping; the 1e-6 guards the division,
+// as torch.nn.utils.clip_grad_norm_ does), or skip the update when the norm is not finite (an
+// fp16 overflow) or the step is marked to skip. Written once for the training loop and for the
+// device, which decides before the host has seen the norm (resident mode), so that both decide
+// alike bit for bit.
+struct StepGateRule {
+  float loss_scale = 1.0f;  // the scale the step's backward ran with
+  float max_norm = 0.0f;    // --grad-clip
+  bool force_skip = false;  // skip whatever the norm (the overflow-injection test hook)
+};
+struct StepGate {
+  float grad_mult;     // 1/loss_scale x clip coefficient: AdamW's gradient multiplier
+  std::uint32_t skip;  // nonzero: no update this step
+};
+ZO_HOST_DEVICE inline StepGate step_gate(double sumsq, const StepGateRule& r) {
+  const double norm = ::sqrt(sumsq) / static_cast<double>(r.loss_scale);
+  const bool finite = norm - norm == 0.0;  // false for Inf and NaN
+  if (r.force_skip || !finite) return {0.0f, 1};
+  const float clip = r.max_norm > 0.0f && norm > r.max_norm
+                         ? static_cast<float>(static_cast<double>(r.max_norm) / (norm + 1e-6))
+                         : 1.0f;
+  return {clip / r.loss_scale, 0};
+}
 
 // A weight-decay run table, for one AdamW launch over a whole layout: entry r is the first
 // element of run r, ascending from 0, with kAdamRunDecays set where weight decay applies; run r

@@ -163,16 +163,21 @@ void launch_sum_squares(float* out, const void* data, std::size_t n, DType t, vo
                         cudaStream_t s);
 // *flag = 1 if any element is Inf/NaN (left unchanged otherwise).
 void launch_nonfinite_flag(float* flag, const void* data, std::size_t n, DType t, cudaStream_t s);
+// *gate = step_gate(*sumsq, rule) (core/adam.h), one thread (step_gate.cu).
+void launch_step_gate(StepGate* gate, const float* sumsq, const StepGateRule& rule, cudaStream_t s);
 
 // ---- AdamW for the GPU-resident mode (adamw.cu) -----------------------------------------------
 // The same math as cpu_adam (core/adam.h, docs/cpu_adam.md): fp32 master/m/v on the device, grads
 // (n, gt) times grad_mult; params_out (n, pt) written with the new params when non-null. Update
 // number t; decoupled weight decay only. With a run table (run_starts: num_runs >= 1 entries in
 // device memory, 8-byte aligned, core/adam.h's format, starting at 0, ascending, below n) weight
-// decay c.weight_decay applies only in the runs marked for it; without, to every element.
+// decay c.weight_decay applies only in the runs marked for it; without, to every element. With a
+// gate (device memory, launch_step_gate) its multiplier replaces grad_mult, and a skip leaves
+// everything as it was.
 void launch_adamw(float* master, float* m, float* v, const void* grads, DType gt, void* params_out,
                   DType pt, std::size_t n, const AdamConfig& c, std::int64_t t, float grad_mult,
-                  cudaStream_t s, const std::uint64_t* run_starts = nullptr, int num_runs = 0);
+                  cudaStream_t s, const std::uint64_t* run_starts = nullptr, int num_runs = 0,
+                  const StepGate* gate = nullptr);
 
 // ---- element-type conversion (cast.cu) ---------------------------------------------------------
 // dst[i] = src[i] converted from src_t to dst_t for i < n. Narrowing rounds to nearest, ties to
