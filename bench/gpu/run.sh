@@ -97,8 +97,10 @@ phase_check() {
 
 phase_paths() {
   # Checkpoint, resume (summarize.py compares the resumed steps with the uninterrupted run),
-  # sample, and fp16 overflow steps, on a small model.
+  # sample, and fp16 overflow steps, on a small model. Each process takes the heuristic's first
+  # GEMM algorithm: timed choices may differ between processes, and with them the last bits.
   local ck=/tmp/zo-gpu-ckpt mode
+  export ZO_MATMUL_AUTOTUNE=0
   for mode in resident offload; do
     local s=(--model small-test -b 4 --seq-len 128 --device cuda --precision bf16 --seed 3
              --lr 1e-3 --warmup 2 --mode "$mode")
@@ -111,6 +113,7 @@ phase_paths() {
   step sample_cuda 60 "$B" sample --checkpoint latest --checkpoint-dir "$ck.resident" -n 16 --ids
   train fp16_overflow 60 --model small-test -b 4 --seq-len 128 --device cuda --precision fp16 \
     --loss-scale 1e30 --steps 3
+  unset ZO_MATMUL_AUTOTUNE
 }
 
 phase_sanitize() {
