@@ -686,7 +686,11 @@ std::vector<OpCase> make_cases() {
         std::pair{AttentionArgs{2, 40, 40, 6, 1, 100}, 20},
         std::pair{AttentionArgs{1, 7, 40, 2, 2, 10}, 6},
         std::pair{AttentionArgs{1, 33, 40, 6, 6, 128}, 31},
-        std::pair{AttentionArgs{1, 1, 40, 6, 6, 16}, 0}}) {
+        std::pair{AttentionArgs{1, 1, 40, 6, 6, 16}, 0},
+        // Positions split across blocks: 17 splits of 64 keys, the last of 7; and 3 splits of
+        // 192 keys (two chunks each) where B x NH = 88 blocks leave fewer SMs to fill.
+        std::pair{AttentionArgs{1, 1100, 40, 2, 2, 64}, 1030},
+        std::pair{AttentionArgs{2, 400, 40, 44, 11, 16}, 390}}) {
     add_repeatable("AttentionDecode" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) +
                        dim("NKV", a.kv_heads()) + dim("HS", a.head_size()) + dim("pos", pos),
                    [a, pos](OpRun& r) { attention_decode(r, a, pos); });

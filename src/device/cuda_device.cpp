@@ -234,9 +234,12 @@ class CudaDevice final : public Device {
   }
   void attention_decode(void* out, const void* qkv, int pos, const AttentionArgs& a,
                         Stream& s) override {
-    launch(s, "attention_decode", [&](cudaStream_t cs) {
-      gpu::launch_attention_decode(out, qkv, pos, dims("attention_decode", a), act_, cs);
-    });
+    const gpu::AttentionDims d = dims("attention_decode", a);
+    launch_with_scratch(s, "attention_decode", gpu::attention_decode_scratch_floats(d) * 4,
+                        [&](cudaStream_t cs, void* scratch) {
+                          gpu::launch_attention_decode(out, qkv, pos, d, act_,
+                                                       static_cast<float*>(scratch), cs);
+                        });
   }
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                           const float* lse, const AttentionArgs& a, Stream& s) override {

@@ -123,9 +123,12 @@ void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, co
 
 // Decode attention (attention_decode.cu): per sequence b, the query of position pos (0 <= pos < T)
 // attends to the keys and values of positions [0, pos] of qkv (B, T, (NH + 2 NKV) hs), the KV
-// cache; out (B, NH hs) written. Rows past pos are not read.
+// cache; out (B, NH hs) written. Rows past pos are not read. `scratch`:
+// attention_decode_scratch_floats(d) floats (none: may be null), for the positions split across
+// blocks when B x NH blocks alone would leave SMs idle.
+std::size_t attention_decode_scratch_floats(const AttentionDims& d);
 void launch_attention_decode(void* out, const void* qkv, int pos, const AttentionDims& d, DType t,
-                             cudaStream_t s);
+                             float* scratch, cudaStream_t s);
 
 // ---- Llama-family ops (rmsnorm.cu, rope.cu, swiglu.cu) -----------------------------------------
 // out (N,C) written = inp * rstd * weight; rstd (N) fp32 written = 1 / sqrt(mean(inp^2) + eps).
