@@ -337,6 +337,15 @@ TEST(Cli, SampleEdgesAndNonFiniteFlags) {
   r = run(sample + "--context 4 -n 7 --ids --prompt-tokens 1,2,3,4,5,6");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("^[0-9]+(,[0-9]+){6}\n$"))) << r.out;
+  // --timing: the tokens first, then one line on stderr counting the first prefill's positions
+  // (the prompt's last 4) and the new tokens.
+  r = run(sample + "--context 4 -n 7 --ids --prompt-tokens 1,2,3,4,5,6 --timing");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out,
+      std::regex("^[0-9]+(,[0-9]+){6}\nsample: prefill of 4 tokens in [0-9.]+ ms; 7 "
+                 "tokens in [0-9.]+ s after it, [0-9.]+ tokens/s \\(host \\(fp32.*\\)\\)\n$")))
+      << r.out;
   const std::pair<std::string, std::string> bad[] = {
       {sample + "--temperature inf -n 2", "--temperature must be finite"},
       {sample + "--temperature nan -n 2", "--temperature must be finite"},

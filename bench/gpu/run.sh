@@ -139,6 +139,13 @@ phase_resident() {
   local small=(--model gpt2-124m -b 1 --seq-len 256 --steps 60 --device cuda --mode resident)
   train resident_124m_b1_graphs 120 "${small[@]}" --precision bf16
   train resident_124m_b1_eager 120 "${small[@]}" --precision bf16 --no-cuda-graphs
+  # Generation at micro-batch 1 (KV cache, split decode attention): a checkpoint, then 512 tokens.
+  local ck=/tmp/zo-gpu-ckpt.124m
+  rm -rf "$ck"
+  train sample_ckpt_124m 120 --model gpt2-124m -b 4 --seq-len 256 --steps 2 --device cuda \
+    --checkpoint-dir "$ck"
+  step sample_124m_bf16 120 "$B" sample --checkpoint latest --checkpoint-dir "$ck" --device cuda \
+    --prompt-tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 -n 512 --temperature 0 --ids --timing
   # The peer: the same GPT-2 in PyTorch (torch.compile, bf16 autocast, fused AdamW), if present.
   step pytorch_124m 300 python3 "$here/pytorch_gpt2.py" --batch 16 --seq 1024 --steps 30
 }

@@ -119,6 +119,8 @@ def main():
         for l in lines:
             if l.startswith("per step (ms)"):
                 s["per_step"] = l
+            if l.startswith("sample: "):
+                note = l[len("sample: "):]
             if l.startswith("{"):
                 try:
                     s.setdefault("bench", []).append(json.loads(l))

@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
                                  "a checkpoint or Hugging Face weights");
   zo::train::SampleConfig sc;
   std::string prompt = "\n", prompt_tokens, sample_tokenizer;
-  bool print_ids = false;
+  bool print_ids = false, sample_timing = false;
   smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
   smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
   smp->add_option("--init-from", sc.init_from,
@@ -331,6 +331,8 @@ int main(int argc, char** argv) {
                   "most 2048")
       ->capture_default_str();
   smp->add_flag("--ids", print_ids, "print token ids instead of text");
+  smp->add_flag("--timing", sample_timing,
+                "print the prefill's time and the tokens per second to stderr");
   smp->add_option("--tokenizer", sample_tokenizer,
                   "tokenizer.json (or its directory) that encodes --prompt and decodes the output");
 
@@ -427,7 +429,8 @@ int main(int argc, char** argv) {
           sc.prompt.push_back(ch);
       }
       int vocab = 0;
-      const auto seq = zo::train::generate(sc, &vocab);
+      zo::train::SampleTimes times;
+      const auto seq = zo::train::generate(sc, &vocab, sample_timing ? &times : nullptr);
       const bool as_text = !print_ids && prompt_tokens.empty() && vocab <= 256;
       std::string out;
       if (tokenizer && !print_ids) {
@@ -443,6 +446,15 @@ int main(int argc, char** argv) {
       }
       std::fwrite(out.data(), 1, out.size(), stdout);
       std::fputc('\n', stdout);
+      if (sample_timing) {
+        std::fflush(stdout);
+        std::fprintf(stderr,
+                     "sample: prefill of %d tokens in %.1f ms; %d tokens in %.3f s after it, "
+                     "%.1f tokens/s (%s)\n",
+                     times.prompt_tokens, times.prefill_s * 1e3, times.new_tokens, times.generate_s,
+                     times.generate_s > 0 ? times.new_tokens / times.generate_s : 0.0,
+                     times.device.c_str());
+      }
       return 0;
     }
     if (info->parsed()) {

@@ -1,6 +1,7 @@
 #include "train/sample.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -16,7 +17,7 @@
 
 namespace zo::train {
 
-std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
+std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, SampleTimes* times) {
   if (c.checkpoint.empty() == c.init_from.empty()) {
     throw std::invalid_argument("sample needs exactly one of --checkpoint or --init-from");
   }
@@ -85,9 +86,13 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size) {
   } drain{*stream};
   dev->copy_to_device(params.data(), staged.data(), bytes, *stream);
   model = model::make_model(*dev, layout, {1, T, false});
-
-  return generate_with(*model, params.data(), *dev, *stream, c.prompt, c.new_tokens,
-                       [&](const std::vector<float>& logits) { return pick(logits); });
+  if (times) {
+    stream->synchronize();  // the upload is not the prefill's time
+    times->device = dev->name();
+  }
+  return generate_with(
+      *model, params.data(), *dev, *stream, c.prompt, c.new_tokens,
+      [&](const std::vector<float>& logits) { return pick(logits); }, times);
 }
 
 TokenSampler::TokenSampler(float temperature, int top_k, float top_p, std::uint64_t seed)
@@ -136,7 +141,8 @@ std::int32_t TokenSampler::operator()(const std::vector<float>& logits) {
 
 std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
                                         dev::Stream& s, std::vector<std::int32_t> seq,
-                                        int new_tokens, const TokenPicker& pick) {
+                                        int new_tokens, const TokenPicker& pick,
+                                        SampleTimes* times) {
   const int T = model.shape().T, V = model.layout().spec().vocab_size;
   const int stride = model.logits_stride();
   const DType act = dev.act_dtype();
@@ -153,12 +159,22 @@ std::vector<std::int32_t> generate_with(model::Model& model, const void* params,
     pos = static_cast<int>(seq.size() - start) - 1;
     model.forward(params, pos + 1, false, 0.0f, s);
   };
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const auto t0 = Clock::now();
+  auto t1 = t0;
   if (new_tokens > 0) prefill();
   for (int k = 0; k < new_tokens; ++k) {
     dev.copy_to_host(row.data(),
                      static_cast<const char*>(model.logits()) + std::size_t(pos) * stride * esize,
                      row.size(), s);
     s.synchronize();
+    if (k == 0) {
+      t1 = Clock::now();
+      if (times) times->prompt_tokens = pos + 1;
+    }
     convert_to_float(row.data(), act, logits.data(), logits.size());
     const std::int32_t next = pick(logits);
     seq.push_back(next);
@@ -170,6 +186,11 @@ std::vector<std::int32_t> generate_with(model::Model& model, const void* params,
       model.set_token(++pos, next, s);
       model.decode(params, pos, s);
     }
+  }
+  if (times) {
+    times->prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    times->new_tokens = new_tokens;
+    times->generate_s = new_tokens > 0 ? seconds_since(t1) : 0.0;
   }
   return seq;
 }

@@ -32,8 +32,20 @@ struct SampleConfig {
 };
 inline constexpr int kDefaultSampleContext = 2048;
 
+// Where generation's time went (sample --timing): the prompt's forward, then the new tokens,
+// each a decode step (or a prefill when the context is full), its logits read back and sampled.
+struct SampleTimes {
+  int prompt_tokens = 0;  // positions in the first prefill
+  double prefill_s = 0.0;
+  int new_tokens = 0;
+  double generate_s = 0.0;  // from the prefill's logits on the host to the last token picked
+
+  std::string device;  // the device's name and dtype
+};
+
 // Returns the prompt followed by the generated tokens (generate_with's context policy).
-std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size = nullptr);
+std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size = nullptr,
+                                   SampleTimes* times = nullptr);
 
 // Picks the next token from one row of logits (V fp32).
 using TokenPicker = std::function<std::int32_t(const std::vector<float>& logits)>;
@@ -67,6 +79,7 @@ class TokenSampler {
 // cannot slide by one).
 std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
                                         dev::Stream& s, std::vector<std::int32_t> prompt,
-                                        int new_tokens, const TokenPicker& pick);
+                                        int new_tokens, const TokenPicker& pick,
+                                        SampleTimes* times = nullptr);
 
 }  // namespace zo::train
