@@ -145,5 +145,54 @@ class Report(unittest.TestCase):
                       f"| {practical:.3f} | ≥ 0.9 | missed |", text)
 
 
+NCU_HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+              '"Metric Value"')
+
+
+def ncu_row(i, name, unit, value):
+    return (f'"{i}","77","offload_train","h","{name}","1","13","(128, 1, 1)","(96, 12, 16)","0",'
+            f'"9.0","Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"')
+
+
+class KernelProfile(unittest.TestCase):
+    def test_kernels_are_grouped_as_the_predicted_budget(self):
+        import kernel_profile
+        lines = ["step 3/4 | loss 10.9", "==PROF== Disconnected", NCU_HEADER,
+                 ncu_row(0, "void zo::gpu::attention_tc_forward_kernel<__nv_bfloat16, 64>"
+                            "(zo::gpu::AttentionShape)", "nsecond", "1,500,000"),
+                 ncu_row(1, "attention_tc_dq_kernel", "usecond", "2000"),
+                 ncu_row(2, "attention_tc_dkv_kernel", "msecond", "1.5"),
+                 ncu_row(3, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+                         "nsecond", "3000000"),
+                 ncu_row(4, "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTT", "nsecond", "1000000"),
+                 ncu_row(5, "void zo::gpu::layernorm_forward_kernel<float, 4>()", "nsecond",
+                         "250000"),
+                 ncu_row(6, "void zo::gpu::adamw_kernel<__nv_bfloat16, __nv_bfloat16, 4>()",
+                         "nsecond", "1400000"),
+                 ncu_row(7, "void zo::gpu::sum_squares_partial_kernel<__nv_bfloat16, 8>()",
+                         "nsecond", "50000")]
+        times = kernel_profile.kernel_times(lines)
+        self.assertEqual(len(times), 8)
+        self.assertAlmostEqual(times[1][1], 2e6)  # usecond
+        by, total = kernel_profile.summarize(times)
+        self.assertAlmostEqual(total, 1.5 + 2.0 + 1.5 + 3.0 + 1.0 + 0.25 + 1.4 + 0.05)
+        self.assertEqual(by["attention forward"], (1, 1.5))
+        self.assertEqual(by["attention backward"][0], 2)
+        self.assertAlmostEqual(by["attention backward"][1], 3.5)
+        self.assertEqual(by[kernel_profile.GEMMS[0]], (2, 4.0))
+        self.assertEqual(by["AdamW"], (1, 1.4))
+        table = "\n".join(kernel_profile.table(by, total))
+        self.assertIn("| attention (forward + backward) | | 5.00 | 46.7% | 8-14 |", table)
+        self.assertIn("| **all kernels** | 8 | **10.70** | 100% |", table)
+
+    def test_a_missing_header_or_unknown_unit_is_an_error(self):
+        import kernel_profile
+        with self.assertRaises(ValueError):
+            kernel_profile.kernel_times(["no csv here"])
+        with self.assertRaises(ValueError):
+            kernel_profile.kernel_times([NCU_HEADER, ncu_row(0, "k", "cycle", "5")])
+
+
 if __name__ == "__main__":
     unittest.main()

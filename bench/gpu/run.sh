@@ -7,15 +7,16 @@
 # Phases: check (device, GPU tests, a GPT-2 124M step against the host backend, then paths:
 # checkpoint, resume, sample and fp16 overflow steps on a small model), sanitize
 # (compute-sanitizer memcheck and racecheck over the op tests and two tiny trainings), resident
-# (GPT-2 124M bf16 and fp16), offload (350M/774M/1.5B, with and without DPU, vs resident),
+# (GPT-2 124M bf16 and fp16), profile (Nsight Compute's GPU time of every kernel of one 124M
+# step, grouped as the predicted budget), offload (350M/774M/1.5B, with and without DPU, vs resident),
 # big (the largest model the plan admits here), llama (the Llama family: a tiny Llama against
 # the host backend, Llama 3.2 1B resident, Llama 3.1 8B offloaded with DPU).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
-[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|offload|big|llama ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|profile|offload|big|llama ..." >&2; exit 2; }
 for p in "$@"; do
-  case $p in check | paths | sanitize | resident | offload | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, offload, big, llama)" >&2; exit 2 ;; esac
+  case $p in check | paths | sanitize | resident | profile | offload | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, profile, offload, big, llama)" >&2; exit 2 ;; esac
 done
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
@@ -148,6 +149,19 @@ phase_resident() {
     --prompt-tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 -n 512 --temperature 0 --ids --timing
   # The peer: the same GPT-2 in PyTorch (torch.compile, bf16 autocast, fused AdamW), if present.
   step pytorch_124m 300 python3 "$here/pytorch_gpt2.py" --batch 16 --seq 1024 --steps 30
+}
+
+phase_profile() {
+  # The GPU time of every kernel of the third resident GPT-2 124M step (the first two time the
+  # cuBLASLt candidates and record the graphs), as docs/performance.md's predicted budget groups
+  # them. The trainer names each step's NVTX range "step N". Clocks left alone (METHOD.md).
+  command -v ncu > /dev/null || { echo "profile: no ncu here, phase skipped"; return; }
+  step ncu_124m 420 ncu --clock-control none --csv --print-units base \
+    --metrics gpu__time_duration.sum --nvtx --nvtx-include "step 3/" \
+    --log-file "$logs/ncu_124m.csv" "$B" train --model gpt2-124m -b 16 --seq-len 1024 \
+    --steps 4 --device cuda --mode resident --precision bf16 --data synthetic --eval-batches 1
+  step kernel_profile_124m 60 python3 "$here/kernel_profile.py" "$logs/ncu_124m.csv" \
+    "$logs/ncu_124m.log"
 }
 
 phase_offload() {

@@ -121,6 +121,8 @@ def main():
                 s["per_step"] = l
             if l.startswith("sample: "):
                 note = l[len("sample: "):]
+            if l.startswith("|"):  # kernel_profile.py's table
+                s.setdefault("table", []).append(l)
             if l.startswith("{"):
                 try:
                     s.setdefault("bench", []).append(json.loads(l))
@@ -187,6 +189,9 @@ def main():
                    "| model | mode | offload tok/s | resident tok/s | ratio |", "|---|---|---|---|---|"]
         report += [f"| {a} | {b} | {c:.0f} | {d:.0f} | {e:.3f} |" for a, b, c, d, e in ratios]
     report += target_section(by_name, log_dir)
+    for s in steps:
+        if s.get("table"):
+            report += ["", f"## Per-kernel GPU time ({s['step']}, Nsight Compute)", ""] + s["table"]
     per_step = [(s["step"], s["per_step"]) for s in steps if "per_step" in s]
     if per_step:
         report += ["", "## Per-phase times (busy and exposed, ms per step)", ""]
