@@ -1,0 +1,124 @@
+#include "sample_command.h"
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tokenize/decode.h"
+#include "tokenize/tokenizer.h"
+
+namespace zo::cli {
+namespace {
+
+std::vector<std::int32_t> parse_token_list(const std::string& s) {
+  std::vector<std::int32_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t pos = 0;
+      const long long v = std::stoll(item, &pos);
+      // Out of 32 bits is refused, not truncated into some other id.
+      if (pos != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::out_of_range(item);
+      out.push_back(static_cast<std::int32_t>(v));
+    } catch (const std::logic_error&) {
+      throw std::invalid_argument("--prompt-tokens: '" + item +
+                                  "' is not a token id (an integer below 2^31); give ids such "
+                                  "as 1,2,3");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& app, SampleCommand& cmd, const std::string& model_help) {
+  auto* smp = cmd.app = app.add_subcommand("sample",
+                                           "Generate tokens (or text, for byte-level models) "
+                                           "from a checkpoint or Hugging Face weights");
+  train::SampleConfig& sc = cmd.config;
+  smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
+  smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
+  smp->add_option("--init-from", sc.init_from,
+                  "Hugging Face weights: .safetensors, index or directory");
+  smp->add_option("--model", sc.model,
+                  model_help +
+                      "; with --init-from, default the config.json beside the "
+                      "weights");
+  smp->add_option("--prompt", cmd.prompt,
+                  "prompt text: bytes (byte-level models), or encoded with --tokenizer");
+  smp->add_option("--prompt-tokens", cmd.prompt_tokens, "prompt as comma-separated token ids");
+  smp->add_option("--tokens,-n", sc.new_tokens, "tokens to generate")->capture_default_str();
+  smp->add_option("--temperature", sc.temperature, "0 = greedy")->capture_default_str();
+  smp->add_option("--top-k", sc.top_k, "sample from the k most likely; 0 = all")
+      ->capture_default_str();
+  smp->add_option("--top-p", sc.top_p,
+                  "nucleus: sample from the most likely tokens holding this probability; 1 = all")
+      ->capture_default_str();
+  smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
+  smp->add_option("--device", sc.device, "auto (cuda if a GPU is usable, else host), host or cuda")
+      ->capture_default_str();
+  smp->add_option("--precision", sc.precision,
+                  "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
+      ->capture_default_str();
+  smp->add_option("--context", sc.context,
+                  "positions kept (activations and KV cache); 0 = the model's block_size, at "
+                  "most 2048")
+      ->capture_default_str();
+  smp->add_flag("--ids", cmd.print_ids, "print token ids instead of text");
+  smp->add_flag("--timing", cmd.timing,
+                "print the prefill's time and the tokens per second to stderr");
+  smp->add_option("--tokenizer", cmd.tokenizer,
+                  "tokenizer.json (or its directory) that encodes --prompt and decodes the output");
+}
+
+int run_sample(SampleCommand& cmd) {
+  train::SampleConfig& sc = cmd.config;
+  std::unique_ptr<tokenize::Tokenizer> tokenizer;
+  if (!cmd.tokenizer.empty()) tokenizer = tokenize::Tokenizer::load(cmd.tokenizer);
+  if (!cmd.prompt_tokens.empty()) {
+    sc.prompt = parse_token_list(cmd.prompt_tokens);
+  } else if (tokenizer) {
+    const auto ids = tokenizer->encode(cmd.prompt);
+    sc.prompt.assign(ids.begin(), ids.end());
+  } else {
+    for (unsigned char ch : cmd.prompt)
+      sc.prompt.push_back(ch);
+  }
+  int vocab = 0;
+  train::SampleTimes times;
+  const auto seq = train::generate(sc, &vocab, cmd.timing ? &times : nullptr);
+  const bool as_text = !cmd.print_ids && cmd.prompt_tokens.empty() && vocab <= 256;
+  std::string out;
+  if (tokenizer && !cmd.print_ids) {
+    out = tokenize::decode_text(*tokenizer, std::span(seq).subspan(sc.prompt.size()));
+  } else {
+    for (std::size_t i = sc.prompt.size(); i < seq.size(); ++i) {
+      if (as_text) {
+        out += static_cast<char>(seq[i]);
+      } else {
+        out += (i > sc.prompt.size() ? "," : "") + std::to_string(seq[i]);
+      }
+    }
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fputc('\n', stdout);
+  if (cmd.timing) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "sample: prefill of %d tokens in %.1f ms; %d tokens in %.3f s after it, "
+                 "%.1f tokens/s (%s)\n",
+                 times.prompt_tokens, times.prefill_s * 1e3, times.new_tokens, times.generate_s,
+                 times.generate_s > 0 ? times.new_tokens / times.generate_s : 0.0,
+                 times.device.c_str());
+  }
+  return 0;
+}
+
+}  // namespace zo::cli
