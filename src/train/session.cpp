@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -362,8 +363,12 @@ double Session::evaluate() {
   const std::size_t BT = std::size_t(cfg.micro_batch) * T;
   // Up to kWindow batches in flight, then summed in order: memory does not grow with
   // --eval-batches, and the sum is the same sequence of additions as over one array.
+  // Page-locked, so that each batch's loss copy stays asynchronous and the next batch is
+  // enqueued while the device still runs this one.
   constexpr int kWindow = 16;
-  std::vector<float> l(BT * std::size_t(std::min(cfg.eval_batches, kWindow)));
+  pinned::PinnedBuffer buffer(BT * std::size_t(std::min(cfg.eval_batches, kWindow)) * 4,
+                              dev::staging_pin_options(*dev, true));
+  const std::span<float> l = buffer.span<float>();
   std::vector<std::int32_t> inputs, targets;
   double sum[2] = {0.0, double(BT) * cfg.eval_batches};
   for (int b = 0; b < cfg.eval_batches; ++b) {
