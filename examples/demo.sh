@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end on a fresh Debian 12 machine: install missing packages, build, then
-# train the tiny demo GPT on the built-in synthetic task (host backend), resume it, sample from
-# it and export it. Everything lands in runs/demo/ (removed first).
+# train the tiny demo GPT on the built-in synthetic task (host backend), resume it, score it on
+# the held-out data, sample from it and export it. Everything lands in runs/demo/ (removed first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install-deps
@@ -27,6 +27,7 @@ echo
 $bin train --checkpoint-dir "$out/ckpt" --resume latest --steps 350 --log-every 25 \
   --metrics "$out/metrics.jsonl"
 echo
+$bin eval --checkpoint latest --checkpoint-dir "$out/ckpt" --data synthetic --batches 8
 echo "sampled continuation of tokens 1,2,3:"
 $bin sample --checkpoint latest --checkpoint-dir "$out/ckpt" --prompt-tokens 1,2,3 -n 24 --ids
 $bin export --checkpoint latest --checkpoint-dir "$out/ckpt" -o "$out/tiny.safetensors" --dtype bf16

@@ -1,6 +1,7 @@
 // The offload_train binary as a user runs it: --help agrees with the README, a train / resume /
-// export / sample session works, and bad input exits non-zero with a clear message.
+// export / eval / sample session works, and bad input exits non-zero with a clear message.
 #include <gtest/gtest.h>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -53,7 +54,7 @@ struct TempDir : zo::test::TempDir {
 };
 
 TEST(Cli, HelpMatchesTheReadme) {
-  for (const std::string sub : {"train", "plan", "export", "sample", "tokenize", "info"}) {
+  for (const std::string sub : {"train", "plan", "export", "eval", "sample", "tokenize", "info"}) {
     const std::string block = readme_block(sub);
     ASSERT_FALSE(block.empty()) << "README has no section for " << sub;
     const Result r = run(sub + " --help");
@@ -61,7 +62,7 @@ TEST(Cli, HelpMatchesTheReadme) {
     EXPECT_EQ(flags_in(r.out), flags_in(block)) << "offload_train " << sub << " --help vs README";
   }
   const Result top = run("--help");
-  for (const char* sub : {"train", "plan", "export", "sample", "tokenize", "info"}) {
+  for (const char* sub : {"train", "plan", "export", "eval", "sample", "tokenize", "info"}) {
     EXPECT_NE(top.out.find(sub), std::string::npos);
   }
 }
@@ -252,6 +253,7 @@ TEST(Cli, ReadmeWorkedExampleRuns) {
   EXPECT_EQ(config.at("warmup"), 20);
   EXPECT_EQ(config.at("lr_schedule_steps"), 300);
   EXPECT_TRUE(fs::exists(d.path / "tiny.safetensors"));
+  EXPECT_NE(r.out.find("eval: loss "), std::string::npos) << r.out;
 }
 
 // A mistyped flag or subcommand names the nearest valid one; every mistake is one line starting
@@ -321,6 +323,57 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   r = run("sample --prompt-tokens 1,x --init-from a --model tiny");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'x'"), std::string::npos);
+}
+
+// eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
+// give the run's last validation loss, bit for bit; the exported weights give it again; and what
+// cannot be scored is refused naming the flag.
+TEST(Cli, EvalGivesTheRunsValidationLoss) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string(), metrics = (d.path / "m.jsonl").string();
+  Result r = run("train --steps 3 --seq-len 32 -b 2 -q --eval-batches 5 --checkpoint-dir " + ckpt +
+                 " --metrics " + metrics);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(metrics);
+  std::string line, last;
+  while (std::getline(in, line))
+    last = line;
+  const double val_loss = nlohmann::json::parse(last).at("val_loss").get<double>();
+  const std::string eval = "eval --data synthetic -b 2 --seq-len 32 --batches 5 --json ";
+  r = run(eval + "--checkpoint latest --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("loss").get<double>(), val_loss);
+  EXPECT_EQ(j.at("tokens").get<int>(), 5 * 2 * 32);
+  EXPECT_NEAR(j.at("perplexity").get<double>(), std::exp(val_loss), 1e-9 * std::exp(val_loss));
+  const std::string out = (d.path / "export").string();
+  r = run("export --checkpoint latest --checkpoint-dir " + ckpt + " -o " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run(eval + "--init-from " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("loss").get<double>(), val_loss) << "HF weights";
+  // All of the data, one pass is the default: the loss over more tokens differs.
+  r = run("eval --data synthetic -b 2 --seq-len 32 --batches 3 --val-fraction 1 --checkpoint "
+          "latest --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^eval: loss [0-9.]+, perplexity [0-9.]+ over "
+                                                  "192 tokens in 3 batches \\(val: ")))
+      << r.out;
+  const std::pair<std::string, std::string> bad[] = {
+      {"eval --data synthetic", "give exactly one of --checkpoint or --init-from"},
+      {"eval --checkpoint latest --checkpoint-dir " + ckpt, "--data is required"},
+      {"eval --data synthetic --val-fraction 0 --checkpoint latest --checkpoint-dir " + ckpt,
+       "--val-fraction must be in (0, 1]"},
+      {"eval --data synthetic --seq-len 65 --checkpoint latest --checkpoint-dir " + ckpt,
+       "--seq-len 65 exceeds the model's block_size 64"},
+      {"eval --data synthetic --batches -1 --checkpoint latest --checkpoint-dir " + ckpt,
+       "--batches must be >= 0"},
+  };
+  for (const auto& [cmd, want] : bad) {
+    r = run(cmd);
+    EXPECT_NE(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find(want), std::string::npos) << cmd << "\n" << r.out;
+  }
 }
 
 // Numbers a user can get wrong exit 1 naming the flag; sampling no tokens is not an error.

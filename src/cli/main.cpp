@@ -1,5 +1,5 @@
-// offload_train: the one binary users run. Subcommands: train, plan, export, sample, tokenize,
-// info.
+// offload_train: the one binary users run. Subcommands: train, plan, export, eval, sample,
+// tokenize, info.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "data/token_source.h"
+#include "eval_command.h"
 #include "pinned_memory/host_buffer.h"
 #include "report/system_info.h"
 #include "sample_command.h"
@@ -272,6 +273,10 @@ int main(int argc, char** argv) {
   exp->add_flag("--force", ec.force,
                 "overwrite an existing output file, or write into a non-empty directory");
 
+  // eval
+  zo::cli::EvalCommand evl;
+  zo::cli::add_eval_command(app, evl, presets_help());
+
   // sample
   zo::cli::SampleCommand smp;
   zo::cli::add_sample_command(app, smp, presets_help());
@@ -356,6 +361,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (tok.app->parsed()) return zo::cli::run_tokenize(tok);
+    if (evl.app->parsed()) return zo::cli::run_eval(evl);
     if (smp.app->parsed()) return zo::cli::run_sample(smp);
     if (info->parsed()) {
       const auto j = zo::report::system_info();

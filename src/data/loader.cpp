@@ -155,7 +155,8 @@ DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, const LoaderCo
         ". Fix: more data, a smaller " + "--micro-batch or --seq-len";
     if (c.split == Split::kVal) {
       msg += ", a larger --val-fraction (now " + fmt(c.val_fraction) +
-             "), a separate --val-data, or --val-fraction 0 to skip validation";
+             "; eval: 1 scores all of the data), or for train a separate --val-data or "
+             "--val-fraction 0 to skip validation";
     } else if (c.val_fraction > 0) {
       msg += ", or a smaller --val-fraction (now " + fmt(c.val_fraction) + ")";
     }

@@ -10,41 +10,25 @@
 
 #include "core/dtype.h"
 #include "device/device.h"
-#include "device/make_device.h"
-#include "model/hf_weights.h"
 #include "model/model.h"
-#include "train/checkpoint_io.h"
+#include "train/inference.h"
 
 namespace zo::train {
 
 std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, SampleTimes* times) {
-  if (c.checkpoint.empty() == c.init_from.empty()) {
-    throw std::invalid_argument("sample needs exactly one of --checkpoint or --init-from");
-  }
   if (c.new_tokens < 0) throw std::invalid_argument("--tokens must be >= 0");
   TokenSampler pick(c.temperature, c.top_k, c.top_p, c.seed);  // checks them
   if (c.context < 0) throw std::invalid_argument("--context must be >= 1 (or 0 for the default)");
   if (c.prompt.empty())
     throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
-  model::ModelSpec spec;
-  std::vector<float> weights;
-  if (!c.checkpoint.empty()) {
-    const auto dir = resolve_checkpoint(c.checkpoint, c.checkpoint_dir);
-    spec = checkpoint_spec(read_trainer_state(dir));
-    weights.resize(model::ParameterLayout(spec).size());
-    model::import_hf_weights(dir / "model.safetensors", model::ParameterLayout(spec), weights);
-  } else {
-    spec = model::load_model_spec(c.model.empty() ? init_from_config(c.init_from) : c.model);
-    weights.resize(model::ParameterLayout(spec).size());
-    model::import_hf_weights(c.init_from, model::ParameterLayout(spec), weights);
-  }
+  const LoadedWeights w = load_weights({c.checkpoint, c.checkpoint_dir, c.init_from, c.model});
+  const model::ModelSpec& spec = w.spec;
   if (vocab_size) *vocab_size = spec.vocab_size;
   if (c.top_k > spec.vocab_size) {
     throw std::invalid_argument("--top-k " + std::to_string(c.top_k) +
                                 " exceeds the model's vocabulary of " +
                                 std::to_string(spec.vocab_size) + " tokens; use 0 for all");
   }
-  const model::ParameterLayout layout(spec);
   for (std::int32_t t : c.prompt) {
     if (t < 0 || t >= spec.vocab_size) {
       throw std::invalid_argument("prompt token " + std::to_string(t) +
@@ -53,7 +37,6 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
                                   std::to_string(spec.vocab_size) + ")");
     }
   }
-
   if (c.context > spec.block_size) {
     throw std::invalid_argument("--context " + std::to_string(c.context) +
                                 " exceeds the model's block_size " +
@@ -65,33 +48,10 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   request.device = c.device;
   request.precision = c.precision;
   request.threads = c.threads;
-  auto dev = dev::make_device(request);
-  auto stream = dev->create_stream();
-  const std::size_t bytes = weights.size() * dtype_size(dev->act_dtype());
-  std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
-  convert_from_float(weights.data(), staged.data(), dev->act_dtype(), weights.size());
-  dev::Buffer params = dev->alloc(bytes, "parameters");
-  std::unique_ptr<model::Model> model;  // made below the drain, so freed after it
-  // Whatever was enqueued finishes before the buffers it uses are freed, on every way out (the
-  // upload below would otherwise outlive `params` when the model cannot be made, or when there
-  // are no tokens to generate; a failed step would leave kernels writing freed activations).
-  struct Drain {
-    dev::Stream& s;
-    ~Drain() {
-      try {
-        s.synchronize();
-      } catch (const std::exception&) {  // the error was (or will be) reported by its op
-      }
-    }
-  } drain{*stream};
-  dev->copy_to_device(params.data(), staged.data(), bytes, *stream);
-  model = model::make_model(*dev, layout, {1, T, false});
-  if (times) {
-    stream->synchronize();  // the upload is not the prefill's time
-    times->device = dev->name();
-  }
+  InferenceModel m(w, request, {1, T, false});
+  if (times) times->device = m.device().name();
   return generate_with(
-      *model, params.data(), *dev, *stream, c.prompt, c.new_tokens,
+      m.model(), m.params(), m.device(), m.stream(), c.prompt, c.new_tokens,
       [&](const std::vector<float>& logits) { return pick(logits); }, times);
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -17,6 +16,7 @@
 #include "pinned_memory/host_buffer.h"
 #include "pinned_memory/pinned_buffer.h"
 #include "train/checkpoint_io.h"
+#include "train/evaluate.h"
 #include "train/plan.h"
 #include "train/resume_config.h"
 #include "train/run_outputs.h"
@@ -358,30 +358,10 @@ offload::EngineConfig Session::engine_config() const {
 }
 double Session::evaluate() {
   updater->settle();
-  data::DataLoader& val = *loaders.val;
-  val.reset();
-  const std::size_t BT = std::size_t(cfg.micro_batch) * T;
-  // Up to kWindow batches in flight, then summed in order: memory does not grow with
-  // --eval-batches, and the sum is the same sequence of additions as over one array.
-  // Page-locked, so that each batch's loss copy stays asynchronous and the next batch is
-  // enqueued while the device still runs this one.
-  constexpr int kWindow = 16;
-  pinned::PinnedBuffer buffer(BT * std::size_t(std::min(cfg.eval_batches, kWindow)) * 4,
-                              dev::staging_pin_options(*dev, true));
-  const std::span<float> l = buffer.span<float>();
-  std::vector<std::int32_t> inputs, targets;
-  double sum[2] = {0.0, double(BT) * cfg.eval_batches};
-  for (int b = 0; b < cfg.eval_batches; ++b) {
-    val.next_batch(inputs, targets);
-    model->set_batch(inputs, targets, *stream);
-    model->forward(updater->parameters(), T, true, 0.0f, *stream);
-    dev->copy_to_host(l.data() + (b % kWindow) * BT, model->losses(), BT * 4, *stream);
-    if (b % kWindow == kWindow - 1 || b + 1 == cfg.eval_batches) {
-      stream->synchronize();
-      sum[0] =
-          std::accumulate(l.begin(), l.begin() + std::ptrdiff_t((b % kWindow + 1) * BT), sum[0]);
-    }
-  }
+  loaders.val->reset();
+  const LossSum s =
+      sum_losses(*model, updater->parameters(), *loaders.val, cfg.eval_batches, *dev, *stream);
+  double sum[2] = {s.sum, s.count};
   comm->all_reduce(sum, 2, comm::ReduceOp::kSum);  // the global batch's rows are on the ranks
   return sum[0] / sum[1];
 }

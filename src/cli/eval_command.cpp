@@ -1,0 +1,56 @@
+#include "eval_command.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace zo::cli {
+
+void add_eval_command(CLI::App& app, EvalCommand& cmd, const std::string& model_help) {
+  auto* ev = cmd.app = app.add_subcommand(
+      "eval", "Score a checkpoint or Hugging Face weights on data: mean loss and perplexity");
+  train::EvalConfig& c = cmd.config;
+  ev->add_option("--checkpoint", c.weights.checkpoint, "checkpoint directory, or 'latest'");
+  ev->add_option("--checkpoint-dir", c.weights.checkpoint_dir, "where to look for 'latest'");
+  ev->add_option("--init-from", c.weights.init_from,
+                 "Hugging Face weights: .safetensors, index or directory");
+  ev->add_option("--model", c.weights.model,
+                 model_help + "; with --init-from, default the config.json beside the weights");
+  ev->add_option("--data", c.data,
+                 "token shards (file, directory, glob), text files, or 'synthetic'")
+      ->required();
+  ev->add_option("--data-format", c.data_format, "auto, shards, text or synthetic")
+      ->capture_default_str();
+  ev->add_option("--val-fraction", c.val_fraction,
+                 "tail of each document scored, as train holds it out; 1 = all of the data")
+      ->capture_default_str();
+  ev->add_option("--micro-batch,-b", c.micro_batch, "sequences per batch (B)")
+      ->capture_default_str();
+  ev->add_option("--seq-len", c.seq_len, "tokens per sequence (T); default the model's block_size");
+  ev->add_option("--batches", c.batches, "batches to score; 0 = one pass over the scored tokens")
+      ->capture_default_str();
+  ev->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
+      ->capture_default_str();
+  ev->add_option("--precision", c.precision,
+                 "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
+      ->capture_default_str();
+  ev->add_flag("--json", cmd.json, "print one JSON object");
+}
+
+int run_eval(const EvalCommand& cmd) {
+  const train::EvalResult r = train::evaluate(cmd.config);
+  const double ppl = std::exp(r.loss);
+  if (cmd.json) {
+    const nlohmann::json j = {{"loss", r.loss},     {"perplexity", ppl}, {"batches", r.batches},
+                              {"tokens", r.tokens}, {"data", r.split},   {"device", r.device}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("eval: loss %.4f, perplexity %.2f over %lld tokens in %lld batches (%s) on %s\n",
+                r.loss, ppl, static_cast<long long>(r.tokens), static_cast<long long>(r.batches),
+                r.split.c_str(), r.device.c_str());
+  }
+  return 0;
+}
+
+}  // namespace zo::cli

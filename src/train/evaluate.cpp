@@ -1,0 +1,92 @@
+#include "train/evaluate.h"
+
+#include <algorithm>
+#include <numeric>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/token_source.h"
+#include "device/make_device.h"
+#include "pinned_memory/pinned_buffer.h"
+
+namespace zo::train {
+
+LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::DataLoader& loader,
+                   int batches, dev::Device& dev, dev::Stream& s) {
+  const std::size_t BT = std::size_t(model.shape().B) * std::size_t(model.shape().T);
+  // Page-locked, so that each batch's loss copy stays asynchronous and the next batch is
+  // enqueued while the device still runs this one.
+  constexpr int kWindow = 16;
+  pinned::PinnedBuffer buffer(BT * std::size_t(std::min(std::max(batches, 1), kWindow)) * 4,
+                              dev::staging_pin_options(dev, true));
+  const std::span<float> l = buffer.span<float>();
+  std::vector<std::int32_t> inputs, targets;
+  LossSum out{0.0, double(BT) * batches};
+  for (int b = 0; b < batches; ++b) {
+    loader.next_batch(inputs, targets);
+    model.set_batch(inputs, targets, s);
+    model.forward(params, model.shape().T, true, 0.0f, s);
+    dev.copy_to_host(l.data() + (b % kWindow) * BT, model.losses(), BT * 4, s);
+    if (b % kWindow == kWindow - 1 || b + 1 == batches) {
+      s.synchronize();
+      out.sum =
+          std::accumulate(l.begin(), l.begin() + std::ptrdiff_t((b % kWindow + 1) * BT), out.sum);
+    }
+  }
+  return out;
+}
+
+EvalResult evaluate(const EvalConfig& c) {
+  if (c.micro_batch < 1) throw std::invalid_argument("--micro-batch must be >= 1");
+  if (c.seq_len < 0) throw std::invalid_argument("--seq-len must be >= 1 (or 0 for block_size)");
+  if (c.batches < 0) throw std::invalid_argument("--batches must be >= 0 (0: the whole split)");
+  if (!(c.val_fraction > 0.0 && c.val_fraction <= 1.0)) {
+    throw std::invalid_argument(
+        "--val-fraction must be in (0, 1]: the tail of each document "
+        "that is scored (1: all of the data)");
+  }
+  if (c.data.empty()) throw std::invalid_argument("eval needs --data: the tokens to score");
+  const LoadedWeights w = load_weights(c.weights);
+  if (c.seq_len > w.spec.block_size) {
+    throw std::invalid_argument("--seq-len " + std::to_string(c.seq_len) +
+                                " exceeds the model's block_size " +
+                                std::to_string(w.spec.block_size));
+  }
+  const int T = c.seq_len > 0 ? c.seq_len : w.spec.block_size;
+
+  // The data before the device: a bad path or token fails before anything large is allocated.
+  data::SourceConfig sc;
+  sc.path = c.data;
+  sc.format = data::parse_data_format(c.data_format);
+  sc.vocab_size = w.spec.vocab_size;
+  data::LoaderConfig lc;
+  lc.batch_size = c.micro_batch;
+  lc.seq_len = T;
+  lc.val_fraction = c.val_fraction;
+  lc.split = data::Split::kVal;
+  data::DataLoader loader(data::open_token_source(sc), lc);
+  const std::uint64_t pass = loader.batches_per_epoch();
+  const int batches = c.batches > 0
+                          ? c.batches
+                          : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(1) << 30));
+
+  dev::DeviceRequest request;
+  request.device = c.device;
+  request.precision = c.precision;
+  request.threads = c.threads;
+  InferenceModel m(w, request, {c.micro_batch, T, false});
+  model::FlatParameters params(m.params(), nullptr, m.device().act_dtype());
+  const LossSum s = sum_losses(m.model(), params, loader, batches, m.device(), m.stream());
+
+  EvalResult r;
+  r.loss = s.sum / s.count;
+  r.batches = batches;
+  r.tokens = static_cast<std::int64_t>(s.count);
+  r.split = loader.describe();
+  r.device = m.device().name();
+  return r;
+}
+
+}  // namespace zo::train

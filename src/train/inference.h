@@ -1,0 +1,54 @@
+// A trained model on a device, for what runs it without training it (sample, eval): its weights
+// read from a checkpoint or Hugging Face safetensors, uploaded in the device's dtype, and a
+// Model of the asked shape over them. Everything is checked before the device is opened.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "device/make_device.h"
+#include "model/layout.h"
+#include "model/model.h"
+#include "model/spec.h"
+
+namespace zo::train {
+
+// Where the weights come from: exactly one of checkpoint (a directory, or "latest" in
+// checkpoint_dir) and init_from (Hugging Face weights; the model from `model`, else the
+// config.json beside them).
+struct WeightsSource {
+  std::string checkpoint, checkpoint_dir;
+  std::string init_from, model;
+};
+
+struct LoadedWeights {
+  model::ModelSpec spec;
+  std::vector<float> weights;  // the layout's order, fp32
+};
+LoadedWeights load_weights(const WeightsSource& source);
+
+class InferenceModel {
+ public:
+  InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
+                 const model::ModelShape& shape);
+  // Whatever was enqueued finishes before the buffers it uses are freed, on every way out.
+  ~InferenceModel();
+  InferenceModel(const InferenceModel&) = delete;
+  InferenceModel& operator=(const InferenceModel&) = delete;
+
+  dev::Device& device() { return *dev_; }
+  dev::Stream& stream() { return *stream_; }
+  model::Model& model() { return *model_; }
+  const void* params() const { return params_.data(); }
+
+ private:
+  model::ParameterLayout layout_;
+  std::unique_ptr<dev::Device> dev_;
+  std::unique_ptr<dev::Stream> stream_;
+  dev::Buffer params_;  // (layout size) act dtype
+  std::unique_ptr<model::Model> model_;
+};
+
+}  // namespace zo::train
