@@ -353,8 +353,10 @@ TEST(Cli, EvalGivesTheRunsValidationLoss) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("loss").get<double>(), val_loss) << "HF weights";
   // All of the data, one pass is the default: the loss over more tokens differs.
-  r = run("eval --data synthetic -b 2 --seq-len 32 --batches 3 --val-fraction 1 --checkpoint "
-          "latest --checkpoint-dir " + ckpt);
+  r =
+      run("eval --data synthetic -b 2 --seq-len 32 --batches 3 --val-fraction 1 --checkpoint "
+          "latest --checkpoint-dir " +
+          ckpt);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("^eval: loss [0-9.]+, perplexity [0-9.]+ over "
                                                   "192 tokens in 3 batches \\(val: ")))
@@ -391,14 +393,16 @@ TEST(Cli, SampleEdgesAndNonFiniteFlags) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("^[0-9]+(,[0-9]+){6}\n$"))) << r.out;
   // --timing: the tokens first, then one line on stderr counting the first prefill's positions
-  // (the prompt's last 4) and the new tokens.
+  // (the prompt's last 4) and the steps after it (one per new token but the first).
   r = run(sample + "--context 4 -n 7 --ids --prompt-tokens 1,2,3,4,5,6 --timing");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(
-      r.out,
-      std::regex("^[0-9]+(,[0-9]+){6}\nsample: prefill of 4 tokens in [0-9.]+ ms; 7 "
-                 "tokens in [0-9.]+ s after it, [0-9.]+ tokens/s \\(host \\(fp32.*\\)\\)\n$")))
+      r.out, std::regex("^[0-9]+(,[0-9]+){6}\nsample: prefill of 4 tokens in [0-9.]+ ms; 6 decode "
+                        "steps in [0-9.]+ s, [0-9.]+ tokens/s \\(host \\(fp32.*\\)\\)\n$")))
       << r.out;
+  r = run(sample + "-n 1 --ids --prompt-tokens 1 --timing");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("; no decode steps (host"), std::string::npos) << r.out;
   const std::pair<std::string, std::string> bad[] = {
       {sample + "--temperature inf -n 2", "--temperature must be finite"},
       {sample + "--temperature nan -n 2", "--temperature must be finite"},

@@ -104,7 +104,7 @@ class Report(unittest.TestCase):
             results = os.path.join(d, "results.jsonl")
             steps = ["bench_train_124m_bf16", "resident_124m_bf16", "pytorch_124m",
                      "resident_1558m", "offload_dpu_1558m", "cpu_adam_roofline",
-                     "sample_124m_bf16"]
+                     "sample_124m_bf16", "device_info"]
             with open(results, "w") as f:
                 for s in steps:
                     f.write(json.dumps({"step": s, "rc": 0, "seconds": 1.0, "limit": 9}) + "\n")
@@ -114,9 +114,11 @@ class Report(unittest.TestCase):
                     f.write("\n".join(json.dumps(b) for b in run[s]["bench"]) + "\n")
             with open(os.path.join(d, "offload_dpu_1558m.log"), "w") as f:
                 f.write("\n".join(OFFLOAD_LOG) + "\n")
+            with open(os.path.join(d, "device_info.log"), "w") as f:
+                f.write("+-----+\n| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04 |\n")
             with open(os.path.join(d, "sample_124m_bf16.log"), "w") as f:
-                f.write("1,2,3\nsample: prefill of 16 tokens in 9.0 ms; 512 tokens in 1.000 s "
-                        "after it, 512.0 tokens/s (cuda:0 H100 (bf16))\n")
+                f.write("1,2,3\nsample: prefill of 16 tokens in 9.0 ms; 511 decode steps in "
+                        "1.000 s, 511.0 tokens/s (cuda:0 H100 (bf16))\n")
             # Five steps each, so that the means skip three warm-up steps: 2 steps of 480 ms.
             for s, ms, tok_step in (("resident_124m_bf16", 41.0, 16384),
                                     ("offload_dpu_1558m", 480.0, 8192),
@@ -135,8 +137,9 @@ class Report(unittest.TestCase):
             with open(report) as f:
                 text = f.read()
         self.assertIn("## Targets", text)
-        self.assertIn("| sample_124m_bf16 | 0 | 1.0 | prefill of 16 tokens in 9.0 ms; 512 tokens "
-                      "in 1.000 s after it, 512.0 tokens/s (cuda:0 H100 (bf16)) |", text)
+        self.assertIn("| sample_124m_bf16 | 0 | 1.0 | prefill of 16 tokens in 9.0 ms; 511 decode "
+                      "steps in 1.000 s, 511.0 tokens/s (cuda:0 H100 (bf16)) |", text)
+        self.assertNotIn("Per-kernel", text)  # nvidia-smi's table is not a kernel profile
         # 41 ms per 16,384 tokens, at 440 of the GEMM's 800 TFLOP/s.
         self.assertIn("| 124M bf16 B=16 T=1024 resident: MFU | 440.0 TFLOP/s | cuBLASLt GEMM 800 "
                       "TFLOP/s | 0.550 | ≥ 0.5 | met |", text)

@@ -101,20 +101,19 @@ phase_paths() {
   # sample, and fp16 overflow steps, on a small model. Each process takes the heuristic's first
   # GEMM algorithm: timed choices may differ between processes, and with them the last bits.
   local ck=/tmp/zo-gpu-ckpt mode
-  export ZO_MATMUL_AUTOTUNE=0
   for mode in resident offload; do
     local s=(--model small-test -b 4 --seq-len 128 --device cuda --precision bf16 --seed 3
              --lr 1e-3 --warmup 2 --mode "$mode")
     rm -rf "$ck.$mode"
-    train "full_$mode" 60 "${s[@]}" --steps 6
-    train "ckpt_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" --checkpoint-every 3
-    train "resume_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" \
-      --resume "$ck.$mode/step_00000003"
+    ZO_MATMUL_AUTOTUNE=0 train "full_$mode" 60 "${s[@]}" --steps 6
+    ZO_MATMUL_AUTOTUNE=0 train "ckpt_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" \
+      --checkpoint-every 3
+    ZO_MATMUL_AUTOTUNE=0 train "resume_$mode" 60 "${s[@]}" --steps 6 \
+      --checkpoint-dir "$ck.$mode" --resume "$ck.$mode/step_00000003"
   done
   step sample_cuda 60 "$B" sample --checkpoint latest --checkpoint-dir "$ck.resident" -n 16 --ids
   train fp16_overflow 60 --model small-test -b 4 --seq-len 128 --device cuda --precision fp16 \
     --loss-scale 1e30 --steps 3
-  unset ZO_MATMUL_AUTOTUNE
 }
 
 phase_sanitize() {

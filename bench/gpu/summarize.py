@@ -121,7 +121,7 @@ def main():
                 s["per_step"] = l
             if l.startswith("sample: "):
                 note = l[len("sample: "):]
-            if l.startswith("|"):  # kernel_profile.py's table
+            if name.startswith("kernel_profile") and l.startswith("|"):  # its table
                 s.setdefault("table", []).append(l)
             if l.startswith("{"):
                 try:

@@ -111,12 +111,15 @@ int run_sample(SampleCommand& cmd) {
   std::fputc('\n', stdout);
   if (cmd.timing) {
     std::fflush(stdout);
-    std::fprintf(stderr,
-                 "sample: prefill of %d tokens in %.1f ms; %d tokens in %.3f s after it, "
-                 "%.1f tokens/s (%s)\n",
-                 times.prompt_tokens, times.prefill_s * 1e3, times.new_tokens, times.generate_s,
-                 times.generate_s > 0 ? times.new_tokens / times.generate_s : 0.0,
-                 times.device.c_str());
+    std::fprintf(stderr, "sample: prefill of %d tokens in %.1f ms; ", times.prompt_tokens,
+                 times.prefill_s * 1e3);
+    if (times.decode_steps > 0 && times.decode_s > 0) {
+      std::fprintf(stderr, "%d decode steps in %.3f s, %.1f tokens/s", times.decode_steps,
+                   times.decode_s, times.decode_steps / times.decode_s);
+    } else {
+      std::fprintf(stderr, "no decode steps");
+    }
+    std::fprintf(stderr, " (%s)\n", times.device.c_str());
   }
   return 0;
 }

@@ -234,12 +234,15 @@ class CudaDevice final : public Device {
   }
   void attention_decode(void* out, const void* qkv, int pos, const AttentionArgs& a,
                         Stream& s) override {
-    const gpu::AttentionDims d = dims("attention_decode", a);
-    launch_with_scratch(s, "attention_decode", gpu::attention_decode_scratch_floats(d) * 4,
-                        [&](cudaStream_t cs, void* scratch) {
-                          gpu::launch_attention_decode(out, qkv, pos, d, act_,
-                                                       static_cast<float*>(scratch), cs);
-                        });
+    constexpr const char* op = "attention_decode";
+    const gpu::AttentionDims d = dims(op, a);
+    // The scratch follows this device's SM count, so it is sized with the device current.
+    run(s, op, [&](gpu::Stream& cs) {
+      cs.with_scratch(gpu::attention_decode_scratch_floats(d) * 4, op, [&](void* scratch) {
+        gpu::launch_attention_decode(out, qkv, pos, d, act_, static_cast<float*>(scratch),
+                                     cs.get());
+      });
+    });
   }
   void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                           const float* lse, const AttentionArgs& a, Stream& s) override {

@@ -149,8 +149,8 @@ std::vector<std::int32_t> generate_with(model::Model& model, const void* params,
   }
   if (times) {
     times->prefill_s = std::chrono::duration<double>(t1 - t0).count();
-    times->new_tokens = new_tokens;
-    times->generate_s = new_tokens > 0 ? seconds_since(t1) : 0.0;
+    times->decode_steps = std::max(new_tokens - 1, 0);
+    times->decode_s = new_tokens > 0 ? seconds_since(t1) : 0.0;
   }
   return seq;
 }

@@ -32,15 +32,15 @@ struct SampleConfig {
 };
 inline constexpr int kDefaultSampleContext = 2048;
 
-// Where generation's time went (sample --timing): the prompt's forward, then the new tokens,
-// each a decode step (or a prefill when the context is full), its logits read back and sampled.
+// Where generation's time went (sample --timing): the prompt's forward, whose logits give the
+// first new token, then one step per further token, each a decode step (or a refill when the
+// context is full), its logits read back and sampled.
 struct SampleTimes {
-  int prompt_tokens = 0;  // positions in the first prefill
-  double prefill_s = 0.0;
-  int new_tokens = 0;
-  double generate_s = 0.0;  // from the prefill's logits on the host to the last token picked
-
-  std::string device;  // the device's name and dtype
+  int prompt_tokens = 0;   // positions in the first prefill
+  double prefill_s = 0.0;  // until its logits row is on the host
+  int decode_steps = 0;    // new tokens - 1
+  double decode_s = 0.0;   // from there to the last token picked
+  std::string device;      // Device::name(): which device, in which dtype
 };
 
 // Returns the prompt followed by the generated tokens (generate_with's context policy).

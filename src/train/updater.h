@@ -49,7 +49,9 @@ class Updater {
   virtual void begin_micro_batch(int a) = 0;
   // Returns once the gradient statistics are on the host. An updater that decides on the device
   // (resident) enqueues the update by `plan` before it waits, so that the device runs AdamW
-  // while the host reads the norm; the host's own step_gate then decides the same.
+  // while the host reads the norm; the host's own step_gate then decides the same. Such an
+  // updater reports an Inf/NaN gradient through sumsq only (nonfinite stays false), since the
+  // device's gate sees nothing else.
   virtual GradStats finish_gradients(const StepPlan& plan) = 0;
   // Update number state().step + 1 with learning rate lr; every gradient is multiplied by
   // grad_multiplier (1/loss_scale x clip coefficient). May run on after it returns. Where

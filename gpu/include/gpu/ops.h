@@ -125,7 +125,8 @@ void launch_attention_backward(void* dqkv, const void* dout, const void* qkv, co
 // attends to the keys and values of positions [0, pos] of qkv (B, T, (NH + 2 NKV) hs), the KV
 // cache; out (B, NH hs) written. Rows past pos are not read. `scratch`:
 // attention_decode_scratch_floats(d) floats (none: may be null), for the positions split across
-// blocks when B x NH blocks alone would leave SMs idle.
+// blocks when B x NH blocks alone would leave SMs idle; the size follows the current device's SM
+// count, so compute it with the launch's device current.
 std::size_t attention_decode_scratch_floats(const AttentionDims& d);
 void launch_attention_decode(void* out, const void* qkv, int pos, const AttentionDims& d, DType t,
                              float* scratch, cudaStream_t s);
