@@ -369,7 +369,13 @@ TEST(Cli, EvalGivesTheRunsValidationLoss) {
       {"eval --data synthetic --seq-len 65 --checkpoint latest --checkpoint-dir " + ckpt,
        "--seq-len 65 exceeds the model's block_size 64"},
       {"eval --data synthetic --batches -1 --checkpoint latest --checkpoint-dir " + ckpt,
-       "--batches must be >= 0"},
+       "--batches must be in 0..1048576"},
+      {"eval --data synthetic --batches 99999 --checkpoint latest --checkpoint-dir " + ckpt,
+       "--batches 99999 is more than one pass over the scored tokens"},
+      {"eval --data synthetic --precision fp8 --checkpoint latest --checkpoint-dir " + ckpt,
+       "--precision must be auto, fp32, bf16 or fp16 (got 'fp8')"},
+      {"eval --data /nonexistent/shards --checkpoint latest --checkpoint-dir " + ckpt,
+       "/nonexistent/shards"},
   };
   for (const auto& [cmd, want] : bad) {
     r = run(cmd);

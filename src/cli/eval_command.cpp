@@ -23,11 +23,12 @@ void add_eval_command(CLI::App& app, EvalCommand& cmd, const std::string& model_
   ev->add_option("--data-format", c.data_format, "auto, shards, text or synthetic")
       ->capture_default_str();
   ev->add_option("--val-fraction", c.val_fraction,
-                 "tail of each document scored, as train holds it out; 1 = all of the data")
+                 "tail of each document scored, as train holds it out; 1 = all of each document")
       ->capture_default_str();
   ev->add_option("--micro-batch,-b", c.micro_batch, "sequences per batch (B)")
       ->capture_default_str();
-  ev->add_option("--seq-len", c.seq_len, "tokens per sequence (T); default the model's block_size");
+  ev->add_option("--seq-len", c.seq_len,
+                 "tokens per sequence (T); default the model's block_size, at most 2048");
   ev->add_option("--batches", c.batches, "batches to score; 0 = one pass over the scored tokens")
       ->capture_default_str();
   ev->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
@@ -40,15 +41,18 @@ void add_eval_command(CLI::App& app, EvalCommand& cmd, const std::string& model_
 
 int run_eval(const EvalCommand& cmd) {
   const train::EvalResult r = train::evaluate(cmd.config);
-  const double ppl = std::exp(r.loss);
+  const double ppl = std::exp(r.loss);  // inf past a loss of about 709.8
   if (cmd.json) {
-    const nlohmann::json j = {{"loss", r.loss},     {"perplexity", ppl}, {"batches", r.batches},
-                              {"tokens", r.tokens}, {"data", r.split},   {"device", r.device}};
+    // JSON has no infinity: a perplexity that overflows a double is null.
+    const nlohmann::json j = {
+        {"loss", r.loss},       {"perplexity", std::isfinite(ppl) ? nlohmann::json(ppl) : nullptr},
+        {"batches", r.batches}, {"tokens", r.tokens},
+        {"data", r.split},      {"device", r.device}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("eval: loss %.4f, perplexity %.2f over %lld tokens in %lld batches (%s) on %s\n",
+    std::printf("eval: loss %.4f, perplexity %.2f over %lld tokens in %lld batch%s (%s) on %s\n",
                 r.loss, ppl, static_cast<long long>(r.tokens), static_cast<long long>(r.batches),
-                r.split.c_str(), r.device.c_str());
+                r.batches == 1 ? "" : "es", r.split.c_str(), r.device.c_str());
   }
   return 0;
 }

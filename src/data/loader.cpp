@@ -153,10 +153,12 @@ DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, const LoaderCo
         " tokens, fewer than one batch needs (" + std::to_string(c.batch_size) + " rows x " +
         std::to_string(c.world_size) + " ranks); data: " + source_->describe() +
         ". Fix: more data, a smaller " + "--micro-batch or --seq-len";
-    if (c.split == Split::kVal) {
+    if (c.split == Split::kVal && c.val_fraction < 1.0) {
       msg += ", a larger --val-fraction (now " + fmt(c.val_fraction) +
-             "; eval: 1 scores all of the data), or for train a separate --val-data or "
-             "--val-fraction 0 to skip validation";
+             "), or, when training, a separate --val-data or --val-fraction 0 to skip "
+             "validation";
+    } else if (c.split == Split::kVal) {  // the whole source is validation data
+      msg += " (when training, --val-fraction 0 skips validation)";
     } else if (c.val_fraction > 0) {
       msg += ", or a smaller --val-fraction (now " + fmt(c.val_fraction) + ")";
     }

@@ -25,6 +25,16 @@ std::string no_cuda_device_reason() {
 
 }  // namespace
 
+void check_device_request(const DeviceRequest& r) {
+  if (r.device != "auto" && r.device != "host" && r.device != "cuda")
+    throw std::invalid_argument("--device must be auto, host or cuda (got '" + r.device + "')");
+  if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
+      r.precision != "fp16") {
+    throw std::invalid_argument("--precision must be auto, fp32, bf16 or fp16 (got '" +
+                                r.precision + "')");
+  }
+}
+
 std::unique_ptr<Device> make_device(const DeviceRequest& r) {
   std::string which = r.device;
   if (which == "auto") which = no_cuda_device_reason().empty() ? "cuda" : "host";

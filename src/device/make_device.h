@@ -22,6 +22,9 @@ struct DeviceRequest {
 
 // Throws std::runtime_error with the reason and the fix when the request cannot be met.
 std::unique_ptr<Device> make_device(const DeviceRequest& request);
+// The request's words alone (device auto/host/cuda, precision auto/fp32/bf16/fp16), checked
+// before anything slow: std::invalid_argument naming the flag.
+void check_device_request(const DeviceRequest& request);
 
 // What the CUDA backend sees, for `offload_train info` (the same answers in a build without it).
 struct GpuInfo {

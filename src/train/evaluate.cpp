@@ -1,6 +1,7 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <span>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 #include "data/token_source.h"
 #include "device/make_device.h"
 #include "pinned_memory/pinned_buffer.h"
+#include "train/config.h"
 
 namespace zo::train {
 
@@ -22,6 +24,16 @@ LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::Dat
   pinned::PinnedBuffer buffer(BT * std::size_t(std::min(std::max(batches, 1), kWindow)) * 4,
                               dev::staging_pin_options(dev, true));
   const std::span<float> l = buffer.span<float>();
+  // Copies into `buffer` finish before it is freed, also when a launch or the data throws.
+  struct Drain {
+    dev::Stream& s;
+    ~Drain() {
+      try {
+        s.synchronize();
+      } catch (const std::exception&) {  // reported by whoever threw first
+      }
+    }
+  } drain{s};
   std::vector<std::int32_t> inputs, targets;
   LossSum out{0.0, double(BT) * batches};
   for (int b = 0; b < batches; ++b) {
@@ -39,28 +51,37 @@ LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::Dat
 }
 
 EvalResult evaluate(const EvalConfig& c) {
-  if (c.micro_batch < 1) throw std::invalid_argument("--micro-batch must be >= 1");
+  if (c.micro_batch < 1 || c.micro_batch > kMaxMicroBatch)
+    throw std::invalid_argument("--micro-batch must be in 1.." + std::to_string(kMaxMicroBatch));
   if (c.seq_len < 0) throw std::invalid_argument("--seq-len must be >= 1 (or 0 for block_size)");
-  if (c.batches < 0) throw std::invalid_argument("--batches must be >= 0 (0: the whole split)");
+  if (c.batches < 0 || c.batches > kMaxEvalBatches) {
+    throw std::invalid_argument("--batches must be in 0.." + std::to_string(kMaxEvalBatches) +
+                                " (0: one pass over the scored tokens)");
+  }
   if (!(c.val_fraction > 0.0 && c.val_fraction <= 1.0)) {
     throw std::invalid_argument(
-        "--val-fraction must be in (0, 1]: the tail of each document "
-        "that is scored (1: all of the data)");
+        "--val-fraction must be in (0, 1]: the tail of each document that is scored (1: all "
+        "of it)");
   }
   if (c.data.empty()) throw std::invalid_argument("eval needs --data: the tokens to score");
-  const LoadedWeights w = load_weights(c.weights);
-  if (c.seq_len > w.spec.block_size) {
+  dev::DeviceRequest request;
+  request.device = c.device;
+  request.precision = c.precision;
+  request.threads = c.threads;
+  dev::check_device_request(request);
+  // The spec, then the data, then the weights: a bad path or token fails before gigabytes of
+  // weights are read.
+  const model::ModelSpec spec = load_spec(c.weights);
+  if (c.seq_len > spec.block_size) {
     throw std::invalid_argument("--seq-len " + std::to_string(c.seq_len) +
                                 " exceeds the model's block_size " +
-                                std::to_string(w.spec.block_size));
+                                std::to_string(spec.block_size));
   }
-  const int T = c.seq_len > 0 ? c.seq_len : w.spec.block_size;
-
-  // The data before the device: a bad path or token fails before anything large is allocated.
+  const int T = c.seq_len > 0 ? c.seq_len : std::min(spec.block_size, kDefaultEvalSeqLen);
   data::SourceConfig sc;
   sc.path = c.data;
   sc.format = data::parse_data_format(c.data_format);
-  sc.vocab_size = w.spec.vocab_size;
+  sc.vocab_size = spec.vocab_size;
   data::LoaderConfig lc;
   lc.batch_size = c.micro_batch;
   lc.seq_len = T;
@@ -68,20 +89,29 @@ EvalResult evaluate(const EvalConfig& c) {
   lc.split = data::Split::kVal;
   data::DataLoader loader(data::open_token_source(sc), lc);
   const std::uint64_t pass = loader.batches_per_epoch();
-  const int batches = c.batches > 0
-                          ? c.batches
-                          : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(1) << 30));
+  if (std::uint64_t(c.batches) > pass) {
+    throw std::invalid_argument("--batches " + std::to_string(c.batches) + " is more than one " +
+                                "pass over the scored tokens (" + loader.describe() +
+                                "): give at most " + std::to_string(pass) + ", or 0 for one pass");
+  }
+  const int batches =
+      c.batches > 0
+          ? c.batches
+          : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(kMaxEvalBatches)));
 
-  dev::DeviceRequest request;
-  request.device = c.device;
-  request.precision = c.precision;
-  request.threads = c.threads;
-  InferenceModel m(w, request, {c.micro_batch, T, false});
+  const LoadedWeights w = load_weights(c.weights);
+  InferenceModel m(w, request, {c.micro_batch, T, false}, "a smaller --micro-batch or --seq-len");
   model::FlatParameters params(m.params(), nullptr, m.device().act_dtype());
   const LossSum s = sum_losses(m.model(), params, loader, batches, m.device(), m.stream());
 
   EvalResult r;
   r.loss = s.sum / s.count;
+  if (!std::isfinite(r.loss)) {
+    throw std::runtime_error("the mean loss over " + std::to_string(batches) +
+                             " batches is not finite (" + std::to_string(r.loss) +
+                             "): the weights hold Inf or NaN, or overflow in --precision " +
+                             c.precision + "; try --precision fp32");
+  }
   r.batches = batches;
   r.tokens = static_cast<std::int64_t>(s.count);
   r.split = loader.describe();

@@ -31,7 +31,7 @@ struct EvalConfig {
   std::string data_format = "auto";
   double val_fraction = 0.05;  // the tail of each document scored, as train holds out; 1: all
   int micro_batch = 4;
-  int seq_len = 0;  // 0: the model's block_size
+  int seq_len = 0;  // 0: the model's block_size, at most kDefaultEvalSeqLen
   int batches = 0;  // 0: one pass over the split
   std::string device = "auto";
   std::string precision = "auto";
@@ -45,6 +45,11 @@ struct EvalResult {
   std::string device;  // Device::name()
 };
 
+// The default sequence length's cap (a Llama 3's block_size is 131072).
+inline constexpr int kDefaultEvalSeqLen = 2048;
+
+// Checks everything (flags, the spec, the data) before reading the weights and opening the
+// device; refuses --batches beyond one pass and a non-finite mean loss.
 EvalResult evaluate(const EvalConfig& config);
 
 }  // namespace zo::train

@@ -1,41 +1,64 @@
 #include "train/inference.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <stdexcept>
 
+#include "core/bytes.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint_io.h"
 
 namespace zo::train {
 
-LoadedWeights load_weights(const WeightsSource& s) {
+namespace {
+
+void check_one_source(const WeightsSource& s) {
   if (s.checkpoint.empty() == s.init_from.empty())
     throw std::invalid_argument("give exactly one of --checkpoint or --init-from");
-  LoadedWeights w;
-  if (!s.checkpoint.empty()) {
-    const auto dir = resolve_checkpoint(s.checkpoint, s.checkpoint_dir);
-    w.spec = checkpoint_spec(read_trainer_state(dir));
-    w.weights.resize(model::ParameterLayout(w.spec).size());
-    model::import_hf_weights(dir / "model.safetensors", model::ParameterLayout(w.spec), w.weights);
-  } else {
-    w.spec = model::load_model_spec(s.model.empty() ? init_from_config(s.init_from) : s.model);
-    w.weights.resize(model::ParameterLayout(w.spec).size());
-    model::import_hf_weights(s.init_from, model::ParameterLayout(w.spec), w.weights);
-  }
+}
+
+}  // namespace
+
+model::ModelSpec load_spec(const WeightsSource& s) {
+  check_one_source(s);
+  if (!s.checkpoint.empty())
+    return checkpoint_spec(read_trainer_state(resolve_checkpoint(s.checkpoint, s.checkpoint_dir)));
+  return model::load_model_spec(s.model.empty() ? init_from_config(s.init_from) : s.model);
+}
+
+LoadedWeights load_weights(const WeightsSource& s) {
+  LoadedWeights w{load_spec(s), {}};
+  const model::ParameterLayout layout(w.spec);
+  w.weights.resize(layout.size());
+  const std::filesystem::path file =
+      !s.checkpoint.empty()
+          ? resolve_checkpoint(s.checkpoint, s.checkpoint_dir) / "model.safetensors"
+          : std::filesystem::path(s.init_from);
+  model::import_hf_weights(file, layout, w.weights);
   return w;
 }
 
 InferenceModel::InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
-                               const model::ModelShape& shape)
+                               const model::ModelShape& shape, const std::string& smaller)
     : layout_(w.spec), dev_(dev::make_device(request)), stream_(dev_->create_stream()) {
   const std::size_t bytes = w.weights.size() * dtype_size(dev_->act_dtype());
   std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
   convert_from_float(w.weights.data(), staged.data(), dev_->act_dtype(), w.weights.size());
-  params_ = dev_->alloc(bytes, "parameters");
-  dev_->copy_to_device(params_.data(), staged.data(), bytes, *stream_);
-  stream_->synchronize();  // staged goes out of scope (and the upload is not a step's time)
-  model_ = model::make_model(*dev_, layout_, shape);
+  try {
+    params_ = dev_->alloc(bytes, "parameters");
+    dev_->copy_to_device(params_.data(), staged.data(), bytes, *stream_);
+    stream_->synchronize();  // staged goes out of scope (and the upload is not a step's time)
+    model_ = model::make_model(*dev_, layout_, shape);
+  } catch (const OutOfMemoryError& e) {
+    // Its own advice is training's (--recompute, --device-memory); here only the shape helps.
+    throw std::runtime_error("out of device memory for the weights (" + format_bytes(bytes) +
+                             ") and the activations of " + std::to_string(shape.B) + " x " +
+                             std::to_string(shape.T) + " positions: requested " +
+                             format_bytes(e.requested()) + " with " + format_bytes(e.in_use()) +
+                             " in use; use " + smaller + ", or --device host");
+  }
 }
 
 InferenceModel::~InferenceModel() {

@@ -23,6 +23,10 @@ struct WeightsSource {
   std::string init_from, model;
 };
 
+// The model the weights are for (a checkpoint's trainer state, --model, or the config.json
+// beside Hugging Face weights), without reading them.
+model::ModelSpec load_spec(const WeightsSource& source);
+
 struct LoadedWeights {
   model::ModelSpec spec;
   std::vector<float> weights;  // the layout's order, fp32
@@ -31,8 +35,9 @@ LoadedWeights load_weights(const WeightsSource& source);
 
 class InferenceModel {
  public:
+  // `smaller` names the flags that shrink `shape`, for the out-of-memory message.
   InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
-                 const model::ModelShape& shape);
+                 const model::ModelShape& shape, const std::string& smaller);
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out.
   ~InferenceModel();
   InferenceModel(const InferenceModel&) = delete;

@@ -21,6 +21,11 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   if (c.context < 0) throw std::invalid_argument("--context must be >= 1 (or 0 for the default)");
   if (c.prompt.empty())
     throw std::invalid_argument("the prompt is empty: give --prompt or --prompt-tokens");
+  dev::DeviceRequest request;
+  request.device = c.device;
+  request.precision = c.precision;
+  request.threads = c.threads;
+  dev::check_device_request(request);
   const LoadedWeights w = load_weights({c.checkpoint, c.checkpoint_dir, c.init_from, c.model});
   const model::ModelSpec& spec = w.spec;
   if (vocab_size) *vocab_size = spec.vocab_size;
@@ -44,11 +49,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   }
   const int T = c.context > 0 ? c.context : std::min(spec.block_size, kDefaultSampleContext);
 
-  dev::DeviceRequest request;
-  request.device = c.device;
-  request.precision = c.precision;
-  request.threads = c.threads;
-  InferenceModel m(w, request, {1, T, false});
+  InferenceModel m(w, request, {1, T, false}, "a smaller --context");
   if (times) times->device = m.device().name();
   return generate_with(
       m.model(), m.params(), m.device(), m.stream(), c.prompt, c.new_tokens,
