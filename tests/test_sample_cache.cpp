@@ -153,7 +153,7 @@ TEST(SampleCacheInput, DecodeRefusesWhatTheCacheDoesNotHold) {
   su.stream->synchronize();
 
   zo::train::SampleConfig c;
-  c.checkpoint = "unused";
+  c.weights.checkpoint = "unused";
   EXPECT_HAS(zo::test::error_of([&] { zo::train::generate(c); }),
              "the prompt is empty: give --prompt or --prompt-tokens");
 }

@@ -288,7 +288,7 @@ TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
 
 TEST(Sample, NoTokensAndBadNumbers) {
   zo::train::SampleConfig s;
-  s.checkpoint = trained_checkpoint().string();
+  s.weights.checkpoint = trained_checkpoint().string();
   s.prompt = {1, 2, 3};
   s.new_tokens = 0;  // returned with the upload still pending, freeing its buffer under it
   EXPECT_EQ(zo::train::generate(s), s.prompt);

@@ -5,18 +5,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common_options.h"
+
 namespace zo::cli {
 
 void add_eval_command(CLI::App& app, EvalCommand& cmd, const std::string& model_help) {
   auto* ev = cmd.app = app.add_subcommand(
       "eval", "Score a checkpoint or Hugging Face weights on data: mean loss and perplexity");
   train::EvalConfig& c = cmd.config;
-  ev->add_option("--checkpoint", c.weights.checkpoint, "checkpoint directory, or 'latest'");
-  ev->add_option("--checkpoint-dir", c.weights.checkpoint_dir, "where to look for 'latest'");
-  ev->add_option("--init-from", c.weights.init_from,
-                 "Hugging Face weights: .safetensors, index or directory");
-  ev->add_option("--model", c.weights.model,
-                 model_help + "; with --init-from, default the config.json beside the weights");
+  add_weights_options(ev, c.weights, model_help);
   ev->add_option("--data", c.data,
                  "token shards (file, directory, glob), text files, or 'synthetic'")
       ->required();
@@ -31,11 +28,7 @@ void add_eval_command(CLI::App& app, EvalCommand& cmd, const std::string& model_
                  "tokens per sequence (T); default the model's block_size, at most 2048");
   ev->add_option("--batches", c.batches, "batches to score; 0 = one pass over the scored tokens")
       ->capture_default_str();
-  ev->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
-      ->capture_default_str();
-  ev->add_option("--precision", c.precision,
-                 "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
-      ->capture_default_str();
+  add_device_options(ev, c.device, c.precision);
   ev->add_flag("--json", cmd.json, "print one JSON object");
 }
 

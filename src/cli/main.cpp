@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "comm/comm.h"
+#include "common_options.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "data/token_source.h"
@@ -96,8 +97,7 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--adam-threads", c.adam_threads,
                 "CPU Adam threads; 0 = all cores (this rank's share with mpirun), less two "
                 "with a GPU");
-  t->add_option("--device", c.device, "auto (cuda if a GPU is usable, else host), host or cuda")
-      ->capture_default_str();
+  zo::cli::add_device_options(t, c.device, c.precision);
   t->add_option("--mode", c.mode,
                 "resident (optimizer state on the device), offload (on the host, CPU Adam) or "
                 "auto (resident when it fits on a GPU)")
@@ -105,9 +105,6 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--grad-accum-on", c.grad_accum_on,
                 "offload, --grad-accum > 1: sum micro-batches in fp32 on the device (one bucket "
                 "per step to the host), on the host, or auto (the device when it fits)")
-      ->capture_default_str();
-  t->add_option("--precision", c.precision,
-                "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
       ->capture_default_str();
   t->add_flag("!--no-cuda-graphs", c.cuda_graphs,
               "cuda, resident: launch forward and backward kernel by kernel instead of "

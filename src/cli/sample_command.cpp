@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common_options.h"
 #include "tokenize/decode.h"
 #include "tokenize/tokenizer.h"
 
@@ -43,14 +44,7 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd, const std::string& mo
                                            "Generate tokens (or text, for byte-level models) "
                                            "from a checkpoint or Hugging Face weights");
   train::SampleConfig& sc = cmd.config;
-  smp->add_option("--checkpoint", sc.checkpoint, "checkpoint directory, or 'latest'");
-  smp->add_option("--checkpoint-dir", sc.checkpoint_dir, "where to look for 'latest'");
-  smp->add_option("--init-from", sc.init_from,
-                  "Hugging Face weights: .safetensors, index or directory");
-  smp->add_option("--model", sc.model,
-                  model_help +
-                      "; with --init-from, default the config.json beside the "
-                      "weights");
+  add_weights_options(smp, sc.weights, model_help);
   smp->add_option("--prompt", cmd.prompt,
                   "prompt text: bytes (byte-level models), or encoded with --tokenizer");
   smp->add_option("--prompt-tokens", cmd.prompt_tokens, "prompt as comma-separated token ids");
@@ -62,11 +56,7 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd, const std::string& mo
                   "nucleus: sample from the most likely tokens holding this probability; 1 = all")
       ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
-  smp->add_option("--device", sc.device, "auto (cuda if a GPU is usable, else host), host or cuda")
-      ->capture_default_str();
-  smp->add_option("--precision", sc.precision,
-                  "device dtype: auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16")
-      ->capture_default_str();
+  add_device_options(smp, sc.device, sc.precision);
   smp->add_option("--context", sc.context,
                   "positions kept (activations and KV cache); 0 = the model's block_size, at "
                   "most 2048")

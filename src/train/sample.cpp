@@ -26,7 +26,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   request.precision = c.precision;
   request.threads = c.threads;
   dev::check_device_request(request);
-  const LoadedWeights w = load_weights({c.checkpoint, c.checkpoint_dir, c.init_from, c.model});
+  const LoadedWeights w = load_weights(c.weights);
   const model::ModelSpec& spec = w.spec;
   if (vocab_size) *vocab_size = spec.vocab_size;
   if (c.top_k > spec.vocab_size) {

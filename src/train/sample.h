@@ -9,14 +9,12 @@
 
 #include "device/device.h"
 #include "model/model.h"
+#include "train/inference.h"
 
 namespace zo::train {
 
 struct SampleConfig {
-  std::string checkpoint;  // checkpoint directory, or "latest" in checkpoint_dir
-  std::string checkpoint_dir;
-  std::string init_from;  // or Hugging Face GPT-2 safetensors + model
-  std::string model;
+  WeightsSource weights;
   std::vector<std::int32_t> prompt;  // token ids (the CLI turns text into bytes)
   int new_tokens = 64;
   float temperature = 1.0f;  // 0 = greedy

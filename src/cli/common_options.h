@@ -1,0 +1,18 @@
+// Flags several subcommands share, declared once so that they read alike everywhere.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "train/inference.h"
+
+namespace zo::cli {
+
+// --checkpoint, --checkpoint-dir, --init-from and --model: the weights `eval` and `sample` run.
+void add_weights_options(CLI::App* app, train::WeightsSource& weights,
+                         const std::string& model_help);
+
+// --device and --precision.
+void add_device_options(CLI::App* app, std::string& device, std::string& precision);
+
+}  // namespace zo::cli
