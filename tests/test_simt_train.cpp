@@ -222,6 +222,30 @@ TEST_F(SimtTrain, CheckpointAndResumeAreExact) {
 // `sample --device cuda` on the emulated GPU: in fp32 its greedy tokens equal the host backend's
 // (the same logits to rounding), for GPT-2 and the Llama family; in bf16 it generates from the
 // same checkpoint too.
+// eval on the GPU (the inference model, page-locked loss copies, the validation forward) scores
+// what the host backend scores, in fp32 and bf16, for GPT-2 and Llama.
+TEST_F(SimtTrain, EvalOnTheGpuMatchesTheHost) {
+  for (const std::string model : {"tiny", "tiny-llama"}) {
+    SCOPED_TRACE(model);
+    const fs::path ckpt = dir_.path / ("eval_" + model);
+    train(ZO_OFFLOAD_TRAIN_BIN,
+          "--device host --precision fp32 --steps 4 --checkpoint-dir " + ckpt.string(), dir_.path,
+          "eval_" + model, model);
+    const std::string eval = " eval --checkpoint latest --checkpoint-dir " + ckpt.string() +
+                             " --data synthetic -b 2 --seq-len 32 --batches 3 --json ";
+    auto loss = [&](const char* binary, const std::string& device) {
+      const auto r = run_command(std::string(binary) + eval + device);
+      EXPECT_EQ(r.code, 0) << r.out;
+      return r.code == 0 ? nlohmann::json::parse(r.out).at("loss").get<double>() : std::nan("");
+    };
+    const double host = loss(ZO_OFFLOAD_TRAIN_BIN, "--device host");
+    const double fp32 = loss(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda --precision fp32");
+    const double bf16 = loss(ZO_OFFLOAD_TRAIN_SIMT_BIN, "--device cuda --precision bf16");
+    EXPECT_NEAR(fp32, host, 1e-6 * host);
+    EXPECT_NEAR(bf16, host, 1e-3 * host);
+  }
+}
+
 TEST_F(SimtTrain, SampleOnTheGpuMatchesTheHost) {
   for (const std::string model : {"tiny", "tiny-llama"}) {
     SCOPED_TRACE(model);
