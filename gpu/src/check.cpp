@@ -11,10 +11,10 @@ const char* cuda_error_hint(cudaError_t code) {
   switch (code) {
     case cudaErrorNoDevice:
       return "no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); "
-             "use --device host to train on the CPU backend";
+             "use --device host to run on the CPU backend";
     case cudaErrorInsufficientDriver:
       return "the NVIDIA driver is missing or older than this build's CUDA runtime; "
-             "install or update the driver, or use --device host to train on the CPU backend";
+             "install or update the driver, or use --device host to run on the CPU backend";
     case cudaErrorMemoryAllocation:
       return "the GPU is out of memory; lower the micro-batch size or free memory held by "
              "other processes (nvidia-smi)";

@@ -9,7 +9,7 @@
 namespace zo::gpu {
 namespace {
 
-constexpr const char* kHostFallback = "use --device host to train on the CPU backend";
+constexpr const char* kHostFallback = "use --device host to run on the CPU backend";
 
 struct RawCount {
   cudaError_t status = cudaSuccess;
