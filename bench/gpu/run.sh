@@ -5,7 +5,7 @@
 # trace.json when a phase writes one. A failing step is recorded and the next one runs.
 #   bash gpu-bundle/run.sh check [resident] [offload] [big]
 # Phases: check (device, GPU tests, a GPT-2 124M step against the host backend, then paths:
-# checkpoint, resume, sample and fp16 overflow steps on a small model), sanitize
+# checkpoint, resume, sample, eval and fp16 overflow steps on a small model), sanitize
 # (compute-sanitizer memcheck and racecheck over the op tests and two tiny trainings), resident
 # (GPT-2 124M bf16 and fp16), profile (Nsight Compute's GPU time of every kernel of one 124M
 # step, grouped as the predicted budget), offload (350M/774M/1.5B, with and without DPU, vs resident),
@@ -112,6 +112,8 @@ phase_paths() {
       --checkpoint-dir "$ck.$mode" --resume "$ck.$mode/step_00000003"
   done
   step sample_cuda 60 "$B" sample --checkpoint latest --checkpoint-dir "$ck.resident" -n 16 --ids
+  step eval_cuda 60 "$B" eval --checkpoint latest --checkpoint-dir "$ck.resident" --data synthetic \
+    -b 4 --seq-len 128 --batches 4 --device cuda
   train fp16_overflow 60 --model small-test -b 4 --seq-len 128 --device cuda --precision fp16 \
     --loss-scale 1e30 --steps 3
 }
