@@ -22,7 +22,7 @@ bash .ci/install-deps
 build_dir=${ASAN_BUILD_DIR:-build-asan}
 jobs=${ASAN_JOBS:-$(nproc)}
 read -r -a suites <<<"${ASAN_TESTS:-test_core test_checkpoint test_data test_model test_train \
-test_cli test_reliability test_offload test_host_device}"
+test_cli test_reliability test_offload test_host_device test_resident_updater}"
 limit=${ASAN_TIMEOUT:-1800}
 
 start=$SECONDS

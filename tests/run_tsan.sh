@@ -19,7 +19,8 @@ bash .ci/install-deps
 
 build_dir=${TSAN_BUILD_DIR:-build-tsan}
 jobs=${TSAN_JOBS:-$(nproc)}
-read -r -a suites <<<"${TSAN_TESTS:-test_core test_host_device test_pinned_memory test_offload test_train}"
+read -r -a suites <<<"${TSAN_TESTS:-test_core test_host_device test_pinned_memory test_offload test_train \
+test_resident_updater}"
 filter=${TSAN_GTEST_FILTER:-*}
 limit=${TSAN_TIMEOUT:-1800}
 
