@@ -88,7 +88,7 @@ class TargetRows(unittest.TestCase):
 
     def test_missing_inputs_say_not_run(self):
         rows = targets.target_rows({}, lambda s: [])
-        self.assertEqual(len(rows), 5)  # the datasheet row needs the resident run
+        self.assertEqual(len(rows), 6)
         for r in rows:
             self.assertIsNone(r[3], r[0])
             self.assertEqual(r[5], "not run", r[0])
@@ -174,20 +174,25 @@ class KernelProfile(unittest.TestCase):
                  ncu_row(6, "void zo::gpu::adamw_kernel<__nv_bfloat16, __nv_bfloat16, 4>()",
                          "nsecond", "1400000"),
                  ncu_row(7, "void zo::gpu::sum_squares_partial_kernel<__nv_bfloat16, 8>()",
-                         "nsecond", "50000")]
+                         "nsecond", "50000"),
+                 ncu_row(8, "void zo::gpu::elementwise_kernel<Add, __nv_bfloat16>()", "nsecond",
+                         "300000")]
         times = kernel_profile.kernel_times(lines)
-        self.assertEqual(len(times), 8)
+        self.assertEqual(len(times), 9)
         self.assertAlmostEqual(times[1][1], 2e6)  # usecond
         by, total = kernel_profile.summarize(times)
-        self.assertAlmostEqual(total, 1.5 + 2.0 + 1.5 + 3.0 + 1.0 + 0.25 + 1.4 + 0.05)
+        self.assertAlmostEqual(total, 1.5 + 2.0 + 1.5 + 3.0 + 1.0 + 0.25 + 1.4 + 0.05 + 0.3)
         self.assertEqual(by["attention forward"], (1, 1.5))
         self.assertEqual(by["attention backward"][0], 2)
         self.assertAlmostEqual(by["attention backward"][1], 3.5)
         self.assertEqual(by[kernel_profile.GEMMS[0]], (2, 4.0))
         self.assertEqual(by["AdamW"], (1, 1.4))
         table = "\n".join(kernel_profile.table(by, total))
-        self.assertIn("| attention (forward + backward) | | 5.00 | 46.7% | 8-14 |", table)
-        self.assertIn("| **all kernels** | 8 | **10.70** | 100% |", table)
+        self.assertIn("| attention (forward + backward) | | 5.00 | 45.5% | 8-14 |", table)
+        # LayerNorm 0.25 + residual add 0.3, against the budget's 3.2 ms.
+        self.assertIn("| LayerNorms, residual adds, cross-entropy, embedding | | 0.55 | 5.0% | 3.2 |",
+                      table)
+        self.assertIn("| **all kernels** | 9 | **11.00** | 100% |", table)
 
     def test_a_missing_header_or_unknown_unit_is_an_error(self):
         import kernel_profile

@@ -19,18 +19,20 @@ CATEGORIES = [
     ("attention forward", r"attention_(tc_)?forward_kernel", None),
     ("attention backward", r"attention_(tc_dkv|tc_dq|backward_\w+)_kernel", None),
     ("LayerNorm / RMSNorm", r"(layernorm|rmsnorm)_\w+_kernel", None),
+    ("residual adds and other elementwise ops", r"elementwise_kernel", None),
     ("cross-entropy", r"cross_entropy_kernel", None),
     ("embedding", r"embedding_\w+_kernel|RadixSort|cub::", None),
     ("AdamW", r"adamw_kernel", 1.4),
     ("gradient norm, accumulation, casts, biases, other ops",
-     r"sum_squares|accumulate_f32|cast_kernel|elementwise_kernel|bias_\w+_kernel|step_gate"
+     r"sum_squares|accumulate_f32|cast_kernel|bias_\w+_kernel|step_gate"
      r"|nonfinite_flag|rope_kernel|swiglu_kernel|attention_decode", None),
 ]
 GEMMS = ("GEMMs (cuBLASLt and other library kernels)", 24.6)
 PREDICTED_GROUPS = [  # rows of the predicted budget that span several categories
     ("attention (forward + backward)", ("attention forward", "attention backward"), (8.0, 14.0)),
-    ("LayerNorms, cross-entropy, embedding", ("LayerNorm / RMSNorm", "cross-entropy",
-                                              "embedding"), (3.2, 3.2)),
+    ("LayerNorms, residual adds, cross-entropy, embedding",
+     ("LayerNorm / RMSNorm", "residual adds and other elementwise ops", "cross-entropy",
+      "embedding"), (3.2, 3.2)),
 ]
 
 UNIT_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,

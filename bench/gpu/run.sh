@@ -155,7 +155,8 @@ phase_resident() {
 phase_profile() {
   # The GPU time of every kernel of the third resident GPT-2 124M step (the first two time the
   # cuBLASLt candidates and record the graphs), as docs/performance.md's predicted budget groups
-  # them. The trainer names each step's NVTX range "step N". Clocks left alone (METHOD.md).
+  # them. The trainer names each step's NVTX range "step N". Clocks left alone (--clock-control
+  # none): the step runs at the clocks a user gets.
   command -v ncu > /dev/null || { echo "profile: no ncu here, phase skipped"; return; }
   step ncu_124m 420 ncu --clock-control none --csv --print-units base \
     --metrics gpu__time_duration.sum --nvtx --nvtx-include "step 3/" \

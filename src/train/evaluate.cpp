@@ -69,8 +69,8 @@ EvalResult evaluate(const EvalConfig& c) {
   request.precision = c.precision;
   request.threads = c.threads;
   dev::check_device_request(request);
-  // The spec, then the data, then the weights: a bad path or token fails before gigabytes of
-  // weights are read.
+  // The spec (for a checkpoint, its files checksummed), then the data, then the weights: a bad
+  // data path or token fails before gigabytes of weights are loaded.
   const model::ModelSpec spec = load_spec(c.weights);
   if (c.seq_len > spec.block_size) {
     throw std::invalid_argument("--seq-len " + std::to_string(c.seq_len) +
@@ -99,7 +99,7 @@ EvalResult evaluate(const EvalConfig& c) {
           ? c.batches
           : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(kMaxEvalBatches)));
 
-  const LoadedWeights w = load_weights(c.weights);
+  const LoadedWeights w = load_weights(c.weights, spec);
   InferenceModel m(w, request, {c.micro_batch, T, false}, "a smaller --micro-batch or --seq-len");
   model::FlatParameters params(m.params(), nullptr, m.device().act_dtype());
   const LossSum s = sum_losses(m.model(), params, loader, batches, m.device(), m.stream());

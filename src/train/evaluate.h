@@ -48,7 +48,7 @@ struct EvalResult {
 // The default sequence length's cap (a Llama 3's block_size is 131072).
 inline constexpr int kDefaultEvalSeqLen = 2048;
 
-// Checks everything (flags, the spec, the data) before reading the weights and opening the
+// Checks everything (flags, the spec, the data) before loading the weights and opening the
 // device; refuses --batches beyond one pass and a non-finite mean loss.
 EvalResult evaluate(const EvalConfig& config);
 

@@ -29,7 +29,11 @@ model::ModelSpec load_spec(const WeightsSource& s) {
 }
 
 LoadedWeights load_weights(const WeightsSource& s) {
-  LoadedWeights w{load_spec(s), {}};
+  return load_weights(s, load_spec(s));
+}
+
+LoadedWeights load_weights(const WeightsSource& s, const model::ModelSpec& spec) {
+  LoadedWeights w{spec, {}};
   const model::ParameterLayout layout(w.spec);
   w.weights.resize(layout.size());
   const std::filesystem::path file =

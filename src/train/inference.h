@@ -32,6 +32,9 @@ struct LoadedWeights {
   std::vector<float> weights;  // the layout's order, fp32
 };
 LoadedWeights load_weights(const WeightsSource& source);
+// The same for a spec load_spec(source) gave already (a checkpoint's files are checksummed
+// when its spec is read: once is enough).
+LoadedWeights load_weights(const WeightsSource& source, const model::ModelSpec& spec);
 
 class InferenceModel {
  public:
