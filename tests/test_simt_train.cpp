@@ -219,9 +219,6 @@ TEST_F(SimtTrain, CheckpointAndResumeAreExact) {
 
 }  // namespace
 
-// `sample --device cuda` on the emulated GPU: in fp32 its greedy tokens equal the host backend's
-// (the same logits to rounding), for GPT-2 and the Llama family; in bf16 it generates from the
-// same checkpoint too.
 // eval on the GPU (the inference model, page-locked loss copies, the validation forward) scores
 // what the host backend scores, in fp32 and bf16, for GPT-2 and Llama.
 TEST_F(SimtTrain, EvalOnTheGpuMatchesTheHost) {
@@ -246,6 +243,9 @@ TEST_F(SimtTrain, EvalOnTheGpuMatchesTheHost) {
   }
 }
 
+// `sample --device cuda` on the emulated GPU: in fp32 its greedy tokens equal the host backend's
+// (the same logits to rounding), for GPT-2 and the Llama family; in bf16 it generates from the
+// same checkpoint too.
 TEST_F(SimtTrain, SampleOnTheGpuMatchesTheHost) {
   for (const std::string model : {"tiny", "tiny-llama"}) {
     SCOPED_TRACE(model);
