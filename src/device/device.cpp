@@ -24,6 +24,13 @@ void Buffer::reset() noexcept {
   bytes_ = 0;
 }
 
+void synchronize_quietly(Stream& s) noexcept {
+  try {
+    s.synchronize();
+  } catch (const std::exception&) {
+  }
+}
+
 void check_adamw_args(const char* op, const AdamConfig& c, std::int64_t t, float grad_mult) {
   c.validate(op);
   check_adam_step(op, t, grad_mult);

@@ -71,6 +71,23 @@ class Stream {
   virtual void* native_handle() { return nullptr; }
 };
 
+// For destructors and unwinding: waits for s and swallows its error, which whoever enqueued the
+// failing op reports.
+void synchronize_quietly(Stream& s) noexcept;
+
+// Waits for a stream when it goes out of scope, on every way out: work still queued that uses
+// buffers declared before it finishes before they are freed.
+class StreamDrain {
+ public:
+  explicit StreamDrain(Stream& s) noexcept : s_(s) {}
+  ~StreamDrain() { synchronize_quietly(s_); }
+  StreamDrain(const StreamDrain&) = delete;
+  StreamDrain& operator=(const StreamDrain&) = delete;
+
+ private:
+  Stream& s_;
+};
+
 // A marker recorded on a stream; other streams (or the host) can wait for it.
 class Event {
  public:

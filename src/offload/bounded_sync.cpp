@@ -43,10 +43,7 @@ void finish_quietly(SerialQueue& worker, dev::Stream& stream) noexcept {
     worker.wait_idle();
   } catch (const std::exception&) {
   }
-  try {
-    stream.synchronize();
-  } catch (const std::exception&) {
-  }
+  dev::synchronize_quietly(stream);
 }
 
 }  // namespace zo::offload

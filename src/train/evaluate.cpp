@@ -25,15 +25,7 @@ LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::Dat
                               dev::staging_pin_options(dev, true));
   const std::span<float> l = buffer.span<float>();
   // Copies into `buffer` finish before it is freed, also when a launch or the data throws.
-  struct Drain {
-    dev::Stream& s;
-    ~Drain() {
-      try {
-        s.synchronize();
-      } catch (const std::exception&) {  // reported by whoever threw first
-      }
-    }
-  } drain{s};
+  const dev::StreamDrain drain(s);
   std::vector<std::int32_t> inputs, targets;
   LossSum out{0.0, double(BT) * batches};
   for (int b = 0; b < batches; ++b) {

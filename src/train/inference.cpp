@@ -66,10 +66,7 @@ InferenceModel::InferenceModel(const LoadedWeights& w, const dev::DeviceRequest&
 }
 
 InferenceModel::~InferenceModel() {
-  try {
-    stream_->synchronize();
-  } catch (const std::exception&) {  // the error was (or will be) reported by its op
-  }
+  dev::synchronize_quietly(*stream_);
 }
 
 }  // namespace zo::train

@@ -50,13 +50,7 @@ class ResidentUpdater final : public Updater {
     upload_run_table();
   }
   // Work still queued on the stream reads and writes the buffers: finish it first.
-  ~ResidentUpdater() override {
-    try {
-      stream_.synchronize();
-    } catch (const std::exception&) {
-      // Reported by whoever failed; nothing to add while unwinding.
-    }
-  }
+  ~ResidentUpdater() override { dev::synchronize_quietly(stream_); }
 
   model::ParameterStore& parameters() override { return flat_; }
 
