@@ -5,6 +5,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -823,8 +824,9 @@ TEST_F(VerifyTest, DetectsMissingFileAndReportsAllProblems) {
 TEST_F(VerifyTest, DetectsMissingOrCorruptManifest) {
   write_bytes(dir_ / "MANIFEST.json", "{\"files\": [");
   EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "MANIFEST.json is corrupted");
-  write_bytes(dir_ / "MANIFEST.json",
-              R"({"files": [{"path": "../../etc/passwd", "size": 1, "crc32c": "00000000"}]})");
+  write_bytes(dir_ / "MANIFEST.json",  // version 1: written before manifests had a checksum
+              R"({"version": 1, "files": [{"path": "../../etc/passwd", "size": 1,
+                  "crc32c": "00000000"}]})");
   EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "points outside");
   fs::remove(dir_ / "MANIFEST.json");
   const std::string msg = error_of([&] { verify_directory(dir_); });
@@ -833,12 +835,132 @@ TEST_F(VerifyTest, DetectsMissingOrCorruptManifest) {
   EXPECT_HAS(error_of([&] { verify_directory(tmp_ / "nothing"); }), "does not exist");
 }
 
+// Every single-bit change to MANIFEST.json that leaves it valid JSON is refused, naming it: the
+// manifest's own checksum covers all of it (a changed size, checksum, path, version or digit of
+// the self-checksum). Checked at every byte.
+TEST_F(VerifyTest, RefusesAnyChangeToTheManifestItself) {
+  const fs::path path = dir_ / "MANIFEST.json";
+  const std::string text = read_bytes(path);
+  ASSERT_NE(text.find("\"manifest_crc32c\""), std::string::npos);
+  int still_json = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    for (const int bit : {0, 2}) {  // e.g. '1' <-> '0', '4' <-> '0', 'a' <-> 'e'
+      std::string damaged = text;
+      damaged[i] = static_cast<char>(damaged[i] ^ (1 << bit));
+      if (!nlohmann::json::accept(damaged)) continue;
+      ++still_json;
+      write_bytes(path, damaged);
+      EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "MANIFEST.json is corrupted")
+          << "byte " << i << " bit " << bit;
+    }
+  }
+  EXPECT_GT(still_json, 100);  // the test ran over values, not only over the JSON's syntax
+  write_bytes(path, text);
+  EXPECT_NO_THROW(verify_directory(dir_));
+}
+
+// A manifest written before the self-checksum existed (version 1) is read as before; a version-2
+// manifest without it (the key renamed by damage, or removed) is refused.
+TEST_F(VerifyTest, OlderManifestsWithoutTheirOwnChecksumAreRead) {
+  const fs::path path = dir_ / "MANIFEST.json";
+  nlohmann::json doc = nlohmann::json::parse(read_bytes(path));
+  ASSERT_EQ(doc["version"], 2);
+  doc.erase("manifest_crc32c");
+  write_bytes(path, doc.dump(2));
+  EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "its own checksum");
+  doc["version"] = 1;
+  write_bytes(path, doc.dump(2));
+  EXPECT_NO_THROW(verify_directory(dir_));
+  doc["files"][0]["size"] = 1;  // the files' checksums still protect them
+  write_bytes(path, doc.dump(2));
+  EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "has the wrong size");
+}
+
 // ---- rotation -----------------------------------------------------------------------------------
 
 void make_checkpoint(const fs::path& parent, std::uint64_t step) {
   AtomicDirectory d(parent / checkpoint_dir_name("step_", step));
   d.write_file("state.json", "{\"step\": " + std::to_string(step) + "}");
   d.commit();
+}
+
+// A save killed mid-write, as a process that dies with its AtomicDirectory open: the child
+// builds one for `owner` and exits without unwinding. Returns the temporary directory.
+fs::path killed_save(const fs::path& final_dir, const std::string& owner) {
+  const fs::path before_marker = final_dir.parent_path() / ".marker";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto* d = new AtomicDirectory(final_dir, IfExists::kReplace, owner);  // never destroyed
+    d->write_file("model.safetensors", std::string_view("half of it"));
+    std::ofstream(before_marker) << d->temp_path().string();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const std::string temp = read_bytes(before_marker);
+  fs::remove(before_marker);
+  return temp;
+}
+
+// The writer record lets a run remove what its own killed saves left, and nothing else: not
+// another run's, not one without a record, not one whose writer still runs, and never a
+// committed checkpoint (commit removes the record, so nothing of it is in the manifest).
+TEST(AbandonedSaves, OnlyTheOwnersWithAGoneWriterAreRemoved) {
+  TempDir tmp;
+  const fs::path a1 = killed_save(tmp / "step_00000003", "run-a");
+  const fs::path a2 = killed_save(tmp / "step_00000006", "run-a");
+  const fs::path b = killed_save(tmp / "step_00000004", "run-b");
+  const fs::path none = killed_save(tmp / "step_00000005", "");
+  for (const fs::path& p : {a1, a2, b, none})
+    ASSERT_TRUE(fs::is_directory(p)) << p;
+  EXPECT_TRUE(fs::exists(a1 / ".writer.json"));
+  EXPECT_FALSE(fs::exists(none / ".writer.json"));
+  AtomicDirectory alive(tmp / "step_00000007", IfExists::kFail, "run-a");  // being written now
+  make_checkpoint(tmp.path(), 2);
+
+  AbandonedSaves r = remove_abandoned_saves(tmp.path(), "run-a");
+  std::sort(r.removed.begin(), r.removed.end());
+  EXPECT_EQ(r.removed, (std::vector<fs::path>{a1, a2}));
+  ASSERT_EQ(r.kept.size(), 1u);
+  EXPECT_HAS(r.kept[0], alive.temp_path().string());
+  EXPECT_HAS(r.kept[0], "written by this process");
+  for (const fs::path& p : {b, none, alive.temp_path()})
+    EXPECT_TRUE(fs::is_directory(p)) << p;
+  EXPECT_TRUE(remove_abandoned_saves(tmp.path(), "run-c").removed.empty());
+  EXPECT_TRUE(remove_abandoned_saves(tmp.path(), "").removed.empty());
+
+  alive.write_file("state.json", std::string_view("{}"));
+  alive.commit();
+  EXPECT_EQ(verify_directory(tmp / "step_00000007").files.size(), 1u);
+  EXPECT_FALSE(fs::exists(tmp / "step_00000007" / ".writer.json"));
+  verify_directory(tmp / "step_00000002");
+}
+
+// The record's process identity: a pid now used by a process started later (or by nobody), or
+// another boot, is gone; a process on another host cannot be seen and is kept.
+TEST(AbandonedSaves, APidReusedOrAnotherBootIsGoneAnotherHostIsKept) {
+  TempDir tmp;
+  const fs::path dir = killed_save(tmp / "step_00000001", "run-a");
+  const auto record = nlohmann::json::parse(read_bytes(dir / ".writer.json"));
+  const auto with = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = record;
+    j[key] = value;
+    const fs::path d = tmp / (".step_00000001.tmp-" + std::string(key));
+    fs::create_directories(d);
+    write_bytes(d / ".writer.json", j.dump());
+    return d;
+  };
+  const fs::path reused = with("pid", ::getppid());  // alive, but started before the writer
+  const fs::path rebooted = with("boot_id", "another boot");
+  const fs::path elsewhere = with("host", "another-host");
+  AbandonedSaves r = remove_abandoned_saves(tmp.path(), "run-a");
+  std::sort(r.removed.begin(), r.removed.end());
+  std::vector<fs::path> gone = {dir, reused, rebooted};
+  std::sort(gone.begin(), gone.end());
+  EXPECT_EQ(r.removed, gone);
+  ASSERT_EQ(r.kept.size(), 1u);
+  EXPECT_HAS(r.kept[0], "written from host 'another-host'");
+  EXPECT_TRUE(fs::is_directory(elsewhere));
 }
 
 TEST(Rotation, NamesSortNumerically) {

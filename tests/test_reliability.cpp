@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -299,6 +300,130 @@ TEST(Reliability, ASecondSignalExitsAtOnceAndLeavesTheCheckpointsIntact) {
       zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train -q --checkpoint-dir " +
                             ck.string() + " --resume latest --steps " + std::to_string(newest + 1));
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// ---- crashes ------------------------------------------------------------------------------------
+
+std::int64_t newest_checkpoint(const fs::path& ck) {
+  std::int64_t newest = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ck, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && fs::exists(e.path() / "MANIFEST.json"))
+      newest = std::max<std::int64_t>(newest, std::stoll(name.substr(5)));
+  }
+  return newest;
+}
+
+// The step of the last whole line of a metrics file (0 if none).
+std::int64_t last_metrics_step(const fs::path& m) {
+  std::ifstream in(m);
+  std::int64_t step = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step")) step = j["step"];
+  }
+  return step;
+}
+
+// Waits until the run saved a checkpoint after step `after` and went on past it; returns that
+// checkpoint's step.
+std::int64_t wait_past_a_new_checkpoint(const fs::path& ck, const fs::path& m, std::int64_t after) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::int64_t newest = newest_checkpoint(ck);
+    if (newest > after && last_metrics_step(m) > newest) return newest;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "no checkpoint after step " << after << " in " << ck;
+  return after;
+}
+
+// kill -9 three times, each after the run made progress past its last checkpoint, then resumed to
+// the end: the metrics file holds one object per step, each equal to the uninterrupted run's
+// (losses bit for bit), whatever was written after each checkpoint and however a line was cut
+// short. A save the kill cut short leaves a temporary directory, which the next run of the same
+// run id removes (only its own, and only when its writer is gone), saying so.
+TEST(Reliability, AfterKillAndResumeTheMetricsHoldEachStepOnceAndCutSavesAreRemoved) {
+  TempDir d;
+  const fs::path ck = d.path / "ck", m = d.path / "m.jsonl";
+  const std::string base = "train" + kTiny + " --lr-schedule-steps 1000";
+  const char* host_boot[2] = {"/proc/sys/kernel/hostname", "/proc/sys/kernel/random/boot_id"};
+  std::string hb[2];
+  for (int k = 0; k < 2; ++k) {
+    hb[k] = bytes_of(host_boot[k]);
+    hb[k].erase(hb[k].find_last_not_of('\n') + 1);
+  }
+  // This process's start time after boot (field 22 of /proc/self/stat).
+  std::string my_start = bytes_of("/proc/self/stat");
+  {
+    std::istringstream fields(my_start.substr(my_start.rfind(')') + 2));
+    for (int k = 3; k <= 22; ++k)
+      fields >> my_start;
+  }
+  // A writer record (docs/reliability.md) of a save by `pid` for `run`.
+  const auto leftover = [&](const std::string& name, const std::string& run, pid_t pid) {
+    const fs::path dir = ck / name;
+    fs::create_directories(dir);
+    std::ofstream(dir / "model.safetensors") << "partial";
+    if (!run.empty()) {
+      std::ofstream(dir / ".writer.json") << nlohmann::json{
+          {"owner", run},
+          {"host", hb[0]},
+          {"boot_id", hb[1]},
+          {"pid", pid},
+          {"start",
+           pid == ::getpid() ? my_start : "1"}}.dump();
+    }
+    return dir;
+  };
+  std::vector<fs::path> ours;
+  std::int64_t last = 0;  // the newest checkpoint's step
+  for (int kill_no = 0; kill_no < 3; ++kill_no) {
+    Background run(base + " --steps 100000 --metrics " + m.string() + " --checkpoint-every 3" +
+                       " --checkpoint-dir " + ck.string() +
+                       (kill_no == 0 ? "" : " --resume latest"),
+                   d.path / "log");
+    last = wait_past_a_new_checkpoint(ck, m, last);
+    kill(run.pid, SIGKILL);
+    run.wait_exit();
+    last = newest_checkpoint(ck);
+    // As the kill would have left it, had it come during that save.
+    ours.push_back(leftover(
+        ".step_" + std::to_string(900 + kill_no) + ".tmp-" + std::to_string(run.pid) + "-0badc0de",
+        run_id_of(ck / step_dir(last)), run.pid));
+  }
+  std::ofstream(m, std::ios::app) << R"({"step": 9)";  // a line cut short
+  const fs::path other = leftover(".step_00000950.tmp-1-00000000", "another run", 1);
+  const fs::path unknown = leftover(".step_00000951.tmp-1-00000001", "", 0);
+  const fs::path live =
+      leftover(".step_00000952.tmp-1-00000002", run_id_of(ck / step_dir(last)), ::getpid());
+  const std::int64_t steps = last + 4;
+  Result r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
+                                   ck.string() + " --resume latest --steps " +
+                                   std::to_string(steps) + " --metrics " + m.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("after step " + std::to_string(last)), std::string::npos) << r.out;
+  for (const fs::path& p : ours)  // each by the next resumed run
+    EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_NE(r.out.find("removed " + ours.back().string() + ", left by a save of this run"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(unknown));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_NE(r.out.find("still runs"), std::string::npos) << r.out;
+
+  const fs::path ref = d.path / "ref.jsonl";
+  r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " " + base + " --steps " +
+                            std::to_string(steps) + " --metrics " + ref.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = zo::test::read_jsonl(ref), b = zo::test::read_jsonl(m);
+  ASSERT_EQ(b.size(), std::size_t(steps));
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i]["step"], i + 1);
+    EXPECT_EQ(b[i]["loss"], a[i]["loss"]) << "step " << i + 1;
+  }
 }
 
 }  // namespace

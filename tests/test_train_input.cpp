@@ -1,10 +1,12 @@
 // Damaged checkpoints and bad numbers for the trainer's readers: trainer_state.json values of the
 // wrong type, out of range or inconsistent, optimizer shard ranges that overlap, wrap or leave the
-// layout, tensors nothing reads, FIFOs in a checkpoint; non-finite flags; sampling edge cases.
+// layout, tensors nothing reads, FIFOs in a checkpoint; non-finite flags; sampling edge cases;
+// weights whose logits are not finite in sample and eval.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +20,7 @@
 #include "input_test.h"
 #include "thread_comm.h"
 #include "train/checkpoint_io.h"
+#include "train/evaluate.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 
@@ -303,6 +306,63 @@ TEST(Sample, NoTokensAndBadNumbers) {
              "--top-k 257 exceeds the model's vocabulary of 256");
   s.top_k = 256;
   EXPECT_EQ(zo::train::generate(s).size(), 5u);
+}
+
+// The checkpoint's (fp32) model.safetensors with every value of tensor `name` set to v.
+void set_weights(const fs::path& dir, const std::string& name, float v) {
+  const fs::path file = dir / "model.safetensors";
+  std::uint64_t at = 0, n = 0;
+  {
+    const auto f = zo::ckpt::SafetensorsFile::open(file);
+    ASSERT_EQ(f.info(name).dtype_name, "F32");
+    at = 8 + f.header_size() + f.info(name).data_begin;
+    n = f.info(name).numel;
+  }
+  std::string bytes = file_bytes(file);
+  for (std::uint64_t i = 0; i < n; ++i)
+    std::memcpy(bytes.data() + at + 4 * i, &v, 4);
+  reseal(dir, "model.safetensors", bytes);
+}
+
+// NaN weights, and finite weights that overflow fp32 in use (3e38 in an MLP), give logits with
+// no distribution to sample from: sample and eval stop with an error naming the token or batch,
+// where sample used to reach std::discrete_distribution with NaN weights.
+TEST(Sample, NonFiniteLogitsAreAnErrorNamingTheToken) {
+  for (const float v : {std::nanf(""), 3e38f}) {
+    Scratch tmp;
+    const fs::path dir = tmp.path / "step_00000002";
+    fs::copy(trained_checkpoint(), dir, fs::copy_options::recursive);
+    set_weights(dir, v == 3e38f ? "h.1.mlp.c_fc.weight" : "h.0.attn.c_attn.bias", v);
+    zo::train::SampleConfig s;
+    s.weights.checkpoint = dir.string();
+    s.prompt = {1, 2, 3};
+    s.new_tokens = 4;
+    for (const float temperature : {1.0f, 0.0f}) {
+      s.temperature = temperature;
+      const std::string e = error_of([&] { zo::train::generate(s); });
+      EXPECT_HAS(e, "new token 1 (position 2): the model's logits hold 256 non-finite values");
+      EXPECT_HAS(e, "weights hold Inf or NaN, or overflow in fp32");
+    }
+    zo::train::EvalConfig c;
+    c.weights.checkpoint = dir.string();
+    c.data = "synthetic";
+    c.micro_batch = 2;
+    c.seq_len = 16;
+    c.batches = 3;
+    const std::string e = error_of([&] { zo::train::evaluate(c); });
+    EXPECT_HAS(e, "batch 1 of 3, sequence 1 token 1, has a non-finite loss");
+  }
+}
+
+TEST(Sample, TheSamplerRefusesLogitsWithoutADistribution) {
+  zo::train::TokenSampler pick(1.0f, 0, 1.0f, 3);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::vector<float>& row :
+       {std::vector<float>{-inf, -inf, -inf}, std::vector<float>{0.0f, std::nanf(""), 1.0f},
+        std::vector<float>{inf, 0.0f, 1.0f}}) {
+    EXPECT_HAS(error_of([&] { pick(row); }), "the logits are not finite");
+  }
+  EXPECT_EQ(pick({-inf, 2.0f, -inf}), 1);  // -Inf alone is a zero probability
 }
 
 }  // namespace

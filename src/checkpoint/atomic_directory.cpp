@@ -54,8 +54,8 @@ WriteResult checksum_and_sync(const fs::path& path, const fs::path& dir) {
 
 }  // namespace
 
-AtomicDirectory::AtomicDirectory(fs::path final_path, IfExists if_exists)
-    : final_(std::move(final_path)), if_exists_(if_exists) {
+AtomicDirectory::AtomicDirectory(fs::path final_path, IfExists if_exists, const std::string& owner)
+    : final_(std::move(final_path)), if_exists_(if_exists), has_record_(!owner.empty()) {
   if (final_.filename().empty()) final_ = final_.parent_path();  // "ckpt/step_1/" -> ".../step_1"
   if (final_.empty() || final_.filename() == "." || final_.filename() == "..") {
     throw CheckpointError("invalid checkpoint directory path " + quoted(final_) +
@@ -78,12 +78,25 @@ AtomicDirectory::AtomicDirectory(fs::path final_path, IfExists if_exists)
     throw_write_error("create the temporary directory", temp_, errno, parent);
   }
   active_ = true;
+  if (!has_record_) return;
+  const std::string text = writer_record_text(owner);
+  try {
+    write_and_sync(
+        temp_ / kWriterRecordName, O_EXCL,
+        [&text](const ByteSink& sink) { sink(std::as_bytes(std::span(text.data(), text.size()))); },
+        parent);
+  } catch (...) {
+    std::error_code removed;
+    fs::remove_all(temp_, removed);  // no destructor runs for a constructor that throws
+    throw;
+  }
 }
 
 AtomicDirectory::AtomicDirectory(AtomicDirectory&& other) noexcept
     : final_(std::move(other.final_)),
       temp_(std::move(other.temp_)),
       if_exists_(other.if_exists_),
+      has_record_(other.has_record_),
       active_(std::exchange(other.active_, false)),
       committed_(other.committed_),
       written_(std::move(other.written_)) {}
@@ -135,6 +148,9 @@ void AtomicDirectory::commit() {
                           ": commit called twice (or on a moved-from object).");
   }
   const fs::path parent = parent_or_dot(final_);
+  if (has_record_ && ::unlink((temp_ / kWriterRecordName).c_str()) != 0) {
+    throw_write_error("remove the writer record", temp_ / kWriterRecordName, errno, parent);
+  }
 
   // 1. Every file: size and checksum (recorded, or read back), fsynced.
   Manifest manifest;

@@ -63,14 +63,22 @@ enum class IfExists : std::uint8_t {
   kReplace,  // commit() swaps the new directory in atomically and deletes the old one
 };
 
+// The record in a temporary checkpoint directory of who writes it (an owner such as a run id,
+// the host, boot, pid and start time of the process), removed by commit(). A process killed
+// mid-save leaves it behind, so that a later run can tell its own abandoned saves from saves in
+// progress (remove_abandoned_saves).
+inline constexpr std::string_view kWriterRecordName = ".writer.json";
+
 // Builds a directory under `<parent>/.<name>.tmp-<pid>-<random>` and publishes it as
 // `final_path` on commit(). Without commit() (an exception, an early return) the destructor
 // removes the temporary directory. Not thread-safe; one writer per directory.
 class AtomicDirectory {
  public:
   // Creates the parent directories if needed. Throws CheckpointError if the parent cannot be
-  // created or written, or (kFail) if final_path already exists.
-  explicit AtomicDirectory(std::filesystem::path final_path, IfExists if_exists = IfExists::kFail);
+  // created or written, or (kFail) if final_path already exists. A non-empty `owner` is written
+  // into the temporary directory's writer record.
+  explicit AtomicDirectory(std::filesystem::path final_path, IfExists if_exists = IfExists::kFail,
+                           const std::string& owner = {});
   ~AtomicDirectory();  // never throws
   AtomicDirectory(AtomicDirectory&& other) noexcept;
   AtomicDirectory& operator=(AtomicDirectory&&) = delete;
@@ -103,7 +111,8 @@ class AtomicDirectory {
   std::filesystem::path final_;
   std::filesystem::path temp_;
   IfExists if_exists_;
-  bool active_ = false;  // owns temp_ (false once moved from or committed)
+  bool has_record_ = false;  // a writer record is in temp_ until commit()
+  bool active_ = false;      // owns temp_ (false once moved from or committed)
   bool committed_ = false;
   std::map<std::string, Written> written_;
 };
@@ -147,10 +156,21 @@ std::vector<std::filesystem::path> move_checkpoints_aside(const std::filesystem:
                                                           const std::vector<CheckpointDir>& dirs,
                                                           const std::string& folder);
 
-// Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."):
-// never deleted automatically (another process may be writing one); the trainer can report them
-// so the user can reclaim the space.
+// Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."),
+// and directories being written now.
 std::vector<std::filesystem::path> list_temporary_dirs(const std::filesystem::path& parent);
+
+// Removes the temporary directories in `parent` whose writer record names `owner` and whose
+// writer is gone: a process on this host and boot that no longer runs (its pid is free, or
+// taken by a process started later), or a boot of this host before this one. Directories
+// without a record (old writers, an exchanged-out checkpoint, another run's) are never touched;
+// a record from another host is kept, since its writer cannot be seen from here.
+struct AbandonedSaves {
+  std::vector<std::filesystem::path> removed;
+  std::vector<std::string> kept;  // "'<path>' (why)": the owner's, but maybe still written
+};
+AbandonedSaves remove_abandoned_saves(const std::filesystem::path& parent,
+                                      const std::string& owner);
 
 // The newest complete checkpoint, or nullopt if there is none. Does not verify checksums: call
 // verify_directory() on the result before trusting it.

@@ -92,4 +92,7 @@ bool is_safe_relative(const std::filesystem::path& p);
 // MANIFEST.json's text for `manifest` (its files sorted by path).
 std::string manifest_text(const Manifest& manifest);
 
+// The writer record's text (kWriterRecordName) for this process, writing for `owner`.
+std::string writer_record_text(const std::string& owner);
+
 }  // namespace zo::ckpt

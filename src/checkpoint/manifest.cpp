@@ -24,6 +24,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+constexpr const char* kSelfChecksumKey = "manifest_crc32c";
+constexpr const char* kZeroDigits = "00000000";
+
+// How the field's value starts in the text manifest_text writes (nlohmann's dump(2)).
+const std::string& self_checksum_prefix() {
+  static const std::string prefix = "\"" + std::string(kSelfChecksumKey) + "\": \"";
+  return prefix;
+}
+
 std::string crc_hex(std::uint32_t crc) {
   char hex[9];
   std::snprintf(hex, sizeof hex, "%08x", crc);
@@ -36,6 +45,39 @@ std::string crc_hex(std::uint32_t crc) {
                         "). Do not use this checkpoint; resume from an older one.");
 }
 
+bool parse_crc(const std::string& hex, std::uint32_t& crc) {
+  const auto [ptr, err] = std::from_chars(hex.data(), hex.data() + hex.size(), crc, 16);
+  return err == std::errc() && ptr == hex.data() + hex.size() && hex.size() == 8;
+}
+
+// The manifest's own checksum: CRC-32C of its whole text with the eight digits of its
+// "manifest_crc32c" value read as zeros. Every other byte is covered, and a change to those
+// digits no longer matches the rest; a manifest written before the field existed (version 1)
+// has none and is read as before.
+void check_self_checksum(const fs::path& dir, const std::string& text, const nlohmann::json& doc) {
+  const bool has = doc.is_object() && doc.contains(kSelfChecksumKey);
+  if (!has) {
+    if (doc.is_object() && doc.value("version", nlohmann::json()) == 1) return;
+    throw_bad_manifest(dir,
+                       "its own checksum \"" + std::string(kSelfChecksumKey) + "\" is missing");
+  }
+  const nlohmann::json& value = doc[kSelfChecksumKey];
+  std::uint32_t stored = 0;
+  const std::size_t at = text.rfind(self_checksum_prefix());
+  if (!value.is_string() || !parse_crc(value.get<std::string>(), stored) ||
+      at == std::string::npos ||
+      text.compare(at + self_checksum_prefix().size(), 8, value.get<std::string>()) != 0) {
+    throw_bad_manifest(dir, "its own checksum is not 8 hex digits in the written form");
+  }
+  std::string zeroed = text;
+  zeroed.replace(at + self_checksum_prefix().size(), 8, kZeroDigits);
+  const std::uint32_t crc = crc32c(zeroed);
+  if (crc != stored) {
+    throw_bad_manifest(dir, "its text was changed after it was written: CRC-32C " + crc_hex(crc) +
+                                ", expected " + crc_hex(stored));
+  }
+}
+
 Manifest parse_manifest(const fs::path& dir, const std::string& text) {
   nlohmann::json doc;
   try {
@@ -43,6 +85,7 @@ Manifest parse_manifest(const fs::path& dir, const std::string& text) {
   } catch (const JsonError& e) {
     throw_bad_manifest(dir, std::string("invalid JSON: ") + e.what());
   }
+  check_self_checksum(dir, text, doc);
   if (!doc.is_object() || !doc.contains("files") || !doc["files"].is_array()) {
     throw_bad_manifest(dir, "no \"files\" array");
   }
@@ -57,8 +100,7 @@ Manifest parse_manifest(const fs::path& dir, const std::string& text) {
     e.path = f["path"].get<std::string>();
     e.size = f["size"].get<std::uint64_t>();
     const std::string hex = f["crc32c"].get<std::string>();
-    const auto [ptr, err] = std::from_chars(hex.data(), hex.data() + hex.size(), e.crc32c, 16);
-    if (err != std::errc() || ptr != hex.data() + hex.size() || hex.size() != 8) {
+    if (!parse_crc(hex, e.crc32c)) {
       throw_bad_manifest(dir, "bad crc32c '" + hex + "' for '" + e.path + "'");
     }
     if (!is_safe_relative(fs::path(e.path)) || e.path == kManifestName) {
@@ -86,10 +128,14 @@ std::string manifest_text(const Manifest& manifest) {
     files.push_back({{"path", f.path}, {"size", f.size}, {"crc32c", crc_hex(f.crc32c)}});
   }
   const nlohmann::ordered_json doc = {{"format", "offload_train checkpoint"},
-                                      {"version", 1},
+                                      {"version", 2},
                                       {"checksum", "crc32c"},
-                                      {"files", std::move(files)}};
-  return doc.dump(2) + "\n";
+                                      {"files", std::move(files)},
+                                      {kSelfChecksumKey, kZeroDigits}};
+  std::string text = doc.dump(2) + "\n";
+  const std::size_t at = text.rfind(self_checksum_prefix()) + self_checksum_prefix().size();
+  text.replace(at, 8, crc_hex(crc32c(text)));
+  return text;
 }
 
 // Every entry under `dir` other than a directory, relative and '/'-separated, sorted.

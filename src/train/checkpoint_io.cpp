@@ -187,8 +187,9 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   const auto step = trainer_state.at("step").get<std::uint64_t>();
   if (!opt.owns_all())
     throw std::logic_error("save_checkpoint: a partitioned optimizer needs comm");
+  const std::string run_id = trainer_state.value("run_id", std::string());
   ckpt::AtomicDirectory dir(parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step),
-                            ckpt::IfExists::kReplace);
+                            ckpt::IfExists::kReplace, run_id);
   add_model_file(dir, layout, opt.master());
   {
     // Moments in HF shapes too, in the state dtype, bit for bit.
@@ -218,8 +219,7 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   dir.write_file("trainer_state.json", full_state(trainer_state, layout, opt).dump(2));
   dir.commit();
-  rotate_run_checkpoints(parent, trainer_state.value("run_id", std::string()), keep_last,
-                         dir.final_path());
+  rotate_run_checkpoints(parent, run_id, keep_last, dir.final_path());
   return dir.final_path();
 }
 
@@ -241,7 +241,8 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   std::string temp, failure;
   if (r == 0) {
     try {
-      dir.emplace(final_path, ckpt::IfExists::kReplace);
+      dir.emplace(final_path, ckpt::IfExists::kReplace,
+                  trainer_state.value("run_id", std::string()));
       temp = dir->temp_path().string();
     } catch (const std::exception& e) {
       failure = e.what();

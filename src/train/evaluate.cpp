@@ -35,8 +35,14 @@ LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::Dat
     dev.copy_to_host(l.data() + (b % kWindow) * BT, model.losses(), BT * 4, s);
     if (b % kWindow == kWindow - 1 || b + 1 == batches) {
       s.synchronize();
-      out.sum =
-          std::accumulate(l.begin(), l.begin() + std::ptrdiff_t((b % kWindow + 1) * BT), out.sum);
+      const auto end = l.begin() + std::ptrdiff_t((b % kWindow + 1) * BT);
+      out.sum = std::accumulate(l.begin(), end, out.sum);
+      const auto bad = std::find_if(l.begin(), end, [](float x) { return !std::isfinite(x); });
+      if (bad != end && out.nonfinite_batch < 0) {
+        const auto at = static_cast<std::int64_t>(bad - l.begin());
+        out.nonfinite_batch = b - b % kWindow + at / std::int64_t(BT);
+        out.nonfinite_row = at % std::int64_t(BT);
+      }
     }
   }
   return out;
@@ -98,11 +104,17 @@ EvalResult evaluate(const EvalConfig& c) {
 
   EvalResult r;
   r.loss = s.sum / s.count;
-  if (!std::isfinite(r.loss)) {
-    throw std::runtime_error("the mean loss over " + std::to_string(batches) +
-                             " batches is not finite (" + std::to_string(r.loss) +
-                             "): the weights hold Inf or NaN, or overflow in --precision " +
-                             c.precision + "; try --precision fp32");
+  if (s.nonfinite_batch >= 0 || !std::isfinite(r.loss)) {
+    const std::string where = s.nonfinite_batch < 0
+                                  ? "the mean loss over " + std::to_string(batches) + " batches"
+                                  : "batch " + std::to_string(s.nonfinite_batch + 1) + " of " +
+                                        std::to_string(batches) + ", sequence " +
+                                        std::to_string(s.nonfinite_row / T + 1) + " token " +
+                                        std::to_string(s.nonfinite_row % T + 1) + ",";
+    throw std::runtime_error(where + " has a non-finite loss (its logits hold Inf or NaN): the " +
+                             "weights hold Inf or NaN, or overflow in " +
+                             std::string(dtype_name(m.device().act_dtype())) +
+                             "; try --precision fp32, or check the weights");
   }
   r.batches = batches;
   r.tokens = static_cast<std::int64_t>(s.count);

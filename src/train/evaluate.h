@@ -20,6 +20,8 @@ namespace zo::train {
 struct LossSum {
   double sum = 0.0;
   double count = 0.0;
+  // The first non-finite loss, as (batch, row of B x T), when there is one.
+  std::int64_t nonfinite_batch = -1, nonfinite_row = -1;
 };
 LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::DataLoader& loader,
                    int batches, dev::Device& dev, dev::Stream& s);
@@ -49,7 +51,7 @@ struct EvalResult {
 inline constexpr int kDefaultEvalSeqLen = 2048;
 
 // Checks everything (flags, the spec, the data) before loading the weights and opening the
-// device; refuses --batches beyond one pass and a non-finite mean loss.
+// device; refuses --batches beyond one pass and a non-finite loss (naming its batch and token).
 EvalResult evaluate(const EvalConfig& config);
 
 }  // namespace zo::train

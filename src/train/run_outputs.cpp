@@ -3,8 +3,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <span>
 #include <system_error>
 
+#include "checkpoint/atomic_io.h"
 #include "core/error.h"
 
 namespace zo::train {
@@ -63,6 +67,44 @@ void check_output_file(const fs::path& path, const char* flag, bool keep_existin
   }
   std::ofstream probe(path, std::ios::app);  // opens without truncating
   if (!probe) throw CheckpointError(where + " is not writable; fix its permissions");
+}
+
+std::string drop_metrics_after(const fs::path& path, std::int64_t step) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "";
+  // Calls line(text, keep) for every line; false when the file's last line lacks its newline.
+  const auto read = [&](const std::function<void(const std::string&, bool)>& line) {
+    std::ifstream in(path, std::ios::binary);
+    std::string text;
+    bool newline = true;
+    while (std::getline(in, text)) {
+      newline = !in.eof();
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      line(text, j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                     j["step"].get<std::int64_t>() <= step);
+    }
+    if (in.bad() || !in.eof()) {
+      throw CheckpointError("--metrics '" + path.string() +
+                            "' cannot be read to continue it; fix its permissions or choose "
+                            "another path");
+    }
+    return newline;
+  };
+  std::int64_t kept = 0, dropped = 0;
+  const bool ends_whole = read([&](const std::string&, bool keep) { ++(keep ? kept : dropped); });
+  if (dropped == 0 && ends_whole) return "";
+  ckpt::write_file_atomic(path, [&](const ckpt::ByteSink& sink) {
+    read([&](const std::string& text, bool keep) {
+      if (!keep) return;
+      sink(std::as_bytes(std::span(text.data(), text.size())));
+      sink(std::as_bytes(std::span("\n", 1)));
+    });
+  });
+  if (dropped == 0) return "";  // only the last line's newline was missing
+  return "--metrics '" + path.string() + "': dropped " + std::to_string(dropped) + " line" +
+         (dropped == 1 ? "" : "s") + " after step " + std::to_string(step) +
+         " (steps this run repeats from its checkpoint, or a line cut short); kept " +
+         std::to_string(kept);
 }
 
 }  // namespace zo::train

@@ -15,6 +15,24 @@
 
 namespace zo::train {
 
+namespace {
+
+// A sampler given NaN or Inf has no distribution to draw from (std::discrete_distribution's
+// precondition): the weights hold Inf or NaN, or a finite value overflows the act dtype.
+void check_finite_logits(const std::vector<float>& logits, int k, int pos, DType act) {
+  const auto bad =
+      std::count_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+  if (bad == 0) return;
+  throw std::runtime_error(
+      "new token " + std::to_string(k + 1) + " (position " + std::to_string(pos) +
+      "): the model's logits hold " + std::to_string(bad) + " non-finite values (Inf or NaN) of " +
+      std::to_string(logits.size()) + ": its weights hold Inf or NaN, or overflow in " +
+      std::string(dtype_name(act)) + (act == DType::kF32 ? "" : "; try --precision fp32") +
+      ", or check the weights (a checkpoint of a diverged run?)");
+}
+
+}  // namespace
+
 std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, SampleTimes* times) {
   if (c.new_tokens < 0) throw std::invalid_argument("--tokens must be >= 0");
   TokenSampler pick(c.temperature, c.top_k, c.top_p, c.seed);  // checks them
@@ -96,6 +114,9 @@ std::int32_t TokenSampler::operator()(const std::vector<float>& logits) {
       mass += weights_[n++];
     weights_.resize(std::max<std::size_t>(n, 1));
   }
+  if (!(total > 0.0) || !std::isfinite(total)) {  // discrete_distribution's precondition
+    throw std::invalid_argument("sampling: the logits are not finite; no token can be drawn");
+  }
   std::discrete_distribution<int> choose(weights_.begin(), weights_.end());
   return order_[static_cast<std::size_t>(choose(rng_))];
 }
@@ -137,6 +158,7 @@ std::vector<std::int32_t> generate_with(model::Model& model, const void* params,
       if (times) times->prompt_tokens = pos + 1;
     }
     convert_to_float(row.data(), act, logits.data(), logits.size());
+    check_finite_logits(logits, k, pos, act);
     const std::int32_t next = pick(logits);
     seq.push_back(next);
     if (k + 1 == new_tokens) break;

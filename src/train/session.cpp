@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "checkpoint/atomic_io.h"
 #include "comm/comm.h"
 #include "data/token_source.h"
 #include "device/make_device.h"
@@ -74,7 +75,7 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   make_updater_and_model();
   init_weights();
   updater->load_state();
-  claim_checkpoint_dir();
+  claim_outputs();
 }
 
 // Data parallel when started by mpirun (or ZO_WORLD_SIZE > 1): every rank must run the same
@@ -321,13 +322,25 @@ Session::~Session() {
   }
 }
 
-// Last, once the run is sure to start: this run's checkpoints newer than the resumed step are
-// abandoned by the resume and moved aside.
-void Session::claim_checkpoint_dir() {
-  if (rank != 0 || cfg.checkpoint_dir.empty()) return;
-  const std::string note =
-      move_abandoned(cfg.checkpoint_dir, checkpoint_claim, std::uint64_t(start_step));
-  if (!note.empty()) notes.push_back(note);
+// Last, once the run is sure to start, a resumed run takes up where its checkpoint left off:
+// its checkpoints newer than the resumed step are moved aside, the temporary directories of its
+// saves that were killed mid-write are removed, and its metrics after that step are dropped.
+void Session::claim_outputs() {
+  if (rank != 0 || !resume_state) return;
+  if (!cfg.checkpoint_dir.empty()) {
+    const std::string note =
+        move_abandoned(cfg.checkpoint_dir, checkpoint_claim, std::uint64_t(start_step));
+    if (!note.empty()) notes.push_back(note);
+    const ckpt::AbandonedSaves saves = ckpt::remove_abandoned_saves(cfg.checkpoint_dir, run_id);
+    for (const std::filesystem::path& p : saves.removed)
+      notes.push_back("removed " + p.string() + ", left by a save of this run that was cut short");
+    for (const std::string& k : saves.kept)
+      notes.push_back("left " + k + ": remove it by hand once no save is writing it");
+  }
+  if (!cfg.metrics.empty()) {
+    const std::string note = drop_metrics_after(cfg.metrics, start_step);
+    if (!note.empty()) notes.push_back(note);
+  }
 }
 
 // With a GPU doing the compute, CPU Adam runs while the main thread enqueues the next step and

@@ -78,7 +78,7 @@ struct Session {
   void make_optimizer_state();
   void make_updater_and_model();
   void init_weights();
-  void claim_checkpoint_dir();
+  void claim_outputs();
   // 0 (all cores) for a single rank per machine, else the cores over the ranks on this machine.
   int core_share() const;
   int adam_threads_default() const;

@@ -1,0 +1,121 @@
+// Who writes a temporary checkpoint directory (writer_record_text, written by AtomicDirectory),
+// and remove_abandoned_saves, which removes a run's own temporaries whose writer is gone.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <system_error>
+
+#include "checkpoint/atomic_io.h"
+#include "checkpoint/atomic_io_internal.h"
+#include "checkpoint/json_input.h"
+
+namespace zo::ckpt {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string first_line(const fs::path& p) {
+  std::ifstream in(p);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "";
+  return name;
+}
+
+// A process's start, in clock ticks after boot (field 22 of /proc/<pid>/stat), or "" if there
+// is no such process: with the pid it names one process of one boot, whatever reuses the pid.
+std::string start_ticks(long pid) {
+  const std::string stat = first_line("/proc/" + std::to_string(pid) + "/stat");
+  const std::size_t close = stat.rfind(')');  // the command name may hold spaces and ')'
+  if (close == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int k = 3; k <= 22 && fields >> field; ++k) {
+    if (k == 22) return field;
+  }
+  return "";
+}
+
+struct Writer {
+  std::string owner, host, boot, start;
+  long pid = 0;
+};
+
+nlohmann::json to_json(const Writer& w) {
+  return {{"owner", w.owner},
+          {"host", w.host},
+          {"boot_id", w.boot},
+          {"pid", w.pid},
+          {"start", w.start}};
+}
+
+Writer this_process(std::string owner) {
+  const long pid = ::getpid();
+  return {std::move(owner), host_name(), first_line("/proc/sys/kernel/random/boot_id"),
+          start_ticks(pid), pid};
+}
+
+// Why the record's writer may still be writing, or "" when it is certainly gone.
+std::string still_writing(const Writer& w, const Writer& me) {
+  if (w.host != me.host) {
+    return "written from host '" + w.host +
+           "', where this process cannot tell whether its "
+           "writer still runs";
+  }
+  if (w.boot != me.boot) return "";  // the machine restarted since
+  if (w.pid == me.pid) return "written by this process";
+  const std::string start = start_ticks(w.pid);
+  if (start.empty() || start != w.start) return "";
+  return "its writer, process " + std::to_string(w.pid) + ", still runs";
+}
+
+}  // namespace
+
+std::string writer_record_text(const std::string& owner) {
+  return to_json(this_process(owner)).dump() + "\n";
+}
+
+AbandonedSaves remove_abandoned_saves(const fs::path& parent, const std::string& owner) {
+  AbandonedSaves out;
+  if (owner.empty()) return out;
+  const Writer me = this_process(owner);
+  for (const fs::path& dir : list_temporary_dirs(parent)) {
+    const fs::path record = dir / kWriterRecordName;
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::symlink_status(record, ec))) continue;  // not a record of ours
+    Writer w;
+    try {
+      const nlohmann::json j = parse_json(read_file(record, 4096));
+      w = {j.at("owner").get<std::string>(), j.at("host").get<std::string>(),
+           j.at("boot_id").get<std::string>(), j.at("start").get<std::string>(),
+           j.at("pid").get<long>()};
+    } catch (const std::exception&) {
+      continue;  // unreadable: nobody's for certain
+    }
+    if (w.owner != owner) continue;
+    const std::string why = still_writing(w, me);
+    if (!why.empty()) {
+      out.kept.push_back(quoted(dir) + " (" + why + ")");
+      continue;
+    }
+    fs::remove_all(dir, ec);
+    if (ec) {
+      out.kept.push_back(quoted(dir) + " (cannot be removed: " + ec.message() + ")");
+    } else {
+      out.removed.push_back(dir);
+    }
+  }
+  return out;
+}
+
+}  // namespace zo::ckpt
