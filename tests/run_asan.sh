@@ -9,6 +9,7 @@
 #   ASAN_TESTS       suites to build and run, space-separated (default: the nine below)
 #   ASAN_CTEST_ARGS  extra ctest arguments, e.g. "-R Trainer" or "-E LearnsTheSyntheticTask"
 #   ASAN_TIMEOUT     seconds each test may run (default: 1800)
+#   ASAN_INPUTS      1 (default): then tests/run_asan_inputs.sh, the hostile inputs; 0: not
 #   ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS  appended to the ones set here
 # Not run: the MPI suites (test_comm under mpiexec, test_data_parallel): OpenMPI's own libraries
 # are not instrumented and leak at MPI_Init/MPI_Finalize, so LeakSanitizer would need broad
@@ -34,7 +35,8 @@ cmake -S . -B "$build_dir" -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BU
 found=$(known_targets run_asan "$build_dir" "${suites[@]}")
 read -r -a targets <<<"$found"
 # test_cli and test_reliability depend on offload_train: the binary they run is instrumented too.
-cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"
+# The hostile inputs (run_asan_inputs.sh, below) go through it and reseal_checkpoint.
+cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" offload_train reseal_checkpoint
 echo "run_asan: configure + build took $((SECONDS - start)) s"
 
 # detect_leaks: LeakSanitizer at every test's exit (the default on x86-64 Linux; stated here).
@@ -52,8 +54,12 @@ rc=0
 ctest --test-dir "$build_dir" -L "^(${labels})\$" -j "$jobs" --timeout "$limit" \
   --output-on-failure ${ASAN_CTEST_ARGS:-} || rc=$?
 echo "run_asan: tests took $((SECONDS - start)) s"
+# The fuzz seeds, regression inputs and damaged checkpoints through the binary's commands.
+if [[ ${ASAN_INPUTS:-1} == 1 ]]; then
+  bash tests/run_asan_inputs.sh "$build_dir" || rc=1
+fi
 if [[ $rc -ne 0 ]]; then
-  echo "run_asan: FAILED (a sanitizer report or a failing test above)" >&2
+  echo "run_asan: FAILED (a sanitizer report, a failing test or a hostile input above)" >&2
   exit 1
 fi
-echo "run_asan: clean: ${targets[*]}"
+echo "run_asan: clean: ${targets[*]} and the hostile inputs"

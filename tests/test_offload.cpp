@@ -121,6 +121,7 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 
 // ---- the engine on the host backend (streams are threads) -----------------------------------
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -128,6 +129,7 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 #include <thread>
 
 #include "device/device.h"
+#include "device/host_stream.h"
 #include "engine_rig.h"
 #include "model/gpt.h"
 #include "offload/engine.h"
@@ -534,6 +536,31 @@ TEST(Engine, NonFiniteGradientsAreReportedBeforeAnyUpdate) {
     }
     EXPECT_TRUE(e.finish_gradients().nonfinite) << "grad_accum " << accum;
     EXPECT_EQ(off.state().step, 0);
+  }
+}
+
+// An engine destroyed mid-step (an error unwinding before finish_gradients) first waits for the
+// compute stream, which still reads its parameters and writes its gradient slots: a stream held
+// up by a slow task keeps the step queued while the engine goes. Under AddressSanitizer
+// (tests/run_asan.sh) a free before that wait is a heap-use-after-free in the stream's worker.
+TEST(Engine, DestroyedMidStepWaitsForTheComputeStream) {
+  for (const bool dpu : {false, true}) {
+    Rig rig(5);
+    EngineConfig ec;
+    ec.bucket_bytes = 8192;
+    ec.dpu = dpu;
+    auto engine = rig.engine(ec);
+    zo::model::Gpt gpt(*rig.d, rig.layout, {4, 16, false});
+    const Batches b(1, 64, 9);
+    auto& host_stream = dynamic_cast<zo::dev::HostStream&>(*rig.stream);
+    host_stream.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+    engine->begin_step(dpu);
+    gpt.set_batch(b.tokens[0], b.targets[0], *rig.stream);
+    gpt.forward(*engine, 16, true, 1.0f, *rig.stream);
+    engine->begin_micro_batch(0);
+    gpt.backward(*engine, *rig.stream);
+    engine.reset();
+    rig.stream->synchronize();  // nothing is left to run: the engine waited
   }
 }
 

@@ -6,13 +6,16 @@
 // unit roundoff of one rounding). An Inf in any one micro-batch must be reported either way.
 // test_offload_cuda_simt runs this file on the SIMT emulator in CI; test_offload_cuda on a GPU
 // (skips without one).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
@@ -80,6 +83,27 @@ struct Rig {
 };
 
 class CudaEngine : public ::testing::TestWithParam<DType> {};
+
+// An engine destroyed mid-step (an error unwinding before finish_gradients) first waits for the
+// compute stream, which still reads its parameters and writes its gradient slots: a host task
+// holds the stream up so that the step is still queued when the engine goes. On the emulator a
+// block handed back to the caching allocator while queued work uses it aborts, naming the work.
+TEST_P(CudaEngine, DestroyedMidStepWaitsForTheComputeStream) {
+  ZO_REQUIRE_GPU();
+  Rig rig(GetParam(), true);
+  const Batches b(1, kB * kT, 9);
+  const auto sleep = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  ASSERT_EQ(
+      cudaLaunchHostFunc(static_cast<cudaStream_t>(rig.stream->native_handle()), sleep, nullptr),
+      cudaSuccess);
+  rig.engine->begin_step(false);
+  rig.gpt->set_batch(b.tokens[0], b.targets[0], *rig.stream);
+  rig.gpt->forward(*rig.engine, kT, true, 1.0f, *rig.stream);
+  rig.engine->begin_micro_batch(0);
+  rig.gpt->backward(*rig.engine, *rig.stream);
+  rig.engine.reset();
+  rig.stream->synchronize();
+}
 
 TEST_P(CudaEngine, DeviceSumIsTheHostSumRoundedOnce) {
   ZO_REQUIRE_GPU();

@@ -200,6 +200,23 @@ TEST_F(SimtTrain, Fp16OverflowIsSkippedWithOffloadAccumulationOnTheDevice) {
 }
 
 // Stopping at step 3 and resuming gives the same steps 4..6 as the uninterrupted run.
+// An error mid-step (ZO_TEST_ERROR_STEP, once the step is enqueued) unwinds while the emulated
+// GPU's streams still run it: no device block goes back to the caching allocator, and no
+// page-locked buffer is unregistered, while queued work still uses it (the emulator aborts,
+// naming the work, if one does: streams.h, check_released).
+TEST_F(SimtTrain, AnErrorMidStepWaitsForTheStreamsBeforeFreeing) {
+  for (const std::string mode :
+       {"--mode resident", "--mode resident --no-cuda-graphs", "--mode offload",
+        "--mode offload --dpu --dpu-warmup 1", "--mode offload --grad-accum 2"}) {
+    const auto r = run_command("ZO_TEST_ERROR_STEP=3 " + std::string(ZO_OFFLOAD_TRAIN_SIMT_BIN) +
+                               " train --device cuda --model tiny -b 4 --seq-len 64 -q " +
+                               "--steps 4 " + mode);
+    EXPECT_EQ(r.code, 1) << mode << "\n" << r.out;
+    EXPECT_NE(r.out.find("an error injected at step 3"), std::string::npos) << mode << r.out;
+    EXPECT_EQ(r.out.find("SIMT emulator"), std::string::npos) << mode << "\n" << r.out;
+  }
+}
+
 TEST_F(SimtTrain, CheckpointAndResumeAreExact) {
   for (const std::string mode : {"resident", "offload"}) {
     const std::string args = "--steps 6 --precision bf16 --mode " + mode;

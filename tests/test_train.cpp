@@ -494,6 +494,28 @@ TEST(TrainerErrors, NonFiniteWeightsAndNegativeMomentsAreRefusedByName) {
   EXPECT_NE(e.find("Adam v of h.0.ln_2.bias [3]: negative"), std::string::npos) << e;
 }
 
+// An error on the host mid-step (here injected once the step's forward and backward are
+// enqueued) unwinds the trainer while the streams still run them: every owner of device or
+// pinned memory (the loss buffer, the offload engine's parameters and gradient slots, the
+// resident flat buffers, the model) waits for the streams that use it before freeing, in every
+// mode. Under AddressSanitizer (tests/run_asan.sh) a free before the drain is a
+// heap-use-after-free in a stream's worker; the micro-batch is large enough that the streams
+// are still busy when the unwinding starts.
+TEST(TrainerErrors, AnErrorMidStepWaitsForTheStreamsBeforeFreeing) {
+  for (const std::string mode : {"offload", "offload-dpu", "offload-accumulate", "resident"}) {
+    TrainConfig c = tiny_config(4);
+    c.micro_batch = 16;
+    c.seq_len = 64;
+    c.mode = mode == "resident" ? "resident" : "offload";
+    c.dpu = mode == "offload-dpu";
+    c.dpu_warmup = 1;
+    c.grad_accum = mode == "offload-accumulate" ? 2 : 1;
+    c.inject_error_step = 3;
+    const std::string e = error_of([&] { Trainer(c).run(); });
+    EXPECT_NE(e.find("an error injected at step 3"), std::string::npos) << mode << ": " << e;
+  }
+}
+
 TEST(Trainer, InjectedOverflowSkipsExactlyOneStepAndBacksOff) {
   TempDir d;
   TrainConfig c = tiny_config(5);

@@ -1,15 +1,31 @@
 #include "model/device_batch.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "device/make_device.h"
 
 namespace zo::model {
 
 DeviceBatch::DeviceBatch(dev::Device& device, std::int32_t* tokens, std::int32_t* targets,
                          std::size_t BT, int vocab_size)
     : device_(device), tokens_(tokens), targets_(targets), BT_(BT), vocab_size_(vocab_size) {
-  for (auto& e : staged_done_)
-    e = device.create_event();
+  for (int k = 0; k < 2; ++k) {
+    staged_[k] =
+        pinned::PinnedBuffer(2 * BT * sizeof(std::int32_t), dev::staging_pin_options(device, true));
+    staged_done_[k] = device.create_event();
+  }
+}
+
+DeviceBatch::~DeviceBatch() {
+  for (const auto& e : staged_done_) {
+    try {
+      e->synchronize();
+    } catch (const std::exception&) {
+      // The stream's error reaches whoever synchronizes it; the copies are over either way.
+    }
+  }
 }
 
 void DeviceBatch::set(const std::vector<std::int32_t>& tokens,
@@ -22,10 +38,11 @@ void DeviceBatch::set(const std::vector<std::int32_t>& tokens,
   check_ids(tokens);
   check_ids(targets);
   const int k = next_stage();
-  staged_tokens_[k] = tokens;
-  staged_targets_[k] = targets;
-  device_.copy_to_device(tokens_, staged_tokens_[k].data(), BT_ * 4, s);
-  if (!targets.empty()) device_.copy_to_device(targets_, staged_targets_[k].data(), BT_ * 4, s);
+  const std::span<std::int32_t> staged = staged_[k].span<std::int32_t>();
+  std::copy(tokens.begin(), tokens.end(), staged.begin());
+  std::copy(targets.begin(), targets.end(), staged.begin() + std::ptrdiff_t(BT_));
+  device_.copy_to_device(tokens_, staged.data(), BT_ * 4, s);
+  if (!targets.empty()) device_.copy_to_device(targets_, staged.data() + BT_, BT_ * 4, s);
   device_.record(*staged_done_[k], s);
 }
 
@@ -36,8 +53,9 @@ void DeviceBatch::set_token(std::size_t i, std::int32_t token, dev::Stream& s) {
   }
   check_ids({token});
   const int k = next_stage();
-  staged_tokens_[k].assign(1, token);
-  device_.copy_to_device(tokens_ + i, staged_tokens_[k].data(), 4, s);
+  std::int32_t* staged = staged_[k].span<std::int32_t>().data();
+  *staged = token;
+  device_.copy_to_device(tokens_ + i, staged, 4, s);
   device_.record(*staged_done_[k], s);
 }
 

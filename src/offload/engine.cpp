@@ -55,9 +55,11 @@ Engine::~Engine() {
       }
     }
   }
+  // The compute stream reads the parameters (forward, backward) and writes the gradient slots:
+  // it finishes before the parts free them.
+  dev::synchronize_quietly(compute_);
   uploads_.reset();
   grads_.reset();
-  dev::synchronize_quietly(compute_);
 }
 
 void Engine::begin_step(bool dpu) {

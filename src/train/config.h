@@ -68,6 +68,9 @@ struct TrainConfig {
   float loss_scale_min = 1.0f, loss_scale_max = 16777216.0f;  // dynamic range [1, 2^24]
   // Testing hook (not a CLI flag): treat these steps' gradients as overflowed (1-based).
   std::vector<std::int64_t> inject_overflow_steps;
+  // Testing hook (not a CLI flag): throw at this step (1-based; 0: never) once its forward and
+  // backward are enqueued, before the host waits for them, as an error mid-step would.
+  std::int64_t inject_error_step = 0;
   // Offload engine (docs/offload.md). Bucket: gradient bytes streamed to the host at a
   // time. DPU: one-step delayed parameter update after dpu_warmup ordinary steps.
   std::size_t bucket_size = std::size_t{32} << 20;

@@ -111,10 +111,8 @@ EvalResult evaluate(const EvalConfig& c) {
                                         std::to_string(batches) + ", sequence " +
                                         std::to_string(s.nonfinite_row / T + 1) + " token " +
                                         std::to_string(s.nonfinite_row % T + 1) + ",";
-    throw std::runtime_error(where + " has a non-finite loss (its logits hold Inf or NaN): the " +
-                             "weights hold Inf or NaN, or overflow in " +
-                             std::string(dtype_name(m.device().act_dtype())) +
-                             "; try --precision fp32, or check the weights");
+    throw std::runtime_error(where + " has a non-finite loss (its logits hold Inf or NaN): " +
+                             nonfinite_logits_advice(m.device().act_dtype()));
   }
   r.batches = batches;
   r.tokens = static_cast<std::int64_t>(s.count);

@@ -69,4 +69,11 @@ InferenceModel::~InferenceModel() {
   dev::synchronize_quietly(*stream_);
 }
 
+std::string nonfinite_logits_advice(DType act) {
+  const std::string cause =
+      "the weights hold Inf or NaN, or overflow in " + std::string(dtype_name(act)) + "; ";
+  return cause + (act == DType::kF32 ? "check the weights (a checkpoint of a diverged run?)"
+                                     : "try --precision fp32, or check the weights");
+}
+
 }  // namespace zo::train

@@ -36,6 +36,10 @@ LoadedWeights load_weights(const WeightsSource& source);
 // when its spec is read: once is enough).
 LoadedWeights load_weights(const WeightsSource& source, const model::ModelSpec& spec);
 
+// What to say when a model's logits are not finite: their causes and the fix, for act dtype
+// `act` (sample and eval).
+std::string nonfinite_logits_advice(DType act);
+
 class InferenceModel {
  public:
   // `smaller` names the flags that shrink `shape`, for the out-of-memory message.

@@ -23,12 +23,10 @@ void check_finite_logits(const std::vector<float>& logits, int k, int pos, DType
   const auto bad =
       std::count_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
   if (bad == 0) return;
-  throw std::runtime_error(
-      "new token " + std::to_string(k + 1) + " (position " + std::to_string(pos) +
-      "): the model's logits hold " + std::to_string(bad) + " non-finite values (Inf or NaN) of " +
-      std::to_string(logits.size()) + ": its weights hold Inf or NaN, or overflow in " +
-      std::string(dtype_name(act)) + (act == DType::kF32 ? "" : "; try --precision fp32") +
-      ", or check the weights (a checkpoint of a diverged run?)");
+  throw std::runtime_error("new token " + std::to_string(k + 1) + " (position " +
+                           std::to_string(pos) + "): the model's logits hold " +
+                           std::to_string(bad) + " non-finite values (Inf or NaN) of " +
+                           std::to_string(logits.size()) + ": " + nonfinite_logits_advice(act));
 }
 
 }  // namespace

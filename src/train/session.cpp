@@ -66,6 +66,9 @@ std::string trace_path(const std::string& path, int rank) {
 
 Session::Session(const TrainConfig& c) : cfg(c) {
   cfg.validate_flags();
+  // Test hook (docs/testing.md): an error mid-step, for the binary
+  // (TrainConfig::inject_error_step).
+  if (const char* s = std::getenv("ZO_TEST_ERROR_STEP")) cfg.inject_error_step = std::atoll(s);
   join_job();
   resolve_model();
   check_outputs();

@@ -78,6 +78,10 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
                                    dev::staging_pin_options(dev, true));
   const std::span<float> losses = loss_buffer.span<float>();
   const std::unique_ptr<dev::Event> losses_ready = dev.create_event();
+  // On every way out (an error mid-step included) the step's queued copies into loss_buffer end
+  // before it is freed; the updater drains its own streams (and this one) before freeing its
+  // buffers.
+  const dev::StreamDrain drain(stream);
 
   TrainSummary summary;
   summary.first_step = S.start_step;
@@ -118,6 +122,10 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
       dev.copy_to_host(losses.data() + a * BT, model.losses(), BT * 4, stream);
     }
     dev.record(*losses_ready, stream);
+    if (cfg.inject_error_step == step + 1) {
+      throw std::runtime_error("an error injected at step " + std::to_string(step + 1) +
+                               " (TrainConfig::inject_error_step)");
+    }
     const bool injected =
         std::find(cfg.inject_overflow_steps.begin(), cfg.inject_overflow_steps.end(), step + 1) !=
         cfg.inject_overflow_steps.end();

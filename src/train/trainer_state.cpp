@@ -61,8 +61,10 @@ void check_loss_scaler(const Json& s, const fs::path& dir) {
   const std::string k = "loss_scaler";
   if (!s.is_object()) refuse(dir, k, "is not an object");
   const Json& scale = member(s, k, "scale", dir);
-  if (!scale.is_number() || !(scale.get<double>() > 0.0) || scale.get<double>() > FLT_MAX) {
-    refuse(dir, k + ".scale", "is " + brief(scale) + "; expected a positive finite float");
+  // As a float it must be normal: 1e-46 reads as 0, and 1 / scale (the unscaling) must be finite.
+  if (!scale.is_number() || !(scale.get<double>() >= FLT_MIN) || scale.get<double>() > FLT_MAX) {
+    refuse(dir, k + ".scale",
+           "is " + brief(scale) + "; expected a positive finite float (at least 1.2e-38)");
   }
   count_member(s, k, "good_steps", kMaxCount, "2^53", dir);
   if (s.contains("dynamic") && !s["dynamic"].is_boolean()) {

@@ -160,10 +160,14 @@ void manifest() {
   dir.commit();
   const std::string text = zo::ckpt::read_file(work / "ckpt" / zo::ckpt::kManifestName);
   write_file(seed("manifest", "MANIFEST.json"), text);
+  // Version 1 (before the manifest's own checksum): a change to it reaches the entries' checks.
   json j = json::parse(text);
+  j.erase("manifest_crc32c");
+  j["version"] = 1;
+  write_file(seed("manifest", "legacy_v1.json"), j.dump(2) + "\n");
   j["files"][0]["crc32c"] = "00000000";
   j["files"][1]["size"] = 1;
-  write_file(seed("manifest", "corrupted.json"), j.dump(2) + "\n");
+  write_file(seed("manifest", "legacy_v1_corrupted.json"), j.dump(2) + "\n");
   fs::remove_all(work);
 }
 

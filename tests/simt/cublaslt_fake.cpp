@@ -559,7 +559,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   g.aux_ld = static_cast<std::uint64_t>(d.aux_ld);
   g.aux_type = out.type;
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
-  zo::simt::enqueue(stream, [g] { zo::simt::lt::run_gemm(g); });
+  zo::simt::enqueue(
+      stream, [g] { zo::simt::lt::run_gemm(g); },
+      {{g.a, 1}, {g.b, 1}, {g.c, 1}, {g.d, 1}, {g.bias, 1}, {g.aux, 1}}, "a cublasLtMatmul");
   return CUBLAS_STATUS_SUCCESS;
 }
 

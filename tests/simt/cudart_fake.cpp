@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -77,14 +78,16 @@ void worker_main(CUstream_st* s) {
   for (;;) {
     g_cv.wait(lock, [s] { return s->stop || !s->queue.empty(); });
     if (s->queue.empty()) return;  // stop requested and nothing left
-    std::function<void()> work = std::move(s->queue.front());
+    s->running = std::move(s->queue.front());
     s->queue.pop_front();
+    std::function<void()> work = std::move(s->running.work);
     s->busy = true;
     const bool poisoned = g_sticky != cudaSuccess;
     lock.unlock();
     if (!poisoned) run_item(work);  // after a fault nothing more runs, as on a GPU
     work = nullptr;                 // captured state dies outside the lock
     lock.lock();
+    s->running.uses.clear();
     s->busy = false;
     g_cv.notify_all();
   }
@@ -135,11 +138,14 @@ using namespace zo::simt::rt;
 
 namespace zo::simt {
 
-void enqueue(cudaStream_t stream, std::function<void()> work) {
+void enqueue(cudaStream_t stream, std::function<void()> work, std::vector<Use> uses,
+             const char* what) {
   CUstream_st* s = worker_of(stream);
   std::unique_lock<std::mutex> lock(g_mu);
   if (s != nullptr && s->capture != nullptr) {  // recorded, run by each cudaGraphLaunch
-    if (!s->capture->invalid) s->capture->nodes.push_back([w = std::move(work)] { return w; });
+    if (!s->capture->invalid) {
+      s->capture->nodes.push_back({[w = std::move(work)] { return w; }, std::move(uses)});
+    }
     return;
   }
   if (s == nullptr) {
@@ -149,8 +155,31 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
     work();  // errors reach the caller directly
     return;
   }
-  s->queue.push_back(std::move(work));
+  s->queue.push_back({std::move(work), std::move(uses), what});
   g_cv.notify_all();
+}
+
+void check_released(const void* p, std::size_t bytes, const char* what) {
+  const char* lo = static_cast<const char*>(p);
+  const char* hi = lo + std::max<std::size_t>(bytes, 1);
+  const auto used = [&](const CUstream_st::Item& item) {
+    return std::any_of(item.uses.begin(), item.uses.end(), [&](const Use& u) {
+      const char* b = static_cast<const char*>(u.p);
+      return b < hi && lo < b + std::max<std::size_t>(u.bytes, 1);
+    });
+  };
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const CUstream_st* s : g_streams) {
+    const CUstream_st::Item* user = s->busy && used(s->running) ? &s->running : nullptr;
+    for (auto it = s->queue.begin(); user == nullptr && it != s->queue.end(); ++it)
+      if (used(*it)) user = &*it;
+    if (user == nullptr) continue;
+    std::fprintf(stderr,
+                 "SIMT emulator: %s [%p, +%zu bytes) was released while %s %s on a stream "
+                 "still uses it (a free before the stream was drained)\n",
+                 what, p, bytes, user->what, user == &s->running ? "running" : "queued");
+    std::abort();
+  }
 }
 
 cudaError_t begin_capture(cudaStream_t stream) {

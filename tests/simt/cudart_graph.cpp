@@ -63,13 +63,19 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (zo::simt::capture_status(stream) != cudaStreamCaptureStatusNone) return cudaErrorInvalidValue;
   auto work = std::make_shared<std::vector<std::function<void()>>>();
   work->reserve(exec->nodes.size());
-  for (const auto& node : exec->nodes)
-    work->push_back(node());
+  std::vector<zo::simt::Use> uses;
+  for (const auto& node : exec->nodes) {
+    work->push_back(node.make());
+    uses.insert(uses.end(), node.uses.begin(), node.uses.end());
+  }
   ++g_launches;
-  zo::simt::enqueue(stream, [work] {
-    for (const auto& w : *work)
-      w();
-  });
+  zo::simt::enqueue(
+      stream,
+      [work] {
+        for (const auto& w : *work)
+          w();
+      },
+      std::move(uses), "a graph launch");
   return cudaSuccess;
 }
 

@@ -187,10 +187,22 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
 }
 
 cudaError_t cudaHostUnregister(void* ptr) {
+  std::size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    const auto it = g_pinned.find(static_cast<const char*>(ptr));
+    if (it == g_pinned.end()) return record(cudaErrorHostMemoryNotRegistered);
+    bytes = it->second;
+  }
+  zo::simt::check_released(ptr, bytes, "page-locked memory (cudaHostUnregister)");
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_pinned.erase(static_cast<const char*>(ptr)) == 1
-             ? cudaSuccess
-             : record(cudaErrorHostMemoryNotRegistered);
+  g_pinned.erase(static_cast<const char*>(ptr));
+  return cudaSuccess;
+}
+
+// gpu/src/memory_pool.cpp calls it (a weak reference there) for every block its cache takes back.
+extern "C" void zo_simt_block_released(const void* p, std::size_t bytes) {
+  zo::simt::check_released(p, bytes, "device memory (back to the caching allocator)");
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
@@ -207,7 +219,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
     std::memmove(dst, src, count);
     return cudaSuccess;
   }
-  zo::simt::enqueue(stream, [dst, src, count] { std::memmove(dst, src, count); });
+  zo::simt::enqueue(
+      stream, [dst, src, count] { std::memmove(dst, src, count); }, {{dst, count}, {src, count}},
+      "a cudaMemcpyAsync");
   return cudaSuccess;
 }
 
@@ -223,7 +237,9 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   if (!valid_stream(stream)) return record(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
   if (ptr == nullptr || where_is(ptr) == Where::kPinned) return record(cudaErrorInvalidValue);
-  zo::simt::enqueue(stream, [ptr, value, count] { std::memset(ptr, value, count); });
+  zo::simt::enqueue(
+      stream, [ptr, value, count] { std::memset(ptr, value, count); }, {{ptr, count}},
+      "a cudaMemsetAsync");
   return cudaSuccess;
 }
 

@@ -18,12 +18,19 @@
 #include <vector>
 
 #include "graph.h"
+#include "streams.h"
 
 struct CUevent_st;
 
 struct CUstream_st {
-  std::deque<std::function<void()>> queue;  // guarded by g_mu
-  bool busy = false;                        // the worker is running an item
+  struct Item {
+    std::function<void()> work;
+    std::vector<zo::simt::Use> uses;
+    const char* what;
+  };
+  std::deque<Item> queue;  // guarded by g_mu
+  Item running;            // the item the worker runs (its work moved out), while busy
+  bool busy = false;       // the worker is running an item
   bool stop = false;
   std::thread worker;
   // While captured (graph.h), what is enqueued becomes graph nodes instead (guarded by g_mu).

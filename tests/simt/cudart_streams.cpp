@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "cudart_state.h"
 #include "streams.h"
@@ -90,14 +91,14 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   return cudaSuccess;
 }
 
+// CUDA returns at once and releases an event whose record is still pending once it completes;
+// work that waits for it still waits. Queued markers and waits hold the handle, so it is kept
+// until the process ends (waiting here instead would drain streams a real destroy does not).
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (event == nullptr) return record(cudaErrorInvalidResourceHandle);
-  // CUDA releases an event whose record is still pending once it completes: wait for it here.
-  std::unique_lock<std::mutex> lock(g_mu);
-  g_cv.wait(lock,
-            [event] { return event->completed >= event->recorded || g_sticky != cudaSuccess; });
-  lock.unlock();
-  delete event;
+  static auto* destroyed = new std::vector<CUevent_st*>;  // guarded by g_mu; never freed
+  std::lock_guard<std::mutex> lock(g_mu);
+  destroyed->push_back(event);
   return cudaSuccess;
 }
 
@@ -129,10 +130,11 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
         return cudaSuccess;
       }
       if (!c->invalid) {
-        c->nodes.push_back([event] {
-          std::lock_guard<std::mutex> inner(g_mu);
-          return completes(event, ++event->recorded);
-        });
+        c->nodes.push_back({[event] {
+                              std::lock_guard<std::mutex> inner(g_mu);
+                              return completes(event, ++event->recorded);
+                            },
+                            {}});
       }
       return cudaSuccess;
     }

@@ -13,11 +13,17 @@
 #include <functional>
 #include <vector>
 
+#include "streams.h"
+
 namespace zo::simt {
 
-// A recorded node: called on the launching thread at each cudaGraphLaunch, it returns the work
-// to run in the stream's order (an event record takes its generation at launch).
-using GraphNode = std::function<std::function<void()>()>;
+// A recorded node: `make`, called on the launching thread at each cudaGraphLaunch, returns the
+// work to run in the stream's order (an event record takes its generation at launch); `uses` is
+// the memory it touches (streams.h).
+struct GraphNode {
+  std::function<std::function<void()>()> make;
+  std::vector<Use> uses;
+};
 
 cudaError_t begin_capture(cudaStream_t stream);
 // The recorded nodes; cudaErrorStreamCaptureInvalidated (and whatever was recorded) if a refused

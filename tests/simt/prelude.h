@@ -14,7 +14,9 @@
 #include <functional>
 #include <source_location>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "simt.h"
 #include "streams.h"
@@ -99,6 +101,11 @@ cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute at
 
 // kernel<<<grid, block, smem, stream>>>(args...) as spelled by gpu/src (ZO_LAUNCH, launch_util.h).
 namespace zo::simt {
+template <typename P, typename A>
+void add_use(std::vector<Use>& uses, const A& arg) {
+  if constexpr (std::is_pointer_v<P>) uses.push_back({static_cast<const void*>(P(arg)), 1});
+}
+
 template <typename... Params>
 class KernelLaunch {
  public:
@@ -112,9 +119,14 @@ class KernelLaunch {
     const void* id = reinterpret_cast<const void*>(kernel_);
     check_launch(grid_, block_, smem_, id, name_);
     auto body = [kernel = kernel_, ... a = static_cast<Params>(args)] { kernel(a...); };
-    enqueue(stream_, [grid = grid_, block = block_, smem = smem_, id, name = name_, body] {
-      launch(grid, block, smem, id, name, body);
-    });
+    std::vector<Use> uses;  // where the pointer arguments point (check_released)
+    (add_use<Params>(uses, args), ...);
+    enqueue(
+        stream_,
+        [grid = grid_, block = block_, smem = smem_, id, name = name_, body] {
+          launch(grid, block, smem, id, name, body);
+        },
+        std::move(uses), name_);
   }
 
  private:

@@ -7,16 +7,32 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace zo::simt {
+
+// Memory a stream item reads or writes: [p, p + bytes). A kernel's pointer arguments count one
+// byte each (where they point; the emulator does not know how far a kernel reads).
+struct Use {
+  const void* p;
+  std::size_t bytes;
+};
 
 // Runs `work` on `stream` after everything enqueued there before it. An exception thrown by
 // `work` becomes the stream's sticky error (cudaErrorLaunchFailure from the next synchronising
 // call, its message printed to stderr and kept for cudaGetErrorString); on the default stream
-// it propagates to the caller.
-void enqueue(cudaStream_t stream, std::function<void()> work);
+// it propagates to the caller. `uses` and `what` (a static string naming the work) are kept
+// until the work has run, for check_released.
+void enqueue(cudaStream_t stream, std::function<void()> work, std::vector<Use> uses = {},
+             const char* what = "stream work");
+
+// Memory handed back (to the caching allocator, or page-locked memory unregistered) must not be
+// used by work still queued or running on a stream: as AddressSanitizer does for a
+// use-after-free, this prints what still uses [p, p + bytes) and aborts.
+void check_released(const void* p, std::size_t bytes, const char* what);
 
 // True for a pointer inside memory from cudaMalloc/cudaMallocAsync (the emulated device).
 bool is_device_pointer(const void* p);
