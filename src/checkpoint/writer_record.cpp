@@ -68,9 +68,8 @@ Writer this_process(std::string owner) {
 // Why the record's writer may still be writing, or "" when it is certainly gone.
 std::string still_writing(const Writer& w, const Writer& me) {
   if (w.host != me.host) {
-    return "written from host '" + w.host +
-           "', where this process cannot tell whether its "
-           "writer still runs";
+    const std::string unseen = "': whether its writer still runs cannot be seen from here";
+    return "written from host '" + w.host + unseen;
   }
   if (w.boot != me.boot) return "";  // the machine restarted since
   if (w.pid == me.pid) return "written by this process";
