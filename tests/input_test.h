@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -65,6 +67,28 @@ std::string error_without_blocking(const std::filesystem::path& fifo, Fn fn) {
     }
   }
   reader.join();
+  return result.get();
+}
+
+// The message of the exception fn throws (or "(no error)"), from a call that must end within
+// `limit`: input whose work grows faster than its size stalls instead, and that is reported as a
+// failure and ends the test process (the stalled call cannot be taken back).
+template <class Fn>
+std::string error_within(std::chrono::seconds limit, Fn fn) {
+  auto done = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> result = done->get_future();
+  std::thread([done, fn] {
+    try {
+      fn();
+      done->set_value("(no error)");
+    } catch (const std::exception& e) {
+      done->set_value(e.what());
+    }
+  }).detach();
+  if (result.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "the call did not end within " << limit.count() << " s";
+    std::_Exit(1);
+  }
   return result.get();
 }
 

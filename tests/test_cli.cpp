@@ -320,6 +320,16 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   r = run("plan --ranks 2 --mode resident");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--mode offload"), std::string::npos) << r.out;
+  // plan checks its flags with train's own code: what it plans, train runs.
+  for (const char* flags :
+       {"--bucket-size 1", "-b 0", "--grad-accum 0", "--seq-len 100000", "--mode resident --dpu",
+        "--precision fp8", "--grad-accum-on nowhere"}) {
+    const Result p = run(std::string("plan ") + flags);
+    const Result t = run(std::string("train --steps 1 ") + flags);
+    EXPECT_EQ(p.code, 1) << flags << "\n" << p.out;
+    EXPECT_EQ(t.code, 1) << flags << "\n" << t.out;
+    EXPECT_EQ(p.out, t.out) << flags;
+  }
   r = run("sample --prompt-tokens 1,x --init-from a --model tiny");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'x'"), std::string::npos);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -527,6 +529,29 @@ TEST_F(HfShardedRefusals, MalformedIndexesAreRefused) {
     EXPECT_HAS(e, "model.safetensors.index.json");
     EXPECT_HAS(e, want);
   }
+}
+
+// A file of 200,000 unexpected one-element tensors is refused as quickly as it is read: its
+// header used to take minutes (nlohmann's parser with a callback scans the enclosing object
+// after each nested one, quadratic in the tensors).
+TEST(HfImport, AHeaderOfManyTensorsIsRefusedInLinearTime) {
+  Scratch d;
+  const fs::path file = d.path / "junk.safetensors";
+  constexpr int kTensors = 200000;
+  const std::vector<float> values(kTensors, 0.5f);
+  std::vector<std::string> names;
+  {
+    zo::ckpt::SafetensorsWriter w;
+    for (int i = 0; i < kTensors; ++i)
+      w.add("junk." + std::to_string(i), {1}, std::span<const float>(values.data() + i, 1));
+    w.write(file);
+  }
+  const ParameterLayout layout(micro_gpt2());
+  std::vector<float> params(layout.size());
+  const std::string e = zo::test::error_within(
+      std::chrono::seconds(60), [&] { zo::model::import_hf_weights(file, layout, params); });
+  EXPECT_HAS(e, "unexpected: junk.0, junk.1");
+  EXPECT_HAS(e, "(200000 in all)");
 }
 
 TEST_F(HfShardedRefusals, MissingAndExtraTensorsAreListed) {

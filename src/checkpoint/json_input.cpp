@@ -5,40 +5,61 @@
 #include <vector>
 
 namespace zo::ckpt {
+namespace {
 
-nlohmann::json parse_json(std::string_view text) {
-  using Event = nlohmann::json::parse_event_t;
-  // The keys seen so far in each open object or array (arrays have none); the parser is
-  // iterative, so only this bound keeps the value's depth within what recursion can handle.
-  std::vector<std::set<std::string>> open;
-  const auto check = [&open](int depth, Event event, nlohmann::json& parsed) {
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        if (depth >= kMaxJsonDepth) {
-          throw JsonError("objects and arrays nest deeper than " + std::to_string(kMaxJsonDepth) +
-                          " levels");
-        }
-        open.emplace_back();
-        break;
-      case Event::object_end:
-      case Event::array_end:
-        open.pop_back();
-        break;
-      case Event::key:
-        if (!open.back().insert(parsed.get<std::string>()).second) {
-          throw JsonError("key " + parsed.dump() +
-                          " appears twice in one object; give each key once");
-        }
-        break;
-      default:
-        break;
+using Json = nlohmann::json;
+
+// A first pass over the events alone: nesting depth and repeated keys. (nlohmann's parse with a
+// callback would do it in one pass, but its DOM builder scans the enclosing object after every
+// nested one: a safetensors header of 200,000 tensors took minutes.)
+class Checker final : public nlohmann::json_sax<Json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (!keys_.back().insert(k).second) {
+      throw JsonError("key " + Json(k).dump() + " appears twice in one object; give each key once");
     }
     return true;
-  };
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    throw JsonError(e.what());  // syntax errors, number overflow ("1e400")
+  }
+
+ private:
+  // The keys seen so far in each open object or array (arrays have none).
+  bool open() {
+    if (keys_.size() >= std::size_t(kMaxJsonDepth)) {
+      throw JsonError("objects and arrays nest deeper than " + std::to_string(kMaxJsonDepth) +
+                      " levels");
+    }
+    keys_.emplace_back();
+    return true;
+  }
+  bool close() {
+    keys_.pop_back();
+    return true;
+  }
+  std::vector<std::set<std::string>> keys_;
+};
+
+}  // namespace
+
+Json parse_json(std::string_view text) {
+  Checker checker;
+  Json::sax_parse(text, &checker);
   try {
-    return nlohmann::json::parse(text, check);
-  } catch (const nlohmann::json::exception& e) {  // syntax errors, number overflow ("1e400")
+    return Json::parse(text);  // iterative: the depth is bounded already
+  } catch (const Json::exception& e) {
     throw JsonError(e.what());
   }
 }

@@ -73,13 +73,16 @@ std::string SafetensorsWriter::header() const {
   // transformers' from_pretrained rejects a safetensors file whose metadata lacks format=pt.
   std::map<std::string, std::string> meta = metadata_;
   meta.emplace("format", "pt");
-  doc["__metadata__"] = meta;
+  // Appended to the ordered object's vector: the names are unique already (entries_ is a map),
+  // and operator[] would search all earlier keys for each, quadratic in the tensors.
+  auto& fields = doc.get_ref<nlohmann::ordered_json::object_t&>();
+  fields.emplace_back("__metadata__", meta);
   std::uint64_t offset = 0;
   for (const auto& [name, e] : entries_) {
     const std::uint64_t bytes = e.numel * dtype_size(e.dtype);
-    doc[name] = {{"dtype", safetensors_dtype_name(e.dtype)},
-                 {"shape", e.shape},
-                 {"data_offsets", {offset, offset + bytes}}};
+    fields.emplace_back(name, nlohmann::ordered_json{{"dtype", safetensors_dtype_name(e.dtype)},
+                                                     {"shape", e.shape},
+                                                     {"data_offsets", {offset, offset + bytes}}});
     offset += bytes;
   }
   std::string text;

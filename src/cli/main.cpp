@@ -8,17 +8,15 @@
 
 #include "comm/comm.h"
 #include "common_options.h"
-#include "core/bytes.h"
 #include "core/error.h"
 #include "data/token_source.h"
 #include "eval_command.h"
-#include "pinned_memory/host_buffer.h"
+#include "plan_command.h"
 #include "report/system_info.h"
 #include "sample_command.h"
 #include "tokenize_command.h"
 #include "train/config.h"
 #include "train/export.h"
-#include "train/plan.h"
 #include "train/resume_config.h"
 #include "train/stop_request.h"
 #include "train/trainer.h"
@@ -38,11 +36,7 @@ std::string presets_help() {
   return s + "), a JSON spec with GPT-2 keys, or a Hugging Face config.json";
 }
 
-// Bytes given as text ("512MiB") on the command line.
-struct ByteSize {
-  std::string text;
-  std::size_t bytes() const { return text.empty() ? 0 : zo::parse_bytes(text); }
-};
+using zo::cli::ByteSize;
 
 void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
                        std::string& state_dtype, ByteSize& devmem, ByteSize& hostmem,
@@ -214,41 +208,8 @@ int main(int argc, char** argv) {
   add_train_options(train, tc, decay, state_dtype, devmem, hostmem, bucket);
 
   // plan
-  auto* plan = app.add_subcommand("plan",
-                                  "Print the memory plan for a model and batch, and "
-                                  "whether it fits");
-  std::string plan_model = "tiny", plan_state = "fp32", plan_precision = "fp32";
-  int plan_b = 4, plan_t = 0;
-  bool plan_recompute = false;
-  ByteSize plan_devmem, plan_hostmem;
-  plan->add_option("--model", plan_model, presets_help())->capture_default_str();
-  plan->add_option("--micro-batch,-b", plan_b, "sequences per micro-batch")->capture_default_str();
-  plan->add_option("--seq-len", plan_t, "tokens per sequence; default block_size");
-  plan->add_flag("--recompute", plan_recompute, "activation recompute");
-  plan->add_option("--precision", plan_precision, "device dtype: fp32 (host backend), bf16, fp16")
-      ->capture_default_str();
-  plan->add_option("--optimizer-state", plan_state, "fp32 or bf16")->capture_default_str();
-  std::string plan_mode = "auto";
-  int plan_accum = 1;
-  bool plan_dpu = false;
-  ByteSize plan_bucket;
-  plan->add_option("--mode", plan_mode, "auto (both modes and the choice), resident or offload")
-      ->capture_default_str();
-  plan->add_option("--grad-accum", plan_accum, "micro-batches per step")->capture_default_str();
-  std::string plan_accum_on = "auto";
-  plan->add_option(
-          "--grad-accum-on", plan_accum_on,
-          "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
-      ->capture_default_str();
-  plan->add_option("--bucket-size", plan_bucket.text, "offload gradient bucket (default 32MiB)");
-  plan->add_flag("--dpu", plan_dpu, "offload with delayed parameter update");
-  plan->add_option("--device-memory", plan_devmem.text, "device capacity, e.g. 80GiB");
-  plan->add_option("--host-memory", plan_hostmem.text,
-                   "host memory, e.g. 256GiB (default: what is available here)");
-  int plan_ranks = 1;
-  plan->add_option("--ranks", plan_ranks,
-                   "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
-      ->capture_default_str();
+  zo::cli::PlanCommand pln;
+  zo::cli::add_plan_command(app, pln, presets_help());
 
   // export
   auto* exp = app.add_subcommand("export",
@@ -305,53 +266,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) {
       return run_train(tc, decay, state_dtype, devmem, hostmem, bucket, *train);
     }
-    if (plan->parsed()) {
-      zo::train::PlanInput pi;
-      pi.spec = zo::model::load_model_spec(plan_model);
-      if (plan_t < 0 || plan_t > pi.spec.block_size || plan_b < 1) {
-        throw std::invalid_argument("need --micro-batch >= 1 and 0 <= --seq-len <= block_size");
-      }
-      pi.shape = {plan_b, plan_t ? plan_t : pi.spec.block_size, plan_recompute};
-      pi.act_dtype = zo::parse_dtype(plan_precision);
-      pi.optimizer_state = zo::parse_dtype(plan_state);
-      pi.device_capacity = plan_devmem.bytes();
-      pi.host_available =
-          plan_hostmem.text.empty() ? zo::pinned::host_available_bytes() : plan_hostmem.bytes();
-      if (plan_accum < 1) throw std::invalid_argument("--grad-accum must be >= 1");
-      pi.engine.grad_accum = plan_accum;
-      pi.grad_accum_on = zo::train::parse_accum_placement(plan_accum_on);
-      pi.engine.dpu = plan_dpu;
-      if (!plan_bucket.text.empty()) pi.engine.bucket_bytes = plan_bucket.bytes();
-      if (plan_mode != "auto" && plan_mode != "resident" && plan_mode != "offload") {
-        throw std::invalid_argument("--mode must be auto, resident or offload");
-      }
-      if (plan_ranks < 1) throw std::invalid_argument("--ranks must be >= 1");
-      if (plan_ranks > 1) {  // as train under mpirun: offload, rank 0's partition
-        if (plan_mode == "resident") {
-          throw std::invalid_argument(
-              "--ranks > 1 plans data-parallel training, which uses "
-              "--mode offload (the optimizer state is partitioned)");
-        }
-        plan_mode = "offload";
-        pi.engine.ranks = plan_ranks;
-      }
-      const bool gpu = pi.act_dtype != zo::DType::kF32;
-      const auto choice = zo::train::choose_mode(pi, gpu);
-      bool fits = false;
-      for (const bool resident : {true, false}) {
-        if (plan_mode != "auto" && (plan_mode == "resident") != resident) continue;
-        pi.resident = resident;
-        const auto& p = resident ? choice.resident : choice.offload;
-        std::fputs(p.format(pi).c_str(), stdout);
-        const bool chosen = plan_mode == "auto" ? choice.choose_resident == resident : true;
-        if (chosen) fits = p.device_fits && p.host_fits;
-      }
-      if (plan_mode == "auto") {
-        std::printf("recommended: --mode %s (%s)\n",
-                    choice.choose_resident ? "resident" : "offload", choice.reason.c_str());
-      }
-      return fits ? 0 : 3;
-    }
+    if (pln.app->parsed()) return zo::cli::run_plan(pln);
     if (exp->parsed()) {
       ec.dtype = zo::parse_dtype(exp_dtype);
       std::fprintf(stderr, "%s\n", zo::train::export_checkpoint(ec).c_str());

@@ -1,0 +1,99 @@
+#include "plan_command.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "model/spec.h"
+#include "pinned_memory/host_buffer.h"
+#include "train/config.h"
+#include "train/plan.h"
+
+namespace zo::cli {
+
+void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_help) {
+  auto* p = cmd.app = app.add_subcommand(
+      "plan", "Print the memory plan for a model and batch, and whether it fits");
+  p->add_option("--model", cmd.model, model_help)->capture_default_str();
+  p->add_option("--micro-batch,-b", cmd.micro_batch, "sequences per micro-batch")
+      ->capture_default_str();
+  p->add_option("--seq-len", cmd.seq_len, "tokens per sequence; default block_size");
+  p->add_flag("--recompute", cmd.recompute, "activation recompute");
+  p->add_option("--precision", cmd.precision, "device dtype: fp32 (host backend), bf16, fp16")
+      ->capture_default_str();
+  p->add_option("--optimizer-state", cmd.optimizer_state, "fp32 or bf16")->capture_default_str();
+  p->add_option("--mode", cmd.mode, "auto (both modes and the choice), resident or offload")
+      ->capture_default_str();
+  p->add_option("--grad-accum", cmd.grad_accum, "micro-batches per step")->capture_default_str();
+  p->add_option("--grad-accum-on", cmd.grad_accum_on,
+                "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
+      ->capture_default_str();
+  p->add_option("--bucket-size", cmd.bucket.text, "offload gradient bucket (default 32MiB)");
+  p->add_flag("--dpu", cmd.dpu, "offload with delayed parameter update");
+  p->add_option("--device-memory", cmd.device_memory.text, "device capacity, e.g. 80GiB");
+  p->add_option("--host-memory", cmd.host_memory.text,
+                "host memory, e.g. 256GiB (default: what is available here)");
+  p->add_option("--ranks", cmd.ranks,
+                "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
+      ->capture_default_str();
+}
+
+int run_plan(const PlanCommand& cmd) {
+  // The flags as `train` would take them, checked by the same code: what plan admits, train runs.
+  train::TrainConfig c;
+  c.model = cmd.model;
+  c.micro_batch = cmd.micro_batch;
+  c.seq_len = cmd.seq_len;
+  c.recompute = cmd.recompute;
+  c.precision = cmd.precision;
+  c.optimizer_state = parse_dtype(cmd.optimizer_state);
+  c.mode = cmd.mode;
+  c.grad_accum = cmd.grad_accum;
+  c.grad_accum_on = cmd.grad_accum_on;
+  if (!cmd.bucket.text.empty()) c.bucket_size = cmd.bucket.bytes();
+  c.dpu = cmd.dpu;
+  train::PlanInput pi;
+  pi.spec = model::load_model_spec(c.model);
+  c.validate(pi.spec);
+  if (c.precision == "auto")
+    throw std::invalid_argument("plan --precision: give fp32, bf16 or fp16");
+  if (cmd.ranks < 1) throw std::invalid_argument("--ranks must be >= 1");
+  std::string mode = c.mode;
+  if (cmd.ranks > 1) {  // as train under mpirun: offload, rank 0's partition
+    if (mode == "resident") {
+      throw std::invalid_argument(
+          "--ranks > 1 plans data-parallel training, which uses --mode offload (the optimizer "
+          "state is partitioned)");
+    }
+    mode = "offload";
+    pi.engine.ranks = cmd.ranks;
+  }
+  pi.shape = {c.micro_batch, c.seq_len ? c.seq_len : pi.spec.block_size, c.recompute};
+  pi.act_dtype = parse_dtype(c.precision);
+  pi.optimizer_state = c.optimizer_state;
+  pi.device_capacity = cmd.device_memory.bytes();
+  pi.host_available =
+      cmd.host_memory.text.empty() ? pinned::host_available_bytes() : cmd.host_memory.bytes();
+  pi.engine.grad_accum = c.grad_accum;
+  pi.grad_accum_on = train::parse_accum_placement(c.grad_accum_on);
+  pi.engine.dpu = c.dpu;
+  pi.engine.bucket_bytes = c.bucket_size;
+
+  const bool gpu = pi.act_dtype != DType::kF32;
+  const auto choice = train::choose_mode(pi, gpu);
+  bool fits = false;
+  for (const bool resident : {true, false}) {
+    if (mode != "auto" && (mode == "resident") != resident) continue;
+    pi.resident = resident;
+    const auto& p = resident ? choice.resident : choice.offload;
+    std::fputs(p.format(pi).c_str(), stdout);
+    const bool chosen = mode == "auto" ? choice.choose_resident == resident : true;
+    if (chosen) fits = p.device_fits && p.host_fits;
+  }
+  if (mode == "auto") {
+    std::printf("recommended: --mode %s (%s)\n", choice.choose_resident ? "resident" : "offload",
+                choice.reason.c_str());
+  }
+  return fits ? 0 : 3;
+}
+
+}  // namespace zo::cli

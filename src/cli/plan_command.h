@@ -1,0 +1,27 @@
+// `offload_train plan` on the command line: the memory plan of a run, without running it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "common_options.h"
+
+namespace zo::cli {
+
+struct PlanCommand {
+  CLI::App* app = nullptr;
+  std::string model = "tiny", optimizer_state = "fp32", precision = "fp32", mode = "auto";
+  std::string grad_accum_on = "auto";
+  int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1;
+  bool recompute = false, dpu = false;
+  ByteSize device_memory, host_memory, bucket;
+};
+
+// Declares the subcommand and its flags on `app`; model_help describes --model.
+void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_help);
+
+// Checks the flags as `train` does, prints the plan of each mode asked for (and, for auto, the
+// recommended one); 0 when it fits, 3 when it does not.
+int run_plan(const PlanCommand& cmd);
+
+}  // namespace zo::cli
