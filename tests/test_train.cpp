@@ -459,7 +459,8 @@ TEST(Trainer, ConsecutiveNonFiniteStepsStopTheRun) {
 }
 
 // Weights or moments that cannot be trained from are refused before the first step, naming the
-// tensor: a NaN or Inf in --init-from weights, a negative second moment in a checkpoint.
+// tensor: a NaN or Inf in --init-from weights, a negative second moment in a checkpoint, and
+// moments that are not zero in a checkpoint whose Adam step is 0.
 TEST(TrainerErrors, NonFiniteWeightsAndNegativeMomentsAreRefusedByName) {
   TempDir d;
   const auto spec = zo::model::load_model_spec("tiny");
@@ -492,6 +493,15 @@ TEST(TrainerErrors, NonFiniteWeightsAndNegativeMomentsAreRefusedByName) {
   r.resume = saved.string();
   const std::string e = error_of([&] { Trainer t(r); });
   EXPECT_NE(e.find("Adam v of h.0.ln_2.bias [3]: negative"), std::string::npos) << e;
+  // Moments that are not zero at Adam step 0 (before any update): another run's, or damage.
+  static_cast<float*>(opt.exp_avg_sq().data)[ln.offset + 3] = 0.5f;
+  opt.state().step = 0;
+  fs::remove_all(bad);
+  fs::create_directories(bad);
+  r.resume = zo::train::save_checkpoint(bad, layout, opt, state, 0).string();
+  const std::string e0 = error_of([&] { Trainer t(r); });
+  EXPECT_NE(e0.find("Adam m of wte.weight [0]: "), std::string::npos) << e0;
+  EXPECT_NE(e0.find("before any update (adam_step 0)"), std::string::npos) << e0;
 }
 
 // An error on the host mid-step (here injected once the step's forward and backward are

@@ -21,6 +21,7 @@
 #include "thread_comm.h"
 #include "train/checkpoint_io.h"
 #include "train/evaluate.h"
+#include "train/export.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 
@@ -129,6 +130,9 @@ TEST_F(TrainerState, SectionsAreCheckedByKey) {
   EXPECT_HAS(error_after([](Json& s) { s["loss_scaler"]["dynamic"] = "yes"; }),
              "\"loss_scaler.dynamic\"");
   EXPECT_HAS(error_after([](Json& s) { s.erase("model_spec"); }), "\"model_spec\" is missing");
+  // The same shapes with another head count: not the model the weights were trained as.
+  EXPECT_HAS(error_after([](Json& s) { s["model_spec"]["n_head"] = 4; }),
+             "is not the spec its weights were saved with");
   EXPECT_HAS(error_after([](Json& s) { s["model_spec"]["n_layer"] = 0; }),
              "\"model_spec\" is refused: model spec checkpoint: n_layer = 0");
   EXPECT_HAS(error_after([](Json& s) { s["data"] = 5; }), "\"data\" is not an object");
@@ -354,6 +358,32 @@ TEST(Sample, NonFiniteLogitsAreAnErrorNamingTheToken) {
     const std::string e = error_of([&] { zo::train::evaluate(c); });
     EXPECT_HAS(e, "batch 1 of 3, sequence 1 token 1, has a non-finite loss");
   }
+}
+
+// export refuses weights that are not finite in the output dtype, naming the first, unless
+// --allow-nonfinite: NaN in any dtype, 1e5 in fp16 only (above 65504).
+TEST(Export, WeightsThatAreNotFiniteAreRefusedUnlessAllowed) {
+  Scratch tmp;
+  const fs::path dir = tmp.path / "step_00000002";
+  fs::copy(trained_checkpoint(), dir, fs::copy_options::recursive);
+  zo::train::ExportConfig c;
+  c.checkpoint = dir.string();
+  c.out = (tmp.path / "out.safetensors").string();
+  set_weights(dir, "h.1.mlp.c_proj.bias", 1e5f);
+  EXPECT_NO_THROW(zo::train::export_checkpoint(c));  // fp32
+  c.force = true;
+  c.dtype = zo::DType::kF16;
+  std::string e = error_of([&] { zo::train::export_checkpoint(c); });
+  EXPECT_HAS(e, "h.1.mlp.c_proj.bias [0] = 100000.000000, beyond fp16's range");
+  EXPECT_HAS(e, "--dtype bf16 or fp32");
+  c.dtype = zo::DType::kBF16;
+  EXPECT_NO_THROW(zo::train::export_checkpoint(c));
+  set_weights(dir, "h.0.attn.c_attn.bias", std::nanf(""));
+  e = error_of([&] { zo::train::export_checkpoint(c); });
+  EXPECT_HAS(e, "not finite in bf16: h.0.attn.c_attn.bias [0] = nan");
+  EXPECT_HAS(e, "--allow-nonfinite");
+  c.allow_nonfinite = true;
+  EXPECT_NO_THROW(zo::train::export_checkpoint(c));
 }
 
 TEST(Sample, TheSamplerRefusesLogitsWithoutADistribution) {

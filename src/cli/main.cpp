@@ -228,6 +228,8 @@ int main(int argc, char** argv) {
   exp->add_option("--dtype", exp_dtype, "fp32, fp16 or bf16")->capture_default_str();
   exp->add_option("--shard-size", ec.shard_size,
                   "directory output: most tensor bytes per shard, e.g. 2GB (default 5GB)");
+  exp->add_flag("--allow-nonfinite", ec.allow_nonfinite,
+                "write weights that are NaN or Inf (or overflow --dtype fp16) instead of refusing");
   exp->add_flag("--force", ec.force,
                 "overwrite an existing output file, or write into a non-empty directory");
 

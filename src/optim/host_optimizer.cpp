@@ -120,9 +120,12 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
     return a.dtype == DType::kF32 ? static_cast<const float*>(a.data)[i]
                                   : bf16_to_float(static_cast<const std::uint16_t*>(a.data)[i]);
   };
+  // Before the first update (Adam step 0) the moments are zero: any other value is state of
+  // another run, or damage.
+  const bool fresh = state().step == 0;
   auto bad = [&](int array, std::size_t i) {
     const float x = value(array, i);
-    return !std::isfinite(x) || (array == 2 && x < 0.0f);
+    return !std::isfinite(x) || (array == 2 && x < 0.0f) || (array > 0 && fresh && x != 0.0f);
   };
   // Lowest bad local index per array, found in parallel over chunks.
   constexpr std::size_t kNone = ~std::size_t{0};
@@ -153,9 +156,12 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
       if (offset >= x.offset && offset < x.offset + x.numel) t = &x;
     const float x = value(array, local);
     static const char* const kNames[3] = {"weights", "Adam m", "Adam v"};
+    const std::string what = !std::isfinite(x) ? std::to_string(x)
+                             : x < 0.0f && array == 2
+                                 ? "negative (" + std::to_string(x) + ")"
+                                 : std::to_string(x) + " before any update (adam_step 0)";
     return std::string(kNames[array]) + " of " + t->name + " [" +
-           std::to_string(offset - t->offset) +
-           "]: " + (std::isfinite(x) ? "negative (" + std::to_string(x) + ")" : std::to_string(x));
+           std::to_string(offset - t->offset) + "]: " + what;
   }
   return {};
 }

@@ -68,8 +68,8 @@ class HostOptimizer {
                                     float grad_multiplier, cpu_adam::ArrayView params_out = {});
 
   // The first value that cannot be a state of training, as "<array> of <tensor> [index i]: <what>"
-  // (master, m or v non-finite, v negative), or "" when all are valid. Parallel; for refusing
-  // weights and checkpoints before the first step.
+  // (master, m or v non-finite, v negative, m or v non-zero at Adam step 0), or "" when all are
+  // valid. Parallel; for refusing weights and checkpoints before the first step.
   std::string find_invalid(const model::ParameterLayout& layout);
 
   // Maximal runs of tensors with the same weight-decay setting, in layout order; the

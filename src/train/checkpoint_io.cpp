@@ -147,7 +147,35 @@ void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& la
   std::vector<float> scratch;
   model::add_hf_weights(w, layout, master, DType::kF32, scratch);
   w.set_metadata("format", "pt");
+  // The spec again, beside the weights it shapes: read_trainer_state checks the two agree.
+  w.set_metadata(std::string(kSpecMetadataKey), layout.spec().to_json().dump());
   dir.write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
+}
+
+// The spec model.safetensors was saved with (its metadata; checkpoints written before it was
+// recorded have none) must be trainer_state.json's: the same shapes with another n_head, say,
+// would otherwise train, export and sample another model without a word.
+void check_weights_spec(const fs::path& dir, const nlohmann::json& state) {
+  const auto file = ckpt::SafetensorsFile::open(dir / "model.safetensors");
+  const auto it = file.metadata().find(std::string(kSpecMetadataKey));
+  if (it == file.metadata().end()) return;
+  std::string saved;
+  try {
+    saved = model::model_spec_from_json(ckpt::parse_json(it->second), "model.safetensors")
+                .to_json()
+                .dump();
+  } catch (const std::exception& e) {
+    throw CheckpointError("checkpoint '" + dir.string() + "': model.safetensors' metadata " +
+                          std::string(kSpecMetadataKey) + " is not a model spec (" + e.what() +
+                          "); the file is damaged. Resume from an earlier checkpoint");
+  }
+  const std::string stated = checkpoint_spec(state).to_json().dump();
+  if (saved != stated) {
+    throw CheckpointError("checkpoint '" + dir.string() + "': trainer_state.json's model_spec " +
+                          stated + " is not the spec its weights were saved with " + saved +
+                          " (model.safetensors); one of the files was changed after the save. "
+                          "Resume from an earlier checkpoint");
+  }
 }
 
 nlohmann::json full_state(const nlohmann::json& trainer_state, const model::ParameterLayout& layout,
@@ -341,6 +369,7 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
                           "': trainer_state.json is not valid JSON (" + e.what() + ")");
   }
   validate_trainer_state(state, dir);
+  check_weights_spec(dir, state);
   return state;
 }
 

@@ -1,7 +1,9 @@
 // Training checkpoints: one directory per save, written atomically with a checksummed manifest.
 //
 //   step_00001000/
-//     model.safetensors      fp32 master weights, Hugging Face GPT-2 names and shapes
+//     model.safetensors      fp32 master weights, Hugging Face GPT-2 names and shapes; the model
+//                            spec in its metadata (kSpecMetadataKey), which must agree with
+//                            trainer_state.json's
 //     optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in the optimizer-state dtype
 //     trainer_state.json     step, Adam step, tokens seen, data cursor, resolved config, spec
 //     MANIFEST.json          size and CRC-32C of every file (written last)
@@ -17,6 +19,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 
 #include "comm/comm.h"
 #include "model/layout.h"
@@ -26,6 +29,7 @@ namespace zo::train {
 
 inline constexpr const char* kCheckpointPrefix = "step_";
 inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr std::string_view kSpecMetadataKey = "offload_train_model_spec";
 
 // Writes <parent>/step_<step>; trainer_state must hold "step". Replaces an existing directory of
 // the same step. Then keeps the newest keep_last (0 = all).
@@ -47,7 +51,8 @@ std::filesystem::path save_checkpoint(
 std::filesystem::path resolve_checkpoint(const std::string& resume,
                                          const std::filesystem::path& parent);
 
-// Verifies checksums and reads trainer_state.json (no weights).
+// Verifies checksums and reads trainer_state.json (no weights); checks that its model spec is the
+// one model.safetensors records, where it records one.
 nlohmann::json read_trainer_state(const std::filesystem::path& dir);
 // The model spec a checkpoint was trained with.
 model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);

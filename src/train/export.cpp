@@ -1,6 +1,8 @@
 #include "train/export.h"
 
+#include <cmath>
 #include <filesystem>
+#include <span>
 #include <stdexcept>
 #include <system_error>
 
@@ -35,6 +37,32 @@ void check_directory_output(const fs::path& dir, bool force) {
   }
 }
 
+// The first weight that is not finite, or would not be once stored in `dtype` (fp16 overflows
+// above 65504), as "<tensor> [i] = <value>"; "" when all are.
+std::string find_unexportable(const model::ParameterLayout& layout, std::span<const float> w,
+                              DType dtype) {
+  const auto stored = [dtype](float x) {
+    switch (dtype) {
+      case DType::kF16:
+        return half_to_float(float_to_half(x));
+      case DType::kBF16:
+        return bf16_to_float(float_to_bf16(x));
+      default:
+        return x;
+    }
+  };
+  for (const model::TensorInfo& t : layout.tensors()) {
+    for (std::size_t i = 0; i < t.numel; ++i) {
+      const float x = w[t.offset + i];
+      if (std::isfinite(stored(x))) continue;
+      std::string s = t.name + " [" + std::to_string(i) + "] = " + std::to_string(x);
+      if (std::isfinite(x)) s += ", beyond " + std::string(dtype_name(dtype)) + "'s range";
+      return s;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string export_checkpoint(const ExportConfig& c) {
@@ -66,6 +94,15 @@ std::string export_checkpoint(const ExportConfig& c) {
   const model::ParameterLayout layout(spec);
   std::vector<float> weights(layout.size());
   model::import_hf_weights(dir / "model.safetensors", layout, weights);
+  if (const std::string bad = find_unexportable(layout, weights, c.dtype);
+      !bad.empty() && !c.allow_nonfinite) {
+    throw CheckpointError("checkpoint '" + dir.string() +
+                          "' holds weights that are not finite in " +
+                          std::string(dtype_name(c.dtype)) + ": " + bad +
+                          " (a diverged run?). Export an earlier checkpoint" +
+                          (c.dtype == DType::kF16 ? ", use --dtype bf16 or fp32," : "") +
+                          " or pass --allow-nonfinite to write them anyway");
+  }
   const std::string what = std::to_string(layout.tensors().size()) + " tensors, " +
                            std::string(dtype_name(c.dtype)) + ", model " + spec.to_json().dump();
   if (one_file) {
