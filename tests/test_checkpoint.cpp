@@ -498,6 +498,66 @@ TEST(Safetensors, UnsupportedDtypesAreListedButNotRead) {
   EXPECT_EQ(one[0], 1.0f);
 }
 
+// A tensor whose data a Fill produces in pieces writes the same bytes as one added whole, in
+// every dtype, for sizes around the fill's piece; every piece asked for is in order and bounded.
+TEST(Safetensors, FilledTensorsWriteWhatAddWrites) {
+  TempDir tmp;
+  const std::size_t K = SafetensorsWriter::kFillElements;
+  for (const std::size_t n : {std::size_t{1}, K - 1, K, 2 * K + 5}) {
+    const auto v = random_values(n, static_cast<std::uint32_t>(n));
+    for (const DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SafetensorsWriter whole, filled;
+      whole.add("b", {n}, v, dt);
+      whole.add("a", {1, n}, v, dt);
+      std::uint64_t next = 0;
+      const auto fill = [&](std::uint64_t first, std::span<std::byte> out) {
+        const std::size_t k = out.size() / zo::dtype_size(dt);
+        EXPECT_EQ(first, next % n);
+        EXPECT_LE(k, K);
+        next += k;
+        zo::convert_from_float(v.data() + first, out.data(), dt, k);
+      };
+      filled.add_filled("b", {n}, dt, fill);
+      filled.add_filled("a", {1, n}, dt, fill);
+      whole.write(tmp / "whole.safetensors");
+      filled.write(tmp / "filled.safetensors");
+      EXPECT_EQ(read_bytes(tmp / "filled.safetensors"), read_bytes(tmp / "whole.safetensors"))
+          << n << " " << zo::dtype_name(dt);
+      EXPECT_EQ(next, 2 * n);
+    }
+  }
+}
+
+// A range of a tensor reads as that slice of the whole, converted alike; a range past the end is
+// refused.
+TEST(Safetensors, RangesReadAsSlicesOfTheWhole) {
+  TempDir tmp;
+  const auto v = random_values(1000, 7);
+  SafetensorsWriter w;
+  w.add("f32", {10, 100}, v, DType::kF32);
+  w.add("bf16", {1000}, v, DType::kBF16);
+  w.write(tmp / "r.safetensors");
+  const auto f = SafetensorsFile::open(tmp / "r.safetensors");
+  for (const char* name : {"f32", "bf16"}) {
+    std::vector<float> all(1000);
+    f.read_f32(name, all);
+    std::vector<std::uint16_t> all16(1000);
+    f.read_u16(name, all16, DType::kF16);
+    for (const auto& [first, count] : {std::pair{0, 1000}, {0, 1}, {999, 1}, {313, 211}}) {
+      std::vector<float> part(count);
+      f.read_f32(name, part, first);
+      EXPECT_EQ(std::memcmp(part.data(), all.data() + first, part.size() * 4), 0)  // NaN too
+          << name << " " << first;
+      std::vector<std::uint16_t> part16(count);
+      f.read_u16(name, part16, DType::kF16, first);
+      EXPECT_TRUE(std::equal(part16.begin(), part16.end(), all16.begin() + first)) << name;
+    }
+    std::vector<float> two(2);
+    EXPECT_HAS(error_of([&] { f.read_f32(name, two, 999); }),
+               "destination holds 2 elements from element 999, the tensor has 1000");
+  }
+}
+
 TEST(Safetensors, LookupShapeAndSizeErrors) {
   TempDir tmp;
   const auto v = random_values(91, 6);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -83,10 +84,18 @@ class SafetensorsFile {
   // Reads the tensor as 16-bit words of dtype `as` (kF16 or kBF16): stored bits copied as they are
   // when the dtypes match, else converted through fp32 with round-to-nearest-even.
   void read_u16(std::string_view name, std::span<std::uint16_t> out, DType as) const;
+  // The same for elements [first, first + out.size()) of the tensor (in file order), so that a
+  // large tensor is read through a bounded buffer.
+  void read_f32(std::string_view name, std::span<float> out, std::uint64_t first) const;
+  void read_u16(std::string_view name, std::span<std::uint16_t> out, DType as,
+                std::uint64_t first) const;
 
  private:
   SafetensorsFile() = default;
-  void read_converted(const TensorInfo& t, DType out_dtype, void* out, std::size_t n) const;
+  // `whole`: n must be the tensor's element count; else [first, first + n) must lie within it.
+  void read_converted(const TensorInfo& t, DType out_dtype, void* out, std::size_t n,
+                      std::uint64_t first, bool whole) const;
+  const TensorInfo& info_u16(std::string_view name, DType as) const;  // refuses as == kF32
   void pread_all(void* dst, std::size_t n, std::uint64_t offset, const TensorInfo& t) const;
 
   std::filesystem::path path_;
@@ -101,10 +110,15 @@ class SafetensorsFile {
 // first, then tensors sorted by name, data in that order; the JSON header is padded with spaces
 // to a multiple of 8 bytes so every tensor starts 8-byte aligned.
 //
-// The writer keeps the spans it is given (no copy): the data must stay alive and unchanged until
-// write()/stream() returns.
+// The writer keeps the spans and fills it is given (no copy): the data must stay alive and
+// unchanged until write()/stream() returns.
 class SafetensorsWriter {
  public:
+  // Writes elements [first, first + n) of a tensor, in file order, as `out`'s n stored values of
+  // the tensor's dtype (n = out.size() / dtype size).
+  using Fill = std::function<void(std::uint64_t first, std::span<std::byte> out)>;
+  // Elements per call of a Fill: the one buffer stream() fills and writes, 256 KiB of fp32.
+  static constexpr std::size_t kFillElements = std::size_t{1} << 16;
   // Stores fp32 data as `dtype` (F32, or F16/BF16 rounded to nearest even). Throws
   // CheckpointError on an empty, reserved or duplicate name, or data.size() != product(shape).
   void add(std::string name, std::vector<std::uint64_t> shape, std::span<const float> data,
@@ -112,6 +126,9 @@ class SafetensorsWriter {
   // Stores 16-bit words that already are `dtype` (kF16 or kBF16), bit for bit.
   void add_u16(std::string name, std::vector<std::uint64_t> shape,
                std::span<const std::uint16_t> data, DType dtype);
+  // A tensor whose data `fill` produces while the file is streamed, at most kFillElements at a
+  // time: no copy of the whole tensor is ever held. An exception from fill aborts the write.
+  void add_filled(std::string name, std::vector<std::uint64_t> shape, DType dtype, Fill fill);
   // String metadata ("__metadata__"). "format" defaults to "pt", as Hugging Face transformers
   // requires to load the file.
   void set_metadata(std::string key, std::string value);
@@ -131,6 +148,7 @@ class SafetensorsWriter {
     DType dtype = DType::kF32;           // as stored
     const float* f32 = nullptr;          // source when added with add()
     const std::uint16_t* u16 = nullptr;  // source when added with add_u16()
+    Fill fill;                           // source when added with add_filled()
   };
   void check_new_name(const std::string& name) const;
 

@@ -115,16 +115,30 @@ void SafetensorsFile::expect_shape(std::string_view name,
 }
 
 void SafetensorsFile::read_f32(std::string_view name, std::span<float> out) const {
-  read_converted(info(name), DType::kF32, out.data(), out.size());
+  read_converted(info(name), DType::kF32, out.data(), out.size(), 0, true);
 }
 
 void SafetensorsFile::read_u16(std::string_view name, std::span<std::uint16_t> out,
                                DType as) const {
+  read_converted(info_u16(name, as), as, out.data(), out.size(), 0, true);
+}
+
+void SafetensorsFile::read_f32(std::string_view name, std::span<float> out,
+                               std::uint64_t first) const {
+  read_converted(info(name), DType::kF32, out.data(), out.size(), first, false);
+}
+
+void SafetensorsFile::read_u16(std::string_view name, std::span<std::uint16_t> out, DType as,
+                               std::uint64_t first) const {
+  read_converted(info_u16(name, as), as, out.data(), out.size(), first, false);
+}
+
+const TensorInfo& SafetensorsFile::info_u16(std::string_view name, DType as) const {
   const TensorInfo& t = info(name);
   if (as == DType::kF32) {
     fail_tensor(path_, t.name, "read_u16 needs a 16-bit target dtype (F16 or BF16), not F32.");
   }
-  read_converted(t, as, out.data(), out.size());
+  return t;
 }
 
 void SafetensorsFile::pread_all(void* dst, std::size_t n, std::uint64_t offset,
@@ -150,25 +164,26 @@ void SafetensorsFile::pread_all(void* dst, std::size_t n, std::uint64_t offset,
 }
 
 void SafetensorsFile::read_converted(const TensorInfo& t, DType out_dtype, void* out,
-                                     std::size_t n) const {
+                                     std::size_t n, std::uint64_t first, bool whole) const {
   if (!t.dtype) {
     fail_tensor(path_, t.name,
                 "dtype " + t.dtype_name +
                     " is not supported (supported: F32, F16, BF16). Convert the checkpoint to "
                     "one of those, or leave this tensor out.");
   }
-  if (n != t.numel) {
+  if (whole ? n != t.numel : first > t.numel || n > t.numel - first) {
     fail_tensor(path_, t.name,
-                "destination holds " + std::to_string(n) + " elements, the tensor has " +
+                "destination holds " + std::to_string(n) + " elements" +
+                    (whole ? "" : " from element " + std::to_string(first)) + ", the tensor has " +
                     std::to_string(t.numel) + " (shape " + shape_to_string(t.shape) + ").");
   }
   const DType in = *t.dtype;
-  const std::uint64_t base = data_start_ + t.data_begin;
+  const std::size_t in_size = dtype_size(in);
+  const std::uint64_t base = data_start_ + t.data_begin + first * in_size;
   if (in == out_dtype) {  // same bits: straight into the destination
-    pread_all(out, static_cast<std::size_t>(t.nbytes()), base, t);
+    pread_all(out, n * in_size, base, t);
     return;
   }
-  const std::size_t in_size = dtype_size(in);
   std::vector<std::byte> buf(std::min<std::size_t>(n, kChunkElems) * in_size);
   for (std::size_t done = 0; done < n;) {
     const std::size_t k = std::min(n - done, kChunkElems);

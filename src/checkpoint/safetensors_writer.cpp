@@ -64,6 +64,19 @@ void SafetensorsWriter::add_u16(std::string name, std::vector<std::uint64_t> sha
   entries_.emplace(std::move(name), std::move(e));
 }
 
+void SafetensorsWriter::add_filled(std::string name, std::vector<std::uint64_t> shape, DType dtype,
+                                   Fill fill) {
+  check_new_name(name);
+  std::uint64_t n = 1;
+  for (std::uint64_t d : shape) n = mul_checked(n, d).value_or(0);
+  Entry e;
+  e.numel = numel_of(name, shape, static_cast<std::size_t>(n));
+  e.shape = std::move(shape);
+  e.dtype = dtype;
+  e.fill = std::move(fill);
+  entries_.emplace(std::move(name), std::move(e));
+}
+
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {
   metadata_[std::move(key)] = std::move(value);
 }
@@ -116,9 +129,20 @@ void SafetensorsWriter::stream(const ByteSink& sink) const {
   sink(std::as_bytes(std::span(h.data(), h.size())));
 
   std::vector<std::uint16_t> buf;
+  std::vector<std::byte> filled;
   for (const auto& [name, e] : entries_) {
     const auto count = static_cast<std::size_t>(e.numel);
-    if (e.u16 != nullptr) {
+    if (e.fill) {
+      const std::size_t es = dtype_size(e.dtype);
+      filled.resize(std::min(count, kFillElements) * es);
+      for (std::size_t done = 0; done < count;) {
+        const std::size_t k = std::min(count - done, kFillElements);
+        const std::span<std::byte> out(filled.data(), k * es);
+        e.fill(done, out);
+        sink(out);
+        done += k;
+      }
+    } else if (e.u16 != nullptr) {
       sink(std::as_bytes(std::span(e.u16, count)));
     } else if (e.dtype == DType::kF32) {
       sink(std::as_bytes(std::span(e.f32, count)));
