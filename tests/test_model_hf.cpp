@@ -230,7 +230,8 @@ TEST(HfExport, GptDirectoriesShardAtTheSizeAndLoadBack) {
   std::vector<float> back(layout.size());
 
   // Smaller than one tensor: wte alone in shard 1, wpe starts shard 2.
-  auto files = zo::model::export_hf_directory(d.path / "small", layout, params, DType::kF32, 20000);
+  auto files = zo::model::export_hf_directory(d.path / "small", layout,
+                                              zo::model::hf_source(params), DType::kF32, 20000);
   expect_well_sharded(d.path / "small", layout, DType::kF32, 20000);
   json map = read_json(d.path / "small" / "model.safetensors.index.json")["weight_map"];
   EXPECT_EQ(map["wte.weight"], files[1]);
@@ -240,8 +241,8 @@ TEST(HfExport, GptDirectoriesShardAtTheSizeAndLoadBack) {
   EXPECT_EQ(back, params);
 
   // Exactly wte + wpe: both in shard 1, the next tensor starts shard 2.
-  files = zo::model::export_hf_directory(d.path / "exact", layout, params, DType::kF32,
-                                         wte_bytes + wpe_bytes);
+  files = zo::model::export_hf_directory(d.path / "exact", layout, zo::model::hf_source(params),
+                                         DType::kF32, wte_bytes + wpe_bytes);
   expect_well_sharded(d.path / "exact", layout, DType::kF32, wte_bytes + wpe_bytes);
   map = read_json(d.path / "exact" / "model.safetensors.index.json")["weight_map"];
   EXPECT_EQ(map["wte.weight"], files[1]);
@@ -253,10 +254,12 @@ TEST(HfExport, GptDirectoriesShardAtTheSizeAndLoadBack) {
 
   // Everything fits: one model.safetensors, no index (as save_pretrained).
   const std::uint64_t all = layout.size() * 2;
-  files = zo::model::export_hf_directory(d.path / "one", layout, params, DType::kBF16, all);
+  files = zo::model::export_hf_directory(d.path / "one", layout, zo::model::hf_source(params),
+                                         DType::kBF16, all);
   EXPECT_EQ(files, (std::vector<std::string>{"config.json", "model.safetensors"}));
   EXPECT_EQ(names_in(d.path / "one"), (std::set<std::string>{"config.json", "model.safetensors"}));
-  files = zo::model::export_hf_directory(d.path / "two", layout, params, DType::kBF16, all - 1);
+  files = zo::model::export_hf_directory(d.path / "two", layout, zo::model::hf_source(params),
+                                         DType::kBF16, all - 1);
   EXPECT_EQ(files.size(), 4u) << "one byte less: two shards and the index";
   expect_well_sharded(d.path / "two", layout, DType::kBF16, all - 1);
 
@@ -286,7 +289,7 @@ TEST(HfExport, LlamaAndQwen2DirectoriesCarryTheirConfigAndLoadBack) {
     const ParameterLayout layout(spec);
     const auto params = random_params(layout, 2);
     const fs::path dir = d.path / name;
-    zo::model::export_hf_directory(dir, layout, params, DType::kF32, 50000);
+    zo::model::export_hf_directory(dir, layout, zo::model::hf_source(params), DType::kF32, 50000);
     expect_well_sharded(dir, layout, DType::kF32, 50000);
     const json map = read_json(dir / "model.safetensors.index.json")["weight_map"];
     EXPECT_EQ(map.contains("lm_head.weight"), !spec.tie_word_embeddings) << name;
@@ -311,10 +314,10 @@ TEST(HfExport, ARoundTripGivesByteIdenticalFiles) {
     for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string tag = name + "_" + std::string(zo::dtype_name(dtype));
       const fs::path a = d.path / (tag + "_a"), b = d.path / (tag + "_b");
-      zo::model::export_hf_directory(a, layout, params, dtype, 30000);
+      zo::model::export_hf_directory(a, layout, zo::model::hf_source(params), dtype, 30000);
       std::vector<float> back(layout.size());
       zo::model::import_hf_weights(a, layout, back);
-      zo::model::export_hf_directory(b, layout, back, dtype, 30000);
+      zo::model::export_hf_directory(b, layout, zo::model::hf_source(back), dtype, 30000);
       ASSERT_EQ(names_in(a), names_in(b)) << tag;
       EXPECT_GT(names_in(a).size(), 3u) << tag << ": sharded";
       for (const auto& f : names_in(a))
@@ -330,10 +333,10 @@ TEST(HfExport, ReexportingReplacesThePreviousWeightsOnly) {
   const ParameterLayout layout(zo::model::load_model_spec("tiny"));
   const auto params = random_params(layout, 4);
   const fs::path dir = d.path / "out";
-  zo::model::export_hf_directory(dir, layout, params, DType::kF32, 20000);
+  zo::model::export_hf_directory(dir, layout, zo::model::hf_source(params), DType::kF32, 20000);
   std::ofstream(dir / "tokenizer.json") << "{}";
   const auto before = names_in(dir);
-  zo::model::export_hf_directory(dir, layout, params, DType::kF32, 150000);
+  zo::model::export_hf_directory(dir, layout, zo::model::hf_source(params), DType::kF32, 150000);
   const auto middle = names_in(dir);
   EXPECT_LT(middle.size(), before.size());
   std::vector<float> back(layout.size());
@@ -343,7 +346,7 @@ TEST(HfExport, ReexportingReplacesThePreviousWeightsOnly) {
     EXPECT_TRUE(f == "tokenizer.json" || f == "config.json" || f.find("-of-") != f.npos ||
                 f == "model.safetensors.index.json")
         << f;
-  zo::model::export_hf_directory(dir, layout, params, DType::kF32);
+  zo::model::export_hf_directory(dir, layout, zo::model::hf_source(params), DType::kF32);
   EXPECT_EQ(names_in(dir),
             (std::set<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
   zo::model::import_hf_weights(dir, layout, back);
@@ -421,7 +424,8 @@ TEST(HfImport, LlamaHeadsTiedOrUntied) {
 class HfShardedRefusals : public ::testing::Test {
  protected:
   void SetUp() override {
-    files_ = zo::model::export_hf_directory(dir_, layout_, params_, DType::kF32, 20000);
+    files_ = zo::model::export_hf_directory(dir_, layout_, zo::model::hf_source(params_),
+                                            DType::kF32, 20000);
     ASSERT_GE(files_.size(), 5u);  // config, at least 3 shards, index
     index_ = read_json(dir_ / "model.safetensors.index.json");
   }

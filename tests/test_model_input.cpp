@@ -136,8 +136,7 @@ void write_weights(const fs::path& path, const zo::model::ParameterLayout& layou
                    const std::vector<float>& params,
                    const std::vector<std::pair<std::string, std::vector<float>>>& extra) {
   zo::ckpt::SafetensorsWriter w;
-  std::vector<float> scratch;
-  zo::model::add_hf_weights(w, layout, params, zo::DType::kF32, scratch);
+  zo::model::add_hf_weights(w, layout, zo::model::hf_source(params), zo::DType::kF32);
   const auto& wte = layout.find("wte.weight");
   for (const auto& [name, values] : extra)
     w.add(name, zo::model::hf_shape(wte), values);

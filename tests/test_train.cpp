@@ -136,6 +136,67 @@ TEST(Trainer, ResumeContinuesBitForBit) {
   expect_same_state(a.path / "step_00000008", b.path / "step_00000008");
 }
 
+// A tensor of `layout` in Hugging Face order, written out here from its (out, in) rows: the
+// reference for the checkpoint writer, which transposes piece by piece as the file streams.
+template <class T>
+std::vector<T> hf_order(const zo::model::TensorInfo& t, const T* ours) {
+  if (!t.hf_transposed) return {ours, ours + t.numel};
+  std::vector<T> hf(t.numel);
+  const std::size_t rows = t.shape[0], cols = t.shape[1];
+  for (std::size_t c = 0; c < cols; ++c)
+    for (std::size_t r = 0; r < rows; ++r)
+      hf[c * rows + r] = ours[r * cols + c];
+  return hf;
+}
+
+// Checkpoint files are streamed tensor piece by tensor piece, with no whole-model copy: their
+// bytes are those of whole tensors given to the writer, for GPT-2 (transposed Conv1D weights)
+// and a Llama, with fp32 and bf16 optimizer state.
+TEST(Checkpoint, StreamedFilesAreTheWholeTensorsBytes) {
+  for (const char* model : {"tiny", "tiny-llama"}) {
+    for (const zo::DType sd : {zo::DType::kF32, zo::DType::kBF16}) {
+      TempDir d;
+      const zo::model::ParameterLayout layout(zo::model::load_model_spec(model));
+      zo::optim::OptimizerConfig oc;
+      oc.state_dtype = sd;
+      zo::optim::HostOptimizer opt(layout, oc);
+      zo::model::init_weights(layout, 11, opt.master().data());
+      const std::size_t n = layout.size(), es = zo::dtype_size(sd);
+      for (void* m : {opt.exp_avg().data, opt.exp_avg_sq().data})
+        for (std::size_t i = 0; i < n * es; ++i)
+          static_cast<unsigned char*>(m)[i] = static_cast<unsigned char>(i * 7 + 3);
+      const nlohmann::json state = {{"step", 3}, {"run_id", "r"}};
+      const fs::path dir = zo::train::save_checkpoint(d.path, layout, opt, state, 0);
+
+      zo::ckpt::SafetensorsWriter weights, moments;
+      std::vector<std::vector<float>> keep_f32;
+      std::vector<std::vector<std::uint16_t>> keep_u16;
+      for (const auto& t : layout.tensors()) {
+        keep_f32.push_back(hf_order(t, opt.master().data() + t.offset));
+        weights.add(t.name, zo::model::hf_shape(t), keep_f32.back());
+        const void* arrays[2] = {opt.exp_avg().data, opt.exp_avg_sq().data};
+        for (int k = 0; k < 2; ++k) {
+          const std::string name = std::string(k ? "exp_avg_sq." : "exp_avg.") + t.name;
+          if (sd == zo::DType::kF32) {
+            keep_f32.push_back(hf_order(t, static_cast<const float*>(arrays[k]) + t.offset));
+            moments.add(name, zo::model::hf_shape(t), keep_f32.back());
+          } else {
+            keep_u16.push_back(
+                hf_order(t, static_cast<const std::uint16_t*>(arrays[k]) + t.offset));
+            moments.add_u16(name, zo::model::hf_shape(t), keep_u16.back(), sd);
+          }
+        }
+      }
+      weights.set_metadata("offload_train_model_spec", layout.spec().to_json().dump());
+      weights.write(d.path / "weights.ref");
+      moments.write(d.path / "moments.ref");
+      EXPECT_EQ(file_bytes(dir / "model.safetensors"), file_bytes(d.path / "weights.ref")) << model;
+      EXPECT_EQ(file_bytes(dir / "optimizer.safetensors"), file_bytes(d.path / "moments.ref"))
+          << model << " " << zo::dtype_name(sd);
+    }
+  }
+}
+
 // Runs c (6 steps) with checkpoints every 3 steps in a, and again from a copy of its step 3 in b;
 // returns the uninterrupted run's and the resumed run's summaries.
 std::pair<zo::train::TrainSummary, zo::train::TrainSummary> run_and_resume_at_3(TrainConfig c,
@@ -472,7 +533,7 @@ TEST(TrainerErrors, NonFiniteWeightsAndNegativeMomentsAreRefusedByName) {
     std::vector<float> v = w;
     v[fc.offset + 5] = bad;
     const fs::path file = d.path / "bad.safetensors";
-    zo::model::export_hf_weights(file, layout, v, zo::DType::kF32);
+    zo::model::export_hf_weights(file, layout, zo::model::hf_source(v), zo::DType::kF32);
     TrainConfig c = tiny_config(2);
     c.init_from = file.string();
     const std::string e = error_of([&] { Trainer t(c); });
@@ -617,7 +678,7 @@ TEST(Trainer, ExportedWeightsImportBackExactly) {
   const zo::model::ParameterLayout layout(spec);
   for (zo::DType dt : {zo::DType::kF32, zo::DType::kF16, zo::DType::kBF16}) {
     const auto out = d.path / ("export_" + std::string(zo::dtype_name(dt)) + ".safetensors");
-    zo::model::export_hf_weights(out, layout, master, dt);
+    zo::model::export_hf_weights(out, layout, zo::model::hf_source(master), dt);
     const auto f = zo::ckpt::SafetensorsFile::open(out);
     EXPECT_EQ(f.metadata().at("format"), "pt");
     // HF convention: Conv1D weights are (in, out).
@@ -643,10 +704,9 @@ TEST(Trainer, ImportRejectsMissingExtraAndMisshapedTensors) {
   const zo::model::ParameterLayout layout(spec);
   std::vector<float> w(layout.size());
   zo::model::init_weights(layout, 3, w.data());
-  std::vector<float> scratch;
   auto write_with = [&](const std::string& file, auto&& edit) {
     zo::ckpt::SafetensorsWriter writer;
-    zo::model::add_hf_weights(writer, layout, w, zo::DType::kF32, scratch);
+    zo::model::add_hf_weights(writer, layout, zo::model::hf_source(w), zo::DType::kF32);
     edit(writer);
     writer.write(d.path / file);
     return d.path / file;
@@ -671,7 +731,8 @@ TEST(Trainer, ImportRejectsMissingExtraAndMisshapedTensors) {
       "narrow");
   const zo::model::ParameterLayout narrow(wide);
   std::vector<float> nw(narrow.size(), 0.5f);
-  zo::model::export_hf_weights(d.path / "narrow.safetensors", narrow, nw, zo::DType::kF16);
+  zo::model::export_hf_weights(d.path / "narrow.safetensors", narrow, zo::model::hf_source(nw),
+                               zo::DType::kF16);
   e = error_of([&] { zo::model::import_hf_weights(d.path / "narrow.safetensors", layout, back); });
   EXPECT_NE(e.find("h.0.attn.c_attn.weight is [32, 96], expected [64, 192]"), std::string::npos)
       << e;
@@ -681,7 +742,8 @@ TEST(Trainer, ImportRejectsMissingExtraAndMisshapedTensors) {
       "one");
   const zo::model::ParameterLayout small(one_layer);
   std::vector<float> sw(small.size(), 0.25f);
-  zo::model::export_hf_weights(d.path / "one.safetensors", small, sw, zo::DType::kF32);
+  zo::model::export_hf_weights(d.path / "one.safetensors", small, zo::model::hf_source(sw),
+                               zo::DType::kF32);
   e = error_of([&] { zo::model::import_hf_weights(d.path / "one.safetensors", layout, back); });
   EXPECT_NE(e.find("missing: h.1.ln_1.weight"), std::string::npos) << e;
 }

@@ -122,14 +122,14 @@ TEST(LlamaTraining, ExportImportExportIsByteIdentical) {
   zo::model::import_hf_weights(ckpt / "model.safetensors", layout, w);
   for (zo::DType dt : {zo::DType::kF32, zo::DType::kBF16}) {
     const fs::path first = d.path / "first.safetensors", second = d.path / "second.safetensors";
-    zo::model::export_hf_weights(first, layout, w, dt);
+    zo::model::export_hf_weights(first, layout, zo::model::hf_source(w), dt);
     const auto f = zo::ckpt::SafetensorsFile::open(first);
     EXPECT_EQ(f.info("model.layers.1.self_attn.k_proj.weight").shape,
               (std::vector<std::uint64_t>{32, 64}));  // nn.Linear (out, in): 2 kv heads of 16
     EXPECT_EQ(f.info("lm_head.weight").shape, (std::vector<std::uint64_t>{256, 64}));
     std::vector<float> back(layout.size());
     zo::model::import_hf_weights(first, layout, back);
-    zo::model::export_hf_weights(second, layout, back, dt);
+    zo::model::export_hf_weights(second, layout, zo::model::hf_source(back), dt);
     EXPECT_EQ(bytes_of(first), bytes_of(second)) << zo::dtype_name(dt);
     if (dt == zo::DType::kF32) EXPECT_EQ(back, w);
   }

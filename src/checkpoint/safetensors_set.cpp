@@ -125,6 +125,11 @@ const TensorInfo& SafetensorsSet::info(std::string_view name) const {
   return file_of(name).info(name);
 }
 
+void SafetensorsSet::read_f32(std::string_view name, std::span<float> out,
+                              std::uint64_t first) const {
+  file_of(name).read_f32(name, out, first);
+}
+
 void SafetensorsSet::read_f32(std::string_view name, std::span<float> out) const {
   file_of(name).read_f32(name, out);
 }

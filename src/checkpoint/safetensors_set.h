@@ -56,8 +56,9 @@ class SafetensorsSet {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
   const TensorInfo& info(std::string_view name) const;                 // throws CheckpointError
   const SafetensorsFile& file_of(std::string_view name) const;
-  // As SafetensorsFile::read_f32, from the tensor's shard.
+  // As SafetensorsFile::read_f32, from the tensor's shard (the whole tensor, or a range).
   void read_f32(std::string_view name, std::span<float> out) const;
+  void read_f32(std::string_view name, std::span<float> out, std::uint64_t first) const;
 
  private:
   static SafetensorsSet open_index(const std::filesystem::path& index);

@@ -73,9 +73,8 @@ nlohmann::json hf_config(const ModelSpec& spec, DType dtype) {
 }
 
 std::vector<std::string> export_hf_directory(const fs::path& dir, const ParameterLayout& layout,
-                                             std::span<const float> params, DType dtype,
+                                             const HfSource& source, DType dtype,
                                              std::uint64_t max_shard_bytes) {
-  if (params.size() != layout.size()) throw std::invalid_argument("export: params size mismatch");
   if (max_shard_bytes == 0) throw std::invalid_argument("export: shard size must be positive");
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -95,7 +94,6 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
   remove_file(dir / ckpt::kWeightsIndexName);
   std::vector<std::string> written = {"config.json"};
   ckpt::write_file_atomic(dir / "config.json", hf_config(layout.spec(), dtype).dump(2) + "\n");
-  std::vector<float> hf(layout.size());
   std::map<std::string, std::string> weight_map;
   std::uint64_t total = 0;
   for (std::size_t k = 0; k < n; ++k) {
@@ -104,8 +102,7 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
     ckpt::SafetensorsWriter w;
     for (std::size_t i = starts[k]; i < starts[k + 1]; ++i) {
       const TensorInfo& t = tensors[i];
-      to_hf(t, params.data() + t.offset, hf.data() + t.offset);
-      w.add(t.name, hf_shape(t), std::span<const float>(hf.data() + t.offset, t.numel), dtype);
+      w.add_filled(t.name, hf_shape(t), dtype, hf_fill(t, source, dtype));
       weight_map.emplace(t.name, file);
       total += bytes[i];
     }

@@ -1,5 +1,6 @@
 #include "model/hf_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -17,15 +18,21 @@ std::vector<std::uint64_t> hf_shape(const TensorInfo& t) {
 }
 
 template <class T>
-void to_hf(const TensorInfo& t, const T* ours, T* hf) {
+void to_hf(const TensorInfo& t, const T* ours, std::uint64_t first, std::size_t n, T* hf) {
   if (!t.hf_transposed) {
-    std::copy(ours, ours + t.numel, hf);
+    std::copy(ours + first, ours + first + n, hf);
     return;
   }
-  const std::size_t rows = t.shape[0], cols = t.shape[1];  // ours (out, in) -> HF (in, out)
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c)
-      hf[c * rows + r] = ours[r * cols + c];
+  // HF element k of (in, out) = (cols, rows) is ours[r * cols + c] with c = k / rows, r = k % rows.
+  const std::size_t rows = t.shape[0], cols = t.shape[1];
+  std::size_t c = static_cast<std::size_t>(first / rows),
+              r = static_cast<std::size_t>(first % rows);
+  for (std::size_t i = 0; i < n; ++i) {
+    hf[i] = ours[r * cols + c];
+    if (++r == rows) {
+      r = 0;
+      ++c;
+    }
   }
 }
 
@@ -42,8 +49,9 @@ void from_hf(const TensorInfo& t, const T* hf, T* ours) {
   }
 }
 
-template void to_hf<float>(const TensorInfo&, const float*, float*);
-template void to_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std::uint16_t*);
+template void to_hf<float>(const TensorInfo&, const float*, std::uint64_t, std::size_t, float*);
+template void to_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std::uint64_t,
+                                   std::size_t, std::uint16_t*);
 template void from_hf<float>(const TensorInfo&, const float*, float*);
 template void from_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std::uint16_t*);
 
@@ -63,9 +71,22 @@ std::string strip_prefix(const std::string& name) {
 
 }  // namespace
 
+HfSource hf_source(std::span<const float> params) {
+  return [params](const TensorInfo& t, std::uint64_t first, std::span<float> out) {
+    to_hf(t, params.data() + t.offset, first, out.size(), out.data());
+  };
+}
+
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params) {
   if (params.size() != layout.size()) throw std::invalid_argument("import: params size mismatch");
+  import_hf_weights(path, layout, [params](std::size_t offset, std::span<const float> v) {
+    std::copy(v.begin(), v.end(), params.begin() + std::ptrdiff_t(offset));
+  });
+}
+
+void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
+                       const ParamSink& sink) {
   const auto file = ckpt::SafetensorsSet::open(path);
   std::map<std::string, std::string> by_name;  // our name -> name in the file
   std::vector<std::string> unexpected, twice;
@@ -123,18 +144,17 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
     msg += " pass the --model spec these weights were trained with";
     throw CheckpointError(msg);
   }
-  // Read everything first, so params is untouched if a read fails.
-  std::vector<float> staged(layout.size()), buf;
-  for (const auto& t : layout.tensors()) {
-    buf.resize(t.numel);
-    file.read_f32(by_name.at(t.name), buf);
-    from_hf(t, buf.data(), staged.data() + t.offset);
-  }
   // A tied LM head is wte; a file with a different one is another model.
+  std::vector<float> buf, other;
   if (!lm_head.empty()) {
-    buf.resize(wte.numel);
-    file.read_f32(lm_head, buf);
-    if (std::memcmp(buf.data(), staged.data() + wte.offset, wte.numel * sizeof(float)) != 0) {
+    for (std::uint64_t first = 0; first < wte.numel; first += kImportPieceElements) {
+      const auto n = static_cast<std::size_t>(
+          std::min<std::uint64_t>(kImportPieceElements, wte.numel - first));
+      buf.resize(n);
+      other.resize(n);
+      file.read_f32(lm_head, buf, first);
+      file.read_f32(by_name.at(wte.name), other, first);
+      if (std::memcmp(buf.data(), other.data(), n * sizeof(float)) == 0) continue;
       throw CheckpointError(
           "weights " + path.string() + ": " + lm_head + " differs from " + by_name.at(wte.name) +
           "; this model ties the LM head to the token embedding, so untied "
@@ -144,24 +164,48 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
                                  : "; GPT-2 always ties them)"));
     }
   }
-  std::copy(staged.begin(), staged.end(), params.begin());
-}
-
-void add_hf_weights(ckpt::SafetensorsWriter& writer, const ParameterLayout& layout,
-                    std::span<const float> params, DType dtype, std::vector<float>& scratch) {
-  scratch.resize(layout.size());
   for (const auto& t : layout.tensors()) {
-    to_hf(t, params.data() + t.offset, scratch.data() + t.offset);
-    writer.add(t.name, hf_shape(t), std::span<const float>(scratch.data() + t.offset, t.numel),
-               dtype);
+    const std::string& name = by_name.at(t.name);
+    if (t.hf_transposed) {  // a GPT-2 Conv1D weight (at most 4 C^2): whole, then transposed
+      buf.resize(t.numel);
+      other.resize(t.numel);
+      file.read_f32(name, buf);
+      from_hf(t, buf.data(), other.data());
+      sink(t.offset, other);
+      continue;
+    }
+    for (std::uint64_t first = 0; first < t.numel; first += kImportPieceElements) {
+      buf.resize(
+          static_cast<std::size_t>(std::min<std::uint64_t>(kImportPieceElements, t.numel - first)));
+      file.read_f32(name, buf, first);
+      sink(t.offset + static_cast<std::size_t>(first), buf);
+    }
   }
 }
 
+ckpt::SafetensorsWriter::Fill hf_fill(const TensorInfo& t, const HfSource& source, DType dtype) {
+  return [source, &t, dtype](std::uint64_t first, std::span<std::byte> out) {
+    const std::size_t n = out.size() / dtype_size(dtype);
+    if (dtype == DType::kF32) {
+      source(t, first, {reinterpret_cast<float*>(out.data()), n});
+      return;
+    }
+    std::vector<float> f32(n);
+    source(t, first, f32);
+    convert_from_float(f32.data(), out.data(), dtype, n);
+  };
+}
+
+void add_hf_weights(ckpt::SafetensorsWriter& writer, const ParameterLayout& layout,
+                    const HfSource& source, DType dtype) {
+  for (const auto& t : layout.tensors())
+    writer.add_filled(t.name, hf_shape(t), dtype, hf_fill(t, source, dtype));
+}
+
 void export_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
-                       std::span<const float> params, DType dtype) {
+                       const HfSource& source, DType dtype) {
   ckpt::SafetensorsWriter writer;
-  std::vector<float> scratch;
-  add_hf_weights(writer, layout, params, dtype, scratch);
+  add_hf_weights(writer, layout, source, dtype);
   writer.set_metadata("format", "pt");
   writer.set_metadata("model", layout.spec().to_json().dump());
   writer.write(path);

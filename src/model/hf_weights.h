@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,32 +14,50 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "core/dtype.h"
 #include "model/layout.h"
-
-namespace zo::ckpt {
-class SafetensorsWriter;
-}
 
 namespace zo::model {
 
 // Shape of tensor t in Hugging Face's convention.
 std::vector<std::uint64_t> hf_shape(const TensorInfo& t);
 
-// Copies between our layout (row-major (out, in)) and HF's (transposed for Conv1D weights).
+// Copies between our layout (row-major (out, in)) and HF's (transposed for Conv1D weights):
+// to_hf writes elements [first, first + n) of tensor t in HF order from `ours`, the whole tensor
+// in our order; from_hf converts a whole tensor.
 template <class T>
-void to_hf(const TensorInfo& t, const T* ours, T* hf);
+void to_hf(const TensorInfo& t, const T* ours, std::uint64_t first, std::size_t n, T* hf);
 template <class T>
 void from_hf(const TensorInfo& t, const T* hf, T* ours);
 
-// Reads every parameter of `layout` into params (layout.size() fp32) from a .safetensors file, a
-// sharded set's model.safetensors.index.json, or a directory holding either (ckpt::SafetensorsSet
-// checks the index against its shards). F32, F16 and BF16 tensors. Names may carry a
-// "transformer." prefix (but not both forms of one name); HF's buffers ("attn.bias",
-// "attn.masked_bias", "rotary_emb.inv_freq") are skipped. A tied model's "lm_head.weight", if
-// present, must equal the embedding; an untied one's is required like any parameter. Throws
-// CheckpointError listing missing, unexpected, repeated or mis-shaped tensors, or an untied LM
-// head; everything is read before params is written, so it is untouched on error.
+// Elements [first, first + out.size()) of tensor t in Hugging Face order, as fp32: what an
+// export or a checkpoint writes, read piece by piece so that no copy of the model is made.
+using HfSource =
+    std::function<void(const TensorInfo& t, std::uint64_t first, std::span<float> out)>;
+// The values of `params` (layout.size(), our order), which must outlive the source.
+HfSource hf_source(std::span<const float> params);
+
+// Takes imported values in our layout's order: elements [offset, offset + values.size()) of the
+// layout (a piece of one tensor).
+using ParamSink = std::function<void(std::size_t offset, std::span<const float> values)>;
+
+// Largest piece import_hf_weights hands its sink at once, and what it holds besides: 4 MiB of
+// fp32, or a whole transposed (GPT-2 Conv1D) tensor twice.
+inline constexpr std::size_t kImportPieceElements = std::size_t{1} << 20;
+
+// Reads every parameter of `layout` from a .safetensors file, a sharded set's
+// model.safetensors.index.json, or a directory holding either (ckpt::SafetensorsSet checks the
+// index against its shards), and gives them to `sink` piece by piece (kImportPieceElements).
+// F32, F16 and BF16 tensors. Names may carry a "transformer." prefix (but not both forms of one
+// name); HF's buffers ("attn.bias", "attn.masked_bias", "rotary_emb.inv_freq") are skipped. A
+// tied model's "lm_head.weight", if present, must equal the embedding; an untied one's is
+// required like any parameter. Throws CheckpointError listing missing, unexpected, repeated or
+// mis-shaped tensors, or an untied LM head, before the sink is called; a read that fails later
+// (a file truncated meanwhile) leaves what the sink received so far.
+void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
+                       const ParamSink& sink);
+// The same into params (layout.size() fp32).
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        std::span<float> params);
 
@@ -47,14 +66,18 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
 // from it when --model is not given.
 std::optional<std::filesystem::path> hf_config_beside(const std::filesystem::path& path);
 
-// Adds every parameter to `writer` in HF names/shapes, stored as `dtype`. The transposed copies
-// live in `scratch`, which must outlive the write.
-void add_hf_weights(ckpt::SafetensorsWriter& writer, const ParameterLayout& layout,
-                    std::span<const float> params, DType dtype, std::vector<float>& scratch);
+// Tensor t's data as `dtype` from `source` (copied; what it reads, and t, must outlive the
+// write), for SafetensorsWriter::add_filled.
+ckpt::SafetensorsWriter::Fill hf_fill(const TensorInfo& t, const HfSource& source, DType dtype);
 
-// Writes params as a standalone HF safetensors file (atomic).
+// Adds every parameter to `writer` in HF names/shapes, stored as `dtype`, read from `source` as
+// the file streams (what the source reads, and the layout, must outlive the write).
+void add_hf_weights(ckpt::SafetensorsWriter& writer, const ParameterLayout& layout,
+                    const HfSource& source, DType dtype);
+
+// Writes the weights as a standalone HF safetensors file (atomic).
 void export_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
-                       std::span<const float> params, DType dtype);
+                       const HfSource& source, DType dtype);
 
 // The config.json transformers loads the model from: GPT2LMHeadModel's for GPT-2, the spec's own
 // (ModelSpec::to_json without "name") for the Llama family; "torch_dtype" names `dtype`.
@@ -71,8 +94,8 @@ inline constexpr std::uint64_t kDefaultShardBytes = 5'000'000'000;
 // model.safetensors or shards that are not part of the new set; other files are left alone.
 // Returns the file names written, in order.
 std::vector<std::string> export_hf_directory(const std::filesystem::path& dir,
-                                             const ParameterLayout& layout,
-                                             std::span<const float> params, DType dtype,
+                                             const ParameterLayout& layout, const HfSource& source,
+                                             DType dtype,
                                              std::uint64_t max_shard_bytes = kDefaultShardBytes);
 
 }  // namespace zo::model

@@ -133,6 +133,14 @@ const TensorInfo& ParameterLayout::find(const std::string& name) const {
   throw std::out_of_range("no parameter named '" + name + "' in the layout of " + spec_.name);
 }
 
+const TensorInfo& ParameterLayout::tensor_at(std::size_t offset) const {
+  if (offset >= size_) throw std::out_of_range("layout element beyond the layout");
+  // Tensors lie in offset order: the last one starting at or before `offset`.
+  const auto it = std::upper_bound(tensors_.begin(), tensors_.end(), offset,
+                                   [](std::size_t o, const TensorInfo& t) { return o < t.offset; });
+  return *(it - 1);
+}
+
 bool WeightDecayPolicy::applies_to(const TensorInfo& t) const {
   switch (t.kind) {
     case TensorKind::kMatrix:

@@ -58,6 +58,8 @@ class ParameterLayout {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   std::size_t size() const { return size_; }              // total parameters
   const TensorInfo& find(const std::string& name) const;  // throws std::out_of_range
+  // The tensor holding layout element `offset` (< size()).
+  const TensorInfo& tensor_at(std::size_t offset) const;
 
   std::size_t wte() const { return wte_; }          // (V, C): wte / embed_tokens, the tied LM head
   std::size_t lm_head() const { return lm_head_; }  // (V, C): wte() when tied

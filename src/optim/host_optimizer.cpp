@@ -151,9 +151,7 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
     for (const OwnedRange& o : owned_)
       if (local >= o.local && local < o.local + (o.end - o.begin))
         offset = o.begin + local - o.local;
-    const model::TensorInfo* t = &layout.tensors().front();
-    for (const model::TensorInfo& x : layout.tensors())
-      if (offset >= x.offset && offset < x.offset + x.numel) t = &x;
+    const model::TensorInfo* t = &layout.tensor_at(offset);
     const float x = value(array, local);
     static const char* const kNames[3] = {"weights", "Adam m", "Adam v"};
     const std::string what = !std::isfinite(x) ? std::to_string(x)

@@ -49,6 +49,22 @@ class HostOptimizer {
     for (const OwnedRange& o : owned_)
       std::copy(full + o.begin, full + o.end, local + o.local);
   }
+  // The same for a piece: `values` are layout elements [offset, offset + values.size()).
+  template <class T>
+  void take_owned(std::size_t offset, std::span<const T> values, T* local) const {
+    for_owned(offset, values.size(), [&](std::size_t from, std::size_t to, std::size_t n) {
+      std::copy_n(values.data() + from, n, local + to);
+    });
+  }
+  // Calls f(from, to, n) for each owned part of layout elements [offset, offset + count): n
+  // elements from `from` within that range go to local index `to`.
+  template <class F>
+  void for_owned(std::size_t offset, std::size_t count, F&& f) const {
+    for (const OwnedRange& o : owned_) {
+      const std::size_t lo = std::max(offset, o.begin), hi = std::min(offset + count, o.end);
+      if (lo < hi) f(lo - offset, o.local + (lo - o.begin), hi - lo);
+    }
+  }
 
   std::span<float> master() { return master_.span<float>(); }
   cpu_adam::ArrayView exp_avg() { return {m_.data(), n_, config_.state_dtype}; }

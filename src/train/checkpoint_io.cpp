@@ -26,49 +26,51 @@ std::string shard_file_name(int rank, int ranks) {
   return "optimizer.rank" + std::to_string(rank) + "-of" + std::to_string(ranks) + ".safetensors";
 }
 
-// A whole-layout array for a partitioned optimizer; the optimizer's own array when it owns all.
-template <class T>
-struct WholeArray {
-  std::vector<T> storage;
-  T* data;
-  WholeArray(const optim::HostOptimizer& opt, T* own)
-      : storage(opt.owns_all() ? 0 : opt.layout_size()),
-        data(opt.owns_all() ? own : storage.data()) {}
-  void finish(const optim::HostOptimizer& opt, T* own) const {
-    if (!opt.owns_all()) opt.take_owned(data, own);
-  }
-};
-
 void load_master(const fs::path& dir, const model::ParameterLayout& layout,
                  optim::HostOptimizer& opt) {
-  WholeArray<float> master(opt, opt.master().data());
   model::import_hf_weights(dir / "model.safetensors", layout,
-                           std::span<float>(master.data, layout.size()));
-  master.finish(opt, opt.master().data());
+                           [&opt](std::size_t offset, std::span<const float> values) {
+                             opt.take_owned(offset, values, opt.master().data());
+                           });
 }
 
-// optimizer.safetensors: every tensor in Hugging Face shape, as T (float for fp32 state,
-// uint16 words for bf16).
+// Reads elements [first, first + out.size()) of tensor `name` as T (float for fp32 state, uint16
+// words for bf16).
+template <class T>
+void read_range(const ckpt::SafetensorsFile& file, const std::string& name, std::span<T> out,
+                std::uint64_t first, DType sd) {
+  if constexpr (std::is_same_v<T, float>) {
+    file.read_f32(name, out, first);
+  } else {
+    file.read_u16(name, out, sd, first);
+  }
+}
+
+// optimizer.safetensors: every tensor in Hugging Face shape, as T. Read straight into this rank's
+// owned elements; a transposed (GPT-2 Conv1D) tensor, at most 4 C^2, through one buffer.
 template <class T>
 void load_whole_moments(const ckpt::SafetensorsFile& file, const model::ParameterLayout& layout,
                         optim::HostOptimizer& opt) {
   const DType sd = opt.config().state_dtype;
   const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-  std::vector<T> buf;
+  std::vector<T> hf, ours;
   for (int k = 0; k < 2; ++k) {
-    WholeArray<T> whole(opt, static_cast<T*>(arrays[k].data));
+    T* local = static_cast<T*>(arrays[k].data);
     for (const auto& t : layout.tensors()) {
       const std::string name = std::string(kMoments[k]) + "." + t.name;
       file.expect_shape(name, model::hf_shape(t));
-      buf.resize(t.numel);
-      if constexpr (std::is_same_v<T, float>) {
-        file.read_f32(name, buf);
-      } else {
-        file.read_u16(name, buf, sd);
+      if (!t.hf_transposed) {
+        opt.for_owned(t.offset, t.numel, [&](std::size_t from, std::size_t to, std::size_t n) {
+          read_range(file, name, std::span<T>(local + to, n), from, sd);
+        });
+        continue;
       }
-      model::from_hf(t, buf.data(), whole.data + t.offset);
+      hf.resize(t.numel);
+      ours.resize(t.numel);
+      read_range(file, name, std::span<T>(hf), 0, sd);
+      model::from_hf(t, hf.data(), ours.data());
+      opt.take_owned(t.offset, std::span<const T>(ours), local);
     }
-    whole.finish(opt, static_cast<T*>(arrays[k].data));
   }
 }
 
@@ -94,14 +96,12 @@ void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layou
 void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
                           optim::HostOptimizer& opt) {
   const DType sd = opt.config().state_dtype;
-  const std::size_t es = dtype_size(sd);
   const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
   struct Piece {  // local offsets in the shard and in this rank's arrays, and a length
     std::size_t from, to, n;
   };
   struct Source {
     ckpt::SafetensorsFile file;
-    std::size_t size;
     std::vector<Piece> pieces;
   };
   std::vector<Source> sources;
@@ -119,24 +119,19 @@ void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
       }
       old_local += e - b;
     }
-    if (!pieces.empty()) sources.push_back({std::move(file), f.local_size, std::move(pieces)});
+    if (!pieces.empty()) sources.push_back({std::move(file), std::move(pieces)});
   }
-  std::vector<float> f32;
-  std::vector<std::uint16_t> u16;
+  // Each piece straight into this rank's arrays: no buffer.
   for (const Source& s : sources) {
     for (int k = 0; k < 2; ++k) {
-      const char* src;
-      if (sd == DType::kF32) {
-        f32.resize(s.size);
-        s.file.read_f32(kMoments[k], f32);
-        src = reinterpret_cast<const char*>(f32.data());
-      } else {
-        u16.resize(s.size);
-        s.file.read_u16(kMoments[k], u16, sd);
-        src = reinterpret_cast<const char*>(u16.data());
+      for (const Piece& p : s.pieces) {
+        if (sd == DType::kF32) {
+          s.file.read_f32(kMoments[k], {static_cast<float*>(arrays[k].data) + p.to, p.n}, p.from);
+        } else {
+          s.file.read_u16(kMoments[k], {static_cast<std::uint16_t*>(arrays[k].data) + p.to, p.n},
+                          sd, p.from);
+        }
       }
-      for (const Piece& p : s.pieces)
-        std::memcpy(static_cast<char*>(arrays[k].data) + p.to * es, src + p.from * es, p.n * es);
     }
   }
 }
@@ -144,8 +139,8 @@ void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
 void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& layout,
                     std::span<const float> master) {
   ckpt::SafetensorsWriter w;
-  std::vector<float> scratch;
-  model::add_hf_weights(w, layout, master, DType::kF32, scratch);
+  const model::HfSource source = model::hf_source(master);
+  model::add_hf_weights(w, layout, source, DType::kF32);
   w.set_metadata("format", "pt");
   // The spec again, beside the weights it shapes: read_trainer_state checks the two agree.
   w.set_metadata(std::string(kSpecMetadataKey), layout.spec().to_json().dump());
@@ -220,27 +215,24 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
                             ckpt::IfExists::kReplace, run_id);
   add_model_file(dir, layout, opt.master());
   {
-    // Moments in HF shapes too, in the state dtype, bit for bit.
+    // Moments in HF shapes too, in the state dtype, bit for bit, transposed piece by piece as the
+    // file streams.
     ckpt::SafetensorsWriter w;
     const DType sd = opt.config().state_dtype;
-    std::vector<float> f32[2];
-    std::vector<std::uint16_t> u16[2];
     const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
     for (int k = 0; k < 2; ++k) {
-      const std::string prefix = std::string(kMoments[k]) + ".";
-      (sd == DType::kF32 ? f32[k].resize(layout.size()) : u16[k].resize(layout.size()));
+      const void* array = arrays[k].data;
       for (const auto& t : layout.tensors()) {
-        if (sd == DType::kF32) {
-          model::to_hf(t, static_cast<const float*>(arrays[k].data) + t.offset,
-                       f32[k].data() + t.offset);
-          w.add(prefix + t.name, model::hf_shape(t),
-                std::span<const float>(f32[k].data() + t.offset, t.numel));
-        } else {
-          model::to_hf(t, static_cast<const std::uint16_t*>(arrays[k].data) + t.offset,
-                       u16[k].data() + t.offset);
-          w.add_u16(prefix + t.name, model::hf_shape(t),
-                    std::span<const std::uint16_t>(u16[k].data() + t.offset, t.numel), sd);
-        }
+        w.add_filled(std::string(kMoments[k]) + "." + t.name, model::hf_shape(t), sd,
+                     [array, &t, sd](std::uint64_t first, std::span<std::byte> out) {
+                       if (sd == DType::kF32) {
+                         model::to_hf(t, static_cast<const float*>(array) + t.offset, first,
+                                      out.size() / 4, reinterpret_cast<float*>(out.data()));
+                       } else {
+                         model::to_hf(t, static_cast<const std::uint16_t*>(array) + t.offset, first,
+                                      out.size() / 2, reinterpret_cast<std::uint16_t*>(out.data()));
+                       }
+                     });
       }
     }
     dir.write_file("optimizer.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "checkpoint/safetensors.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
@@ -37,30 +38,35 @@ void check_directory_output(const fs::path& dir, bool force) {
   }
 }
 
-// The first weight that is not finite, or would not be once stored in `dtype` (fp16 overflows
-// above 65504), as "<tensor> [i] = <value>"; "" when all are.
-std::string find_unexportable(const model::ParameterLayout& layout, std::span<const float> w,
-                              DType dtype) {
-  const auto stored = [dtype](float x) {
-    switch (dtype) {
-      case DType::kF16:
-        return half_to_float(float_to_half(x));
-      case DType::kBF16:
-        return bf16_to_float(float_to_bf16(x));
-      default:
-        return x;
-    }
-  };
-  for (const model::TensorInfo& t : layout.tensors()) {
-    for (std::size_t i = 0; i < t.numel; ++i) {
-      const float x = w[t.offset + i];
-      if (std::isfinite(stored(x))) continue;
-      std::string s = t.name + " [" + std::to_string(i) + "] = " + std::to_string(x);
-      if (std::isfinite(x)) s += ", beyond " + std::string(dtype_name(dtype)) + "'s range";
-      return s;
-    }
+// The value x becomes once stored as `dtype`.
+float stored(float x, DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return half_to_float(float_to_half(x));
+    case DType::kBF16:
+      return bf16_to_float(float_to_bf16(x));
+    default:
+      return x;
   }
-  return "";
+}
+
+// Reads the checkpoint's weights once, checking their names and shapes against the layout:
+// the first weight that is not finite, or would not be once stored in `dtype` (fp16 overflows
+// above 65504), as "<tensor> [i] = <value>"; "" when all are.
+std::string find_unexportable(const fs::path& weights, const model::ParameterLayout& layout,
+                              DType dtype) {
+  std::string found;
+  model::import_hf_weights(weights, layout, [&](std::size_t offset, std::span<const float> v) {
+    if (!found.empty()) return;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (std::isfinite(stored(v[i], dtype))) continue;
+      const model::TensorInfo& t = layout.tensor_at(offset + i);
+      found = t.name + " [" + std::to_string(offset + i - t.offset) + "] = " + std::to_string(v[i]);
+      if (std::isfinite(v[i])) found += ", beyond " + std::string(dtype_name(dtype)) + "'s range";
+      return;
+    }
+  });
+  return found;
 }
 
 }  // namespace
@@ -92,9 +98,8 @@ std::string export_checkpoint(const ExportConfig& c) {
   const auto dir = resolve_checkpoint(c.checkpoint, c.checkpoint_dir);
   const auto spec = checkpoint_spec(read_trainer_state(dir));
   const model::ParameterLayout layout(spec);
-  std::vector<float> weights(layout.size());
-  model::import_hf_weights(dir / "model.safetensors", layout, weights);
-  if (const std::string bad = find_unexportable(layout, weights, c.dtype);
+  const fs::path weights = dir / "model.safetensors";
+  if (const std::string bad = find_unexportable(weights, layout, c.dtype);
       !bad.empty() && !c.allow_nonfinite) {
     throw CheckpointError("checkpoint '" + dir.string() +
                           "' holds weights that are not finite in " +
@@ -103,13 +108,19 @@ std::string export_checkpoint(const ExportConfig& c) {
                           (c.dtype == DType::kF16 ? ", use --dtype bf16 or fp32," : "") +
                           " or pass --allow-nonfinite to write them anyway");
   }
+  // The checkpoint's tensors have the export's names and shapes: copied piece by piece.
+  const auto file = ckpt::SafetensorsFile::open(weights);
+  const model::HfSource source = [&file](const model::TensorInfo& t, std::uint64_t first,
+                                         std::span<float> out) {
+    file.read_f32(t.name, out, first);
+  };
   const std::string what = std::to_string(layout.tensors().size()) + " tensors, " +
                            std::string(dtype_name(c.dtype)) + ", model " + spec.to_json().dump();
   if (one_file) {
-    model::export_hf_weights(out, layout, weights, c.dtype);
+    model::export_hf_weights(out, layout, source, c.dtype);
     return "wrote " + c.out + " (" + what + ")";
   }
-  const auto files = model::export_hf_directory(out, layout, weights, c.dtype, shard_bytes);
+  const auto files = model::export_hf_directory(out, layout, source, c.dtype, shard_bytes);
   std::string list;
   for (const auto& f : files)
     list += (list.empty() ? "" : ", ") + f;
