@@ -210,6 +210,17 @@ TEST(ParameterLayout, Gpt2InitIsCounterBasedAndThreadCountFree) {
       EXPECT_EQ(all[t.offset + i], static_cast<float>(stddev * z)) << t.name << "[" << i << "]";
     }
   }
+  // Any range of the layout (what one data-parallel rank owns) is that slice of the whole, at
+  // boundaries inside the blocks of four and across tensors.
+  std::mt19937 rng(5);
+  for (int k = 0; k < 40; ++k) {
+    std::size_t b = rng() % layout.size(), e = rng() % (layout.size() + 1);
+    if (b > e) std::swap(b, e);
+    std::vector<float> part(e - b, -7.0f);
+    zo::model::init_weights(layout, seed, b, e, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + std::ptrdiff_t(b)))
+        << "[" << b << ", " << e << ")";
+  }
 }
 
 // ---- the whole model's gradient vs central finite differences ---------------------------------

@@ -3,8 +3,11 @@
 // layout, tensors nothing reads, FIFOs in a checkpoint; non-finite flags; sampling edge cases;
 // weights whose logits are not finite in sample and eval.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cmath>
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -197,6 +200,85 @@ TEST_F(TrainerState, TensorsNothingReadsAreRefused) {
   const std::string e = error_of([&] { zo::train::load_checkpoint(dir_, layout, opt); });
   EXPECT_HAS(e, "optimizer.safetensors");
   EXPECT_HAS(e, "'exp_avg.h.9.mlp.c_fc.weight' are not part of this checkpoint format");
+}
+
+// Saves a checkpoint of `layout` from 3 ranks (threads) that own interleaved pieces, as the
+// offload engine's bucket shards do; master[i] = f(i). Returns each rank's error ("" if none).
+std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layout,
+                                          const fs::path& parent) {
+  const std::size_t L = layout.size(), step = 4099;  // pieces cut tensors anywhere
+  std::vector<std::vector<zo::optim::OwnedRange>> parts(3);
+  std::vector<std::size_t> local(3, 0);
+  for (std::size_t b = 0, k = 0; b < L; b += step, ++k) {
+    const std::size_t e = std::min(L, b + step), r = k % 3;
+    parts[r].push_back({b, e, local[r]});
+    local[r] += e - b;
+  }
+  auto hub = std::make_shared<zo::test::ThreadCommHub>(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      zo::test::ThreadComm comm(hub, r);
+      zo::optim::HostOptimizer opt(layout, {}, parts[std::size_t(r)]);
+      for (const auto& o : parts[std::size_t(r)])
+        for (std::size_t i = o.begin; i < o.end; ++i)
+          opt.master()[o.local + i - o.begin] = std::sin(float(i)) * float(i % 97);
+      const Json state = {
+          {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
+      errors[std::size_t(r)] =
+          error_of([&] { zo::train::save_checkpoint(parent, layout, opt, state, 0, comm, parts); });
+    });
+  }
+  for (auto& t : ranks)
+    t.join();
+  return errors;
+}
+
+// No rank holds the model whole: rank 0 writes model.safetensors as every rank all-gathers it
+// piece by piece. The file is byte for byte that of one process holding the same master, for
+// GPT-2 (transposed tensors) and a Llama.
+TEST(ShardedSave, TheGatheredModelFileIsTheWholeModels) {
+  for (const char* name : {"tiny", "tiny-llama"}) {
+    Scratch tmp;
+    const zo::model::ParameterLayout layout(zo::model::load_model_spec(name));
+    for (const std::string& e : save_three_ranks(layout, tmp.path / "three"))
+      EXPECT_EQ(e, "(no error)");
+    zo::optim::HostOptimizer whole(layout, {});
+    for (std::size_t i = 0; i < layout.size(); ++i)
+      whole.master()[i] = std::sin(float(i)) * float(i % 97);
+    const Json state = {
+        {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
+    zo::train::save_checkpoint(tmp.path / "one", layout, whole, state, 0);
+    EXPECT_EQ(file_bytes(tmp.path / "three/step_00000001/model.safetensors"),
+              file_bytes(tmp.path / "one/step_00000001/model.safetensors"))
+        << name;
+  }
+}
+
+// A write that fails on rank 0 halfway through the model file (the file-size limit stands in for
+// a full disk) ends the save on every rank with an error, none left waiting in a gather, and no
+// checkpoint published.
+TEST(ShardedSave, AFailedModelFileOnRankZeroFailsEveryRank) {
+  Scratch tmp;
+  const zo::model::ParameterLayout layout(zo::model::load_model_spec("tiny"));
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  if (old_limit.rlim_max != RLIM_INFINITY && old_limit.rlim_max < (1u << 20)) {
+    GTEST_SKIP() << "hard RLIMIT_FSIZE too low to run this test";
+  }
+  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit lim = old_limit;
+  // Each rank's shard holds 2 x 4 B x L / 3, the model file 4 B x L: the limit is between.
+  lim.rlim_cur = layout.size() * 10 / 3;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  const std::vector<std::string> errors = save_three_ranks(layout, tmp.path);
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_HAS(errors[0], "File too large");
+  for (int r : {1, 2})
+    EXPECT_HAS(errors[std::size_t(r)], "other rank(s) could not write their checkpoint shard");
+  EXPECT_FALSE(fs::exists(tmp.path / "step_00000001"));
 }
 
 // A checkpoint of two ranks (threads) owning [0, L/2) and [L/2, L); every moment is its index.

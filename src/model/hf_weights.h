@@ -31,6 +31,13 @@ void to_hf(const TensorInfo& t, const T* ours, std::uint64_t first, std::size_t 
 template <class T>
 void from_hf(const TensorInfo& t, const T* hf, T* ours);
 
+// The index in our order of element k (in HF order) of tensor t.
+inline std::size_t ours_index(const TensorInfo& t, std::uint64_t k) {
+  if (!t.hf_transposed) return static_cast<std::size_t>(k);
+  const std::size_t rows = t.shape[0], cols = t.shape[1];  // HF (cols, rows): k = c * rows + r
+  return static_cast<std::size_t>(k % rows) * cols + static_cast<std::size_t>(k / rows);
+}
+
 // Elements [first, first + out.size()) of tensor t in Hugging Face order, as fp32: what an
 // export or a checkpoint writes, read piece by piece so that no copy of the model is made.
 using HfSource =

@@ -155,16 +155,21 @@ bool WeightDecayPolicy::applies_to(const TensorInfo& t) const {
 namespace {
 
 // Element i of tensor `index` is normal number i of the Philox stream keyed by `seed` with the
-// tensor index in the counter's third word; blocks of four elements run in parallel.
-void fill_normal(float* p, std::size_t n, std::uint64_t seed, std::uint32_t index, double stddev) {
-  const std::size_t blocks = (n + 3) / 4;
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks, 4096), [&](const auto& r) {
+// tensor index in the counter's third word; blocks of four elements run in parallel. Writes
+// elements [first, first + n) of the tensor to p.
+void fill_normal(float* p, std::size_t first, std::size_t n, std::uint64_t seed,
+                 std::uint32_t index, double stddev) {
+  if (n == 0) return;
+  const std::size_t b0 = first / 4, b1 = (first + n - 1) / 4 + 1;
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(b0, b1, 4096), [&](const auto& r) {
     for (std::size_t b = r.begin(); b != r.end(); ++b) {
       const auto z = philox_normals(
           philox4x32_10({std::uint32_t(b), std::uint32_t(std::uint64_t(b) >> 32), index, 0},
                         std::uint32_t(seed), std::uint32_t(seed >> 32)));
-      for (std::size_t k = 0; k < 4 && 4 * b + k < n; ++k)
-        p[4 * b + k] = static_cast<float>(stddev * z[k]);
+      for (std::size_t k = 0; k < 4; ++k) {
+        const std::size_t i = 4 * b + k;
+        if (i >= first && i < first + n) p[i - first] = static_cast<float>(stddev * z[k]);
+      }
     }
   });
 }
@@ -172,24 +177,33 @@ void fill_normal(float* p, std::size_t n, std::uint64_t seed, std::uint32_t inde
 }  // namespace
 
 void init_weights(const ParameterLayout& layout, std::uint64_t seed, float* params) {
+  init_weights(layout, seed, 0, layout.size(), params);
+}
+
+void init_weights(const ParameterLayout& layout, std::uint64_t seed, std::size_t begin,
+                  std::size_t end, float* out) {
   const ModelSpec& spec = layout.spec();
   const double stddev = spec.llama() ? spec.init_std : 0.02;
   const double residual_std = 0.02 / std::sqrt(2.0 * spec.n_layer);  // GPT-2 only
   std::uint32_t index = 0;
   for (const auto& t : layout.tensors()) {
-    float* p = params + t.offset;
     ++index;
+    const std::size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo >= hi) continue;
+    float* p = out + (lo - begin);
+    const std::size_t n = hi - lo;
     switch (t.kind) {
       case TensorKind::kNormWeight:
-        std::fill(p, p + t.numel, 1.0f);
+        std::fill(p, p + n, 1.0f);
         break;
       case TensorKind::kNormBias:
       case TensorKind::kBias:
-        std::fill(p, p + t.numel, 0.0f);
+        std::fill(p, p + n, 0.0f);
         break;
       case TensorKind::kMatrix:
       case TensorKind::kEmbedding:
-        fill_normal(p, t.numel, seed, index, t.residual_projection ? residual_std : stddev);
+        fill_normal(p, lo - t.offset, n, seed, index,
+                    t.residual_projection ? residual_std : stddev);
         break;
     }
   }

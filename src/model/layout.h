@@ -113,5 +113,9 @@ struct WeightDecayPolicy {
 // filled in parallel: the result depends only on (spec, seed), not on the thread count or the
 // build (host or CUDA).
 void init_weights(const ParameterLayout& layout, std::uint64_t seed, float* params);
+// Layout elements [begin, end) of the same weights, into out[0, end - begin): a rank initialises
+// what it owns without the whole model.
+void init_weights(const ParameterLayout& layout, std::uint64_t seed, std::size_t begin,
+                  std::size_t end, float* out);
 
 }  // namespace zo::model

@@ -136,14 +136,19 @@ void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
   }
 }
 
-void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& layout,
-                    std::span<const float> master) {
-  ckpt::SafetensorsWriter w;
-  const model::HfSource source = model::hf_source(master);
+// model.safetensors: the fp32 master in HF names and shapes, and the model spec.
+void add_model_metadata(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
+                        const model::HfSource& source) {
   model::add_hf_weights(w, layout, source, DType::kF32);
   w.set_metadata("format", "pt");
   // The spec again, beside the weights it shapes: read_trainer_state checks the two agree.
   w.set_metadata(std::string(kSpecMetadataKey), layout.spec().to_json().dump());
+}
+
+void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& layout,
+                    std::span<const float> master) {
+  ckpt::SafetensorsWriter w;
+  add_model_metadata(w, layout, model::hf_source(master));
   dir.write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
 }
 
@@ -183,24 +188,110 @@ nlohmann::json full_state(const nlohmann::json& trainer_state, const model::Para
   return state;
 }
 
-// Every rank's master (padded to the largest partition) on every rank; rank 0 puts it in
-// layout order. Exact: only copies.
-std::vector<float> gather_master(optim::HostOptimizer& opt, comm::Communicator& c,
-                                 const std::vector<std::vector<optim::OwnedRange>>& parts) {
-  double most = double(opt.size());
-  c.all_reduce(&most, 1, comm::ReduceOp::kMax);
-  const auto L = static_cast<std::size_t>(most);
-  std::vector<float> mine(L, 0.0f), all(std::size_t(c.size()) * L);
-  std::copy(opt.master().begin(), opt.master().end(), mine.begin());
-  c.all_gather(mine.data(), all.data(), L * sizeof(float));
-  std::vector<float> full;
-  if (c.rank() != 0) return full;
-  full.resize(opt.layout_size());
-  for (std::size_t k = 0; k < parts.size(); ++k)
-    for (const optim::OwnedRange& o : parts[k])
-      std::copy_n(all.data() + k * L + o.local, o.end - o.begin, full.data() + o.begin);
-  return full;
-}
+// The model file of a data-parallel checkpoint, which no rank holds whole: rank 0 writes it
+// (`dir`, null elsewhere) while every rank takes part in the same all-gathers, one per piece of
+// SafetensorsWriter::kFillElements of each tensor in the writer's order (by name). Each rank
+// gives the piece's layout elements it owns; rank 0 takes each from its owner. A transposed
+// (GPT-2 Conv1D) tensor is gathered whole at its first fill and then served from that copy (at
+// most 4 C^2 values). No rank holds more than `ranks` pieces besides. Every collective runs on
+// every rank whatever fails, so a failed write on rank 0 leaves no rank waiting; returns this
+// rank's failure ("" if none).
+class GatheredModelFile {
+ public:
+  GatheredModelFile(const model::ParameterLayout& layout, optim::HostOptimizer& opt,
+                    comm::Communicator& c,
+                    const std::vector<std::vector<optim::OwnedRange>>& partitions)
+      : layout_(layout), opt_(opt), c_(c) {
+    for (int r = 0; r < c.size(); ++r)
+      for (const optim::OwnedRange& o : partitions[std::size_t(r)])
+        owners_.push_back({o.begin, o.end, r});
+    std::sort(owners_.begin(), owners_.end(),
+              [](const Owner& a, const Owner& b) { return a.begin < b.begin; });
+    for (const auto& t : layout.tensors())
+      by_name_.push_back(&t);
+    std::sort(
+        by_name_.begin(), by_name_.end(),
+        [](const model::TensorInfo* a, const model::TensorInfo* b) { return a->name < b->name; });
+  }
+
+  std::string write(ckpt::AtomicDirectory* dir) {
+    std::string failure;
+    if (dir != nullptr) {
+      try {
+        ckpt::SafetensorsWriter w;
+        add_model_metadata(w, layout_,
+                           [this](const model::TensorInfo& t, std::uint64_t first,
+                                  std::span<float> out) { fill(t, first, out); });
+        dir->write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
+      } catch (const CommError&) {
+        throw;
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    // The pieces rank 0 did not gather (all of them on the other ranks), in the same order.
+    std::size_t step = 0;
+    for (const model::TensorInfo* t : by_name_) {
+      for (std::uint64_t first = 0; first < t->numel; first += kPiece, ++step) {
+        if (step >= steps_) gather(t->offset + first, piece(*t, first), nullptr);
+      }
+    }
+    return failure;
+  }
+
+ private:
+  static constexpr std::size_t kPiece = ckpt::SafetensorsWriter::kFillElements;
+  struct Owner {
+    std::size_t begin, end;
+    int rank;
+  };
+  static std::size_t piece(const model::TensorInfo& t, std::uint64_t first) {
+    return static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, t.numel - first));
+  }
+
+  // Rank 0's fill: HF-order elements [first, first + out.size()) of t.
+  void fill(const model::TensorInfo& t, std::uint64_t first, std::span<float> out) {
+    if (!t.hf_transposed) {
+      gather(t.offset + first, out.size(), out.data());
+      return;
+    }
+    if (whole_of_ != &t) {  // its first fill: the whole tensor, in its pieces
+      whole_.resize(t.numel);
+      for (std::uint64_t f = 0; f < t.numel; f += kPiece)
+        gather(t.offset + f, piece(t, f), whole_.data() + f);
+      whole_of_ = &t;
+    }
+    model::to_hf(t, whole_.data(), first, out.size(), out.data());
+  }
+
+  // Layout elements [begin, begin + n): this rank's, all ranks' gathered, rank 0's out.
+  void gather(std::size_t begin, std::size_t n, float* out) {
+    ++steps_;
+    mine_.assign(n, 0.0f);
+    opt_.for_owned(begin, n, [&](std::size_t from, std::size_t to, std::size_t k) {
+      std::copy_n(opt_.master().data() + to, k, mine_.data() + from);
+    });
+    all_.resize(std::size_t(c_.size()) * n);
+    c_.all_gather(mine_.data(), all_.data(), n * sizeof(float));
+    if (out == nullptr) return;
+    auto it = std::upper_bound(owners_.begin(), owners_.end(), begin,
+                               [](std::size_t v, const Owner& o) { return v < o.begin; });
+    for (--it; it != owners_.end() && it->begin < begin + n; ++it) {
+      const std::size_t lo = std::max(begin, it->begin), hi = std::min(begin + n, it->end);
+      std::copy_n(all_.data() + std::size_t(it->rank) * n + (lo - begin), hi - lo,
+                  out + (lo - begin));
+    }
+  }
+
+  const model::ParameterLayout& layout_;
+  optim::HostOptimizer& opt_;
+  comm::Communicator& c_;
+  std::vector<Owner> owners_;  // every rank's ranges, by begin: they tile the layout
+  std::vector<const model::TensorInfo*> by_name_;
+  std::vector<float> mine_, all_, whole_;
+  const model::TensorInfo* whole_of_ = nullptr;  // the transposed tensor in whole_
+  std::size_t steps_ = 0;                        // gathers done
+};
 
 }  // namespace
 
@@ -254,7 +345,6 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   const auto step = trainer_state.at("step").get<std::uint64_t>();
   const fs::path final_path = parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step);
-  const std::vector<float> master = gather_master(opt, c, partitions);
 
   // Rank 0 makes the temporary directory; every rank writes its shard into it.
   std::optional<ckpt::AtomicDirectory> dir;
@@ -291,8 +381,15 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
     }
     ckpt::write_file_atomic(fs::path(temp) / shard_file_name(r, R),
                             [&](const ckpt::ByteSink& sink) { w.stream(sink); });
-    if (r == 0) {
-      add_model_file(*dir, layout, master);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // Every rank, whatever failed so far: rank 0 writes the gathered model file.
+  const std::string model_failure = GatheredModelFile(layout, opt, c, partitions)
+                                        .write(r == 0 && failure.empty() ? &*dir : nullptr);
+  if (failure.empty()) failure = model_failure;
+  try {
+    if (r == 0 && failure.empty()) {
       nlohmann::json state = full_state(trainer_state, layout, opt);
       nlohmann::json files = nlohmann::json::array();
       for (int k = 0; k < R; ++k) {

@@ -291,15 +291,17 @@ void Session::init_weights() {
     loaders.train->restore(st.at("data"));
     if (st.contains("loss_scaler")) scaler.restore(st.at("loss_scaler"));
   } else {
-    // Every rank builds the whole initial model (deterministic) and keeps its partition.
-    std::vector<float> whole(opt->owns_all() ? 0 : layout->size());
-    const std::span<float> dst = opt->owns_all() ? opt->master() : std::span<float>(whole);
+    // Every rank makes (or reads) only the parts of the initial model it owns.
+    float* master = opt->master().data();
     if (!cfg.init_from.empty()) {
-      model::import_hf_weights(cfg.init_from, *layout, dst);
+      model::import_hf_weights(cfg.init_from, *layout,
+                               [&](std::size_t offset, std::span<const float> values) {
+                                 opt->take_owned(offset, values, master);
+                               });
     } else {
-      model::init_weights(*layout, cfg.seed, dst.data());
+      for (const optim::OwnedRange& o : opt->owned())
+        model::init_weights(*layout, cfg.seed, o.begin, o.end, master + o.local);
     }
-    if (!opt->owns_all()) opt->take_owned(whole.data(), opt->master().data());
   }
   if (!resume_state && cfg.init_from.empty()) return;  // our own initialisation is finite
   // NaN, Inf or a negative second moment would train to NaN (or crash sqrt) at the first step.
