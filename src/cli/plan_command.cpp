@@ -1,6 +1,7 @@
 #include "plan_command.h"
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "model/spec.h"
@@ -32,6 +33,7 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_option("--device-memory", cmd.device_memory.text, "device capacity, e.g. 80GiB");
   p->add_option("--host-memory", cmd.host_memory.text,
                 "host memory, e.g. 256GiB (default: what is available here)");
+  p->add_flag("--json", cmd.json, "print one JSON object: every term in bytes, per mode");
   p->add_option("--ranks", cmd.ranks,
                 "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
       ->capture_default_str();
@@ -81,18 +83,28 @@ int run_plan(const PlanCommand& cmd) {
   const bool gpu = pi.act_dtype != DType::kF32;
   const auto choice = train::choose_mode(pi, gpu);
   bool fits = false;
+  nlohmann::json j = nlohmann::json::object();
   for (const bool resident : {true, false}) {
     if (mode != "auto" && (mode == "resident") != resident) continue;
     pi.resident = resident;
     const auto& p = resident ? choice.resident : choice.offload;
-    std::fputs(p.format(pi).c_str(), stdout);
+    if (cmd.json) {
+      j[resident ? "resident" : "offload"] = p.to_json(pi);
+    } else {
+      std::fputs(p.format(pi).c_str(), stdout);
+    }
     const bool chosen = mode == "auto" ? choice.choose_resident == resident : true;
     if (chosen) fits = p.device_fits && p.host_fits;
   }
   if (mode == "auto") {
-    std::printf("recommended: --mode %s (%s)\n", choice.choose_resident ? "resident" : "offload",
-                choice.reason.c_str());
+    const char* pick = choice.choose_resident ? "resident" : "offload";
+    if (cmd.json) {
+      j["recommended"] = {{"mode", pick}, {"reason", choice.reason}};
+    } else {
+      std::printf("recommended: --mode %s (%s)\n", pick, choice.reason.c_str());
+    }
   }
+  if (cmd.json) std::printf("%s\n", j.dump(2).c_str());
   return fits ? 0 : 3;
 }
 

@@ -13,7 +13,7 @@ struct PlanCommand {
   std::string model = "tiny", optimizer_state = "fp32", precision = "fp32", mode = "auto";
   std::string grad_accum_on = "auto";
   int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1;
-  bool recompute = false, dpu = false;
+  bool recompute = false, dpu = false, json = false;
   ByteSize device_memory, host_memory, bucket;
 };
 

@@ -432,6 +432,17 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   return final_path;
 }
 
+std::size_t checkpoint_buffer_bytes(const model::ParameterLayout& layout, int ranks) {
+  std::size_t transposed = 0;
+  for (const auto& t : layout.tensors())
+    if (t.hf_transposed) transposed = std::max<std::size_t>(transposed, t.numel);
+  constexpr std::size_t kFill = ckpt::SafetensorsWriter::kFillElements;
+  // Import: a piece (or a transposed tensor) and its pair; a gathered save adds its transposed
+  // tensor and ranks + 1 pieces; a writer's piece and its conversion; 8 MiB of file buffers.
+  const std::size_t piece = std::max(model::kImportPieceElements, transposed);
+  return 4 * (2 * piece + transposed + (std::size_t(ranks) + 3) * kFill) + (std::size_t{8} << 20);
+}
+
 fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
   if (resume != "latest") return resume;
   const fs::path latest = latest_saved(parent);

@@ -47,6 +47,12 @@ std::filesystem::path save_checkpoint(
     optim::HostOptimizer& opt, const nlohmann::json& trainer_state, int keep_last,
     comm::Communicator& comm, const std::vector<std::vector<optim::OwnedRange>>& partitions);
 
+// Host memory the checkpoint, import and initialisation paths hold at once besides the
+// optimizer's own arrays (the plan counts it): no whole-model copy anywhere, only pieces of
+// tensors (a transposed GPT-2 Conv1D tensor whole, twice), a data-parallel gather of one piece
+// per rank, and the file buffers.
+std::size_t checkpoint_buffer_bytes(const model::ParameterLayout& layout, int ranks);
+
 // Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
 std::filesystem::path resolve_checkpoint(const std::string& resume,
                                          const std::filesystem::path& parent);

@@ -20,7 +20,7 @@ LossSum sum_losses(model::Model& model, model::ParameterStore& params, data::Dat
   const std::size_t BT = std::size_t(model.shape().B) * std::size_t(model.shape().T);
   // Page-locked, so that each batch's loss copy stays asynchronous and the next batch is
   // enqueued while the device still runs this one.
-  constexpr int kWindow = 16;
+  constexpr int kWindow = kEvalWindow;
   pinned::PinnedBuffer buffer(BT * std::size_t(std::min(std::max(batches, 1), kWindow)) * 4,
                               dev::staging_pin_options(dev, true));
   const std::span<float> l = buffer.span<float>();

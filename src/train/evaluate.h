@@ -14,9 +14,12 @@
 
 namespace zo::train {
 
+// Batches whose losses sum_losses holds in flight at most.
+inline constexpr int kEvalWindow = 16;
+
 // The sum of the per-token losses of `batches` batches from `loader` (from where its cursor is),
-// and how many losses that is. Memory does not grow with `batches`: at most 16 batches of losses
-// are in flight, then summed in order.
+// and how many losses that is. Memory does not grow with `batches`: at most kEvalWindow batches
+// of losses are in flight, then summed in order.
 struct LossSum {
   double sum = 0.0;
   double count = 0.0;

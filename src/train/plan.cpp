@@ -4,7 +4,9 @@
 #include <stdexcept>
 
 #include "core/bytes.h"
+#include "train/checkpoint_io.h"
 #include "train/config.h"
+#include "train/evaluate.h"
 #include "train/updater.h"
 
 namespace zo::train {
@@ -62,6 +64,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (f.host_ring) p.host.push_back({"accumulation ring", f.host_ring});
     if (f.host_upload) p.host.push_back({"16-bit upload buffer", f.host_upload});
   }
+  p.host.push_back(
+      {"checkpoint, import and init buffers", checkpoint_buffer_bytes(layout, in.engine.ranks)});
+  // The step's losses (every micro-batch), evaluation's (at most 16 batches in flight) and the
+  // tokens' two staging slots: page-locked on a GPU.
+  const std::size_t BT = std::size_t(in.shape.B) * std::size_t(in.shape.T);
+  p.host.push_back(
+      {"loss and token staging", BT * 4 * (std::size_t(in.engine.grad_accum) + kEvalWindow + 4)});
   for (const auto& l : p.device)
     p.device_total += l.bytes;
   for (const auto& l : p.host)
@@ -177,6 +186,25 @@ std::string MemoryPlan::format(const PlanInput& in) const {
     os << "  gradient accumulation: " << accumulation << "\n";
   if (!advice.empty()) os << "  advice: " << advice << "\n";
   return os.str();
+}
+
+nlohmann::json MemoryPlan::to_json(const PlanInput& in) const {
+  const auto side = [](const std::vector<PlanLine>& lines, std::size_t total, std::size_t capacity,
+                       bool fits) {
+    nlohmann::json terms = nlohmann::json::array();
+    for (const PlanLine& l : lines)
+      terms.push_back({{"what", l.what}, {"bytes", l.bytes}});
+    return nlohmann::json{
+        {"terms", terms}, {"total", total}, {"capacity", capacity}, {"fits", fits}};
+  };
+  nlohmann::json j = {{"model", in.spec.name},
+                      {"parameters", in.spec.num_parameters()},
+                      {"mode", in.resident ? "resident" : "offload"},
+                      {"device", side(device, device_total, in.device_capacity, device_fits)},
+                      {"host", side(host, host_total, in.host_available, host_fits)}};
+  if (!in.resident && !accumulation.empty()) j["gradient_accumulation"] = accumulation;
+  if (!advice.empty()) j["advice"] = advice;
+  return j;
 }
 
 }  // namespace zo::train

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,8 @@ struct MemoryPlan {
   std::string accumulation;  // offload, grad_accum > 1: where micro-batches are summed, and why
 
   std::string format(const PlanInput& in) const;
+  // The same as an object: every line and total in bytes, the capacities, fits, advice.
+  nlohmann::json to_json(const PlanInput& in) const;
 };
 
 // Offload mode: the device holds 16-bit parameters, activations and a few gradient buckets; the
