@@ -91,12 +91,25 @@ double triad_gbytes_per_s(int threads, std::size_t n, int reps) {
 struct AdamCase {
   std::size_t params;
   Isa isa;
-  DType grad, state;
+  DType grad;
+  std::string state;  // fp32, bf16 or q8 (8-bit codes and a block absmax)
   bool out;
 };
 
+// Bytes of m or v per parameter: 4, 2, or 1 for q8 (its absmax adds 4 per 2048: not counted).
+std::size_t state_bytes(const std::string& state) {
+  return state == "fp32" ? 4 : state == "bf16" ? 2 : 1;
+}
+
+// Memory traffic of one update: grad in, master, m and v read and written, 16-bit params out.
 std::size_t bytes_per_param(const AdamCase& c) {
-  return zo::dtype_size(c.grad) + 8 + 4 * zo::dtype_size(c.state) + (c.out ? 2 : 0);
+  return zo::dtype_size(c.grad) + 8 + 4 * state_bytes(c.state) + (c.out ? 2 : 0);
+}
+
+// Host bytes the optimizer holds per parameter: fp32 master, m and v (q8: with the block maxima).
+double host_bytes_per_param(const std::string& state) {
+  return 4.0 + 2.0 * double(state_bytes(state)) +
+         (state == "q8" ? 8.0 / double(zo::cpu_adam::kQ8Block) : 0.0);
 }
 
 struct AdamResult {
@@ -113,17 +126,22 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
   zo::cpu_adam::CpuAdam adam(cfg, opt);
 
   using zo::pinned::HostBuffer;
-  HostBuffer p, m, v, g, out;
+  HostBuffer p, m, v, g, out, m_absmax, v_absmax;
+  const std::size_t blocks = zo::cpu_adam::q8_blocks(c.params);
   adam.execute([&] {  // NUMA first touch in the optimizer's own threads and chunks
     const std::size_t chunk = zo::cpu_adam::kChunkElements;
     p = HostBuffer::allocate_array<float>(c.params, {}, chunk);
     const auto state_alloc = [&] {
-      return c.state == DType::kF32
-                 ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
-                 : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
+      return c.state == "fp32"   ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
+             : c.state == "bf16" ? HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk)
+                                 : HostBuffer::allocate_array<std::uint8_t>(c.params, {}, chunk);
     };
     m = state_alloc();
     v = state_alloc();
+    if (c.state == "q8") {
+      m_absmax = HostBuffer::allocate_array<float>(blocks);
+      v_absmax = HostBuffer::allocate_array<float>(blocks);
+    }
     g = c.grad == DType::kF32 ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
                               : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
     out = HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
@@ -147,11 +165,14 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
 
   zo::cpu_adam::AdamBuffers b;
   b.params = p.span<float>();
-  const auto state_view = [&](HostBuffer& buf) {
-    return zo::cpu_adam::ArrayView{buf.data(), c.params, c.state};
-  };
-  b.exp_avg = state_view(m);
-  b.exp_avg_sq = state_view(v);
+  if (c.state == "q8") {
+    b.q8 = {static_cast<std::uint8_t*>(m.data()), static_cast<std::uint8_t*>(v.data()),
+            m_absmax.span<float>().data(), v_absmax.span<float>().data(), blocks};
+  } else {
+    const DType sd = zo::parse_dtype(c.state);
+    b.exp_avg = {m.data(), c.params, sd};
+    b.exp_avg_sq = {v.data(), c.params, sd};
+  }
   b.grads = {g.data(), c.params, c.grad};
   if (c.out) b.params_out = {out.data(), c.params, DType::kF16};
   zo::cpu_adam::AdamState st;
@@ -183,7 +204,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sizes = {"16M", "64M", "256M"};
   std::vector<std::string> isas;
   std::vector<std::string> grad_dtypes = {"fp16"};
-  std::vector<std::string> state_dtypes = {"fp32", "bf16"};
+  std::vector<std::string> state_dtypes = {"fp32", "bf16", "q8"};
   int threads = 0, reps = 0;
   bool json = false, no_out = false;
   app.add_option("--sizes", sizes, "parameter counts (K = 1e3, M = 2^20, G = 2^30)")
@@ -191,7 +212,7 @@ int main(int argc, char** argv) {
   app.add_option("--isa", isas, "paths to run (default: every path this CPU supports)")
       ->delimiter(',');
   app.add_option("--grad-dtype", grad_dtypes, "fp32, fp16, bf16")->delimiter(',');
-  app.add_option("--state-dtype", state_dtypes, "fp32, bf16")->delimiter(',');
+  app.add_option("--state-dtype", state_dtypes, "fp32, bf16, q8")->delimiter(',');
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--reps", reps, "timed repetitions per case (default: by size)")
       ->check(CLI::NonNegativeNumber);
@@ -235,28 +256,32 @@ int main(int argc, char** argv) {
       for (Isa isa : isa_list) {
         for (const auto& gd : grad_dtypes) {
           for (const auto& sd : state_dtypes) {
-            const AdamCase c{n, isa, zo::parse_dtype(gd), zo::parse_dtype(sd), !no_out};
-            if (c.state == DType::kF16) throw std::invalid_argument("--state-dtype: fp32 or bf16");
+            const AdamCase c{n, isa, zo::parse_dtype(gd), sd, !no_out};
+            if (sd != "fp32" && sd != "bf16" && sd != "q8") {
+              throw std::invalid_argument("--state-dtype: fp32, bf16 or q8");
+            }
             const int r_count = reps > 0 ? reps : (n >= (std::size_t{128} << 20) ? 4 : 10);
             const AdamResult r = run_adam(c, threads, r_count);
             const double ratio = r.gbytes_per_s / triad;
             if (json) {
-              std::printf("%s\n", nlohmann::json{{"name", "cpu_adam"},
-                                                 {"params", n},
-                                                 {"isa", zo::cpu_adam::isa_name(isa)},
-                                                 {"threads", threads},
-                                                 {"grad_dtype", zo::dtype_name(c.grad)},
-                                                 {"state_dtype", zo::dtype_name(c.state)},
-                                                 {"out_dtype", c.out ? "fp16" : "none"},
-                                                 {"bytes_per_param", bytes_per_param(c)},
-                                                 {"ms_per_step", r.t.best_s * 1e3},
-                                                 {"ms_per_step_median", r.t.median_s * 1e3},
-                                                 {"gparams_per_s", r.gparams_per_s},
-                                                 {"gbytes_per_s", r.gbytes_per_s},
-                                                 {"triad_gbytes_per_s", triad},
-                                                 {"ratio_to_triad", ratio}}
-                                      .dump()
-                                      .c_str());
+              std::printf("%s\n",
+                          nlohmann::json{{"name", "cpu_adam"},
+                                         {"params", n},
+                                         {"isa", zo::cpu_adam::isa_name(isa)},
+                                         {"threads", threads},
+                                         {"grad_dtype", zo::dtype_name(c.grad)},
+                                         {"state_dtype", c.state},
+                                         {"host_bytes_per_param", host_bytes_per_param(c.state)},
+                                         {"out_dtype", c.out ? "fp16" : "none"},
+                                         {"bytes_per_param", bytes_per_param(c)},
+                                         {"ms_per_step", r.t.best_s * 1e3},
+                                         {"ms_per_step_median", r.t.median_s * 1e3},
+                                         {"gparams_per_s", r.gparams_per_s},
+                                         {"gbytes_per_s", r.gbytes_per_s},
+                                         {"triad_gbytes_per_s", triad},
+                                         {"ratio_to_triad", ratio}}
+                              .dump()
+                              .c_str());
             } else {
               std::printf("%-11s %-10s %-5s %-5s %4zu %10.2f %10.2f %9.3f %9.2f %7.3f\n",
                           std::string(zo::cpu_adam::isa_name(isa)).c_str(), size.c_str(),

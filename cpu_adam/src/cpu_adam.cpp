@@ -74,8 +74,27 @@ void check_dtype(DType t, const char* name) {
   }
 }
 
+// Thread chunks keep the 8-bit state's blocks whole.
+static_assert(kChunkElements % kQ8Block == 0);
+
+void validate_q8(const AdamBuffers& b) {
+  const Q8Moments& q = b.q8;
+  if (b.exp_avg.data != nullptr || b.exp_avg_sq.data != nullptr) {
+    bad_argument(kWho, "8-bit state (q8) replaces exp_avg and exp_avg_sq; leave those unset");
+  }
+  if (q.v == nullptr || q.m_absmax == nullptr || q.v_absmax == nullptr) {
+    bad_argument(kWho, "8-bit state (q8) needs codes of m and v and both absmax arrays");
+  }
+  if (q.blocks != q8_blocks(b.params.size())) {
+    bad_argument(kWho, "8-bit state (q8) has " + std::to_string(q.blocks) + " blocks for " +
+                           std::to_string(b.params.size()) + " elements; it needs " +
+                           std::to_string(q8_blocks(b.params.size())));
+  }
+}
+
 void validate_buffers(const AdamBuffers& b) {
   const std::size_t n = b.params.size();
+  if (b.q8.m != nullptr) validate_q8(b);
   check_dtype(b.exp_avg.dtype, "exp_avg");
   check_dtype(b.exp_avg_sq.dtype, "exp_avg_sq");
   check_dtype(b.grads.dtype, "grads");
@@ -89,10 +108,15 @@ void validate_buffers(const AdamBuffers& b) {
     if (n > 0 && data == nullptr) bad_argument(kWho, std::string(name) + " is a null pointer");
   };
   check_array(b.params.data(), n, "params");
-  check_array(b.exp_avg.data, b.exp_avg.size, "exp_avg");
-  check_array(b.exp_avg_sq.data, b.exp_avg_sq.size, "exp_avg_sq");
   check_array(b.grads.data, b.grads.size, "grads");
   if (b.params_out.data != nullptr) check_array(b.params_out.data, b.params_out.size, "params_out");
+  if (b.params_out.data != nullptr && b.params_out.dtype == DType::kF32) {
+    bad_argument(kWho,
+                 "params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
+  }
+  if (b.q8.m != nullptr) return;
+  check_array(b.exp_avg.data, b.exp_avg.size, "exp_avg");
+  check_array(b.exp_avg_sq.data, b.exp_avg_sq.size, "exp_avg_sq");
 
   if (b.exp_avg.dtype != b.exp_avg_sq.dtype) {
     bad_argument(kWho, "exp_avg is " + std::string(dtype_name(b.exp_avg.dtype)) +
@@ -101,12 +125,8 @@ void validate_buffers(const AdamBuffers& b) {
   }
   if (b.exp_avg.dtype == DType::kF16) {
     bad_argument(kWho,
-                 "fp16 optimizer state is not supported (its range is too small for v): use fp32 "
-                 "or bf16");
-  }
-  if (b.params_out.data != nullptr && b.params_out.dtype == DType::kF32) {
-    bad_argument(kWho,
-                 "params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
+                 "fp16 optimizer state is not supported (its range is too small for v): use fp32, "
+                 "bf16 or q8");
   }
 }
 
@@ -179,12 +199,20 @@ StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptio
   const int out = b.params_out.data == nullptr        ? detail::kOutNone
                   : b.params_out.dtype == DType::kF16 ? detail::kOutF16
                                                       : detail::kOutBF16;
+  const int l2 = config_.decoupled_weight_decay || config_.weight_decay == 0.0f ? 0 : 1;
+  const int g = dtype_index(b.grads.dtype);
+  const bool q8 = b.q8.m != nullptr;
   const detail::AdamRangeFn fn =
-      table.adam[dtype_index(b.grads.dtype)][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out]
-                [config_.decoupled_weight_decay || config_.weight_decay == 0.0f ? 0 : 1];
+      q8 ? table.adam_q8[g][out][l2]
+         : table.adam[g][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out][l2];
   const AdamScalars scalars = adam_scalars(config_, t, options.grad_multiplier);
-  const detail::AdamArrays arrays{b.params.data(), b.exp_avg.data, b.exp_avg_sq.data, b.grads.data,
-                                  b.params_out.data};
+  const detail::AdamArrays arrays{b.params.data(),
+                                  q8 ? b.q8.m : b.exp_avg.data,
+                                  q8 ? b.q8.v : b.exp_avg_sq.data,
+                                  b.grads.data,
+                                  b.params_out.data,
+                                  b.q8.m_absmax,
+                                  b.q8.v_absmax};
   const bool found = parallel_chunks(pool_->arena, n, [&](std::size_t begin, std::size_t end) {
     return fn(arrays, scalars, begin, end);
   });

@@ -9,11 +9,13 @@
 namespace zo::cpu_adam::detail {
 
 struct AdamArrays {
-  float* p;       // (n) fp32 master
-  void* m;        // (n) state dtype
-  void* v;        // (n) state dtype
-  const void* g;  // (n) grad dtype
-  void* out;      // (n) 16-bit params or nullptr
+  float* p;                   // (n) fp32 master
+  void* m;                    // (n) state dtype (q8: codes)
+  void* v;                    // (n) state dtype (q8: codes)
+  const void* g;              // (n) grad dtype
+  void* out;                  // (n) 16-bit params or nullptr
+  float* m_absmax = nullptr;  // q8: one per kQ8Block elements from element 0
+  float* v_absmax = nullptr;
 };
 
 // Returns true if any scaled gradient in [begin, end) was non-finite.
@@ -26,6 +28,7 @@ enum OutKind : int { kOutNone = 0, kOutF16 = 1, kOutBF16 = 2 };
 
 struct KernelTable {
   AdamRangeFn adam[3][2][3][2];   // [grad dtype][state f32|bf16][OutKind][L2]
+  AdamRangeFn adam_q8[3][3][2];   // [grad dtype][OutKind][L2]; begin is a multiple of kQ8Block
   NonFiniteRangeFn nonfinite[3];  // [grad dtype]
 };
 

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "q8_tables.h"
+
 namespace zo::cpu_adam {
 namespace {
 
@@ -50,6 +52,48 @@ struct Avx2Isa {
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static bool any_nan(F a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
+
+  // 8-bit state (q8).
+  using I = __m256i;
+  static I set1_i(std::int32_t x) { return _mm256_set1_epi32(x); }
+  static I load_u8(const std::uint8_t* p, Full) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store_u8(std::uint8_t* p, I x, Full) {  // lanes hold 0..255
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
+  static F gather(const float* table, I i) { return _mm256_i32gather_ps(table, i, 4); }
+  static I gather_i(const std::int32_t* table, I i) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), i, 4);
+  }
+  static I bucket(F x) {  // q8_bucket on every lane
+    const I bits = _mm256_castps_si256(x);
+    const I e = _mm256_srli_epi32(bits, 23);
+    const I idx =
+        _mm256_add_epi32(_mm256_slli_epi32(_mm256_sub_epi32(e, set1_i(detail::kBucketEmin)), 8),
+                         _mm256_and_si256(_mm256_srli_epi32(bits, 15), set1_i(0xFF)));
+    const I low = _mm256_cmpgt_epi32(set1_i(detail::kBucketEmin), e);
+    const I high = _mm256_cmpgt_epi32(e, set1_i(127));
+    return _mm256_blendv_epi8(_mm256_andnot_si256(low, idx), set1_i(detail::kBuckets - 1), high);
+  }
+  static I add_lt(I lo, F mid, F x) {  // the compare mask is -1 where mid < x
+    return _mm256_sub_epi32(lo, _mm256_castps_si256(_mm256_cmp_ps(mid, x, _CMP_LT_OQ)));
+  }
+  static I signed_code(I q, F x) {
+    const I neg = _mm256_castps_si256(_mm256_cmp_ps(x, set1(0.0f), _CMP_LT_OQ));
+    return _mm256_blendv_epi8(_mm256_add_epi32(set1_i(127), q), _mm256_sub_epi32(set1_i(127), q),
+                              neg);
+  }
+  static F abs(F x) { return _mm256_andnot_ps(set1(-0.0f), x); }
+  static F max(F a, F b, Full) { return _mm256_max_ps(a, b); }  // a > b ? a : b
+  static F keep_nan(F acc, F x, Full) { return _mm256_add_ps(acc, _mm256_sub_ps(x, x)); }
+  static float hmax(F a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
 };
 
 }  // namespace

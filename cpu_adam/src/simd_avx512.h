@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "q8_tables.h"
+
 namespace zo::cpu_adam {
 namespace {
 
@@ -88,6 +90,47 @@ struct Avx512Isa {
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static bool any_nan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
+
+  // 8-bit state (q8).
+  using I = __m512i;
+  static I set1_i(std::int32_t x) { return _mm512_set1_epi32(x); }
+  static I load_u8(const std::uint8_t* p, Full) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I load_u8(const std::uint8_t* p, M m) {
+    return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p));
+  }
+  static void store_u8(std::uint8_t* p, I x, Full) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
+  }
+  static void store_u8(std::uint8_t* p, I x, M m) { _mm512_mask_cvtepi32_storeu_epi8(p, m, x); }
+  static F gather(const float* table, I i) { return _mm512_i32gather_ps(i, table, 4); }
+  static I gather_i(const std::int32_t* table, I i) { return _mm512_i32gather_epi32(i, table, 4); }
+  static I bucket(F x) {  // q8_bucket on every lane
+    const I bits = _mm512_castps_si512(x);
+    const I e = _mm512_srli_epi32(bits, 23);
+    I idx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, set1_i(detail::kBucketEmin)), 8),
+                             _mm512_and_si512(_mm512_srli_epi32(bits, 15), set1_i(0xFF)));
+    idx = _mm512_mask_mov_epi32(idx, _mm512_cmplt_epi32_mask(e, set1_i(detail::kBucketEmin)),
+                                set1_i(0));
+    return _mm512_mask_mov_epi32(idx, _mm512_cmpgt_epi32_mask(e, set1_i(127)),
+                                 set1_i(detail::kBuckets - 1));
+  }
+  static I add_lt(I lo, F mid, F x) {
+    return _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(mid, x, _CMP_LT_OQ), lo, set1_i(1));
+  }
+  static I signed_code(I q, F x) {
+    const M neg = _mm512_cmp_ps_mask(x, set1(0.0f), _CMP_LT_OQ);
+    return _mm512_mask_sub_epi32(_mm512_add_epi32(set1_i(127), q), neg, set1_i(127), q);
+  }
+  static F abs(F x) { return _mm512_abs_ps(x); }
+  static F max(F a, F b, Full) { return _mm512_max_ps(a, b); }  // a > b ? a : b
+  static F max(F a, F b, M m) { return _mm512_mask_max_ps(a, m, a, b); }
+  static F keep_nan(F acc, F x, Full) { return _mm512_add_ps(acc, _mm512_sub_ps(x, x)); }
+  static F keep_nan(F acc, F x, M m) {
+    return _mm512_mask_add_ps(acc, m, acc, _mm512_sub_ps(x, x));
+  }
+  static float hmax(F a) { return _mm512_reduce_max_ps(a); }
 };
 
 }  // namespace

@@ -68,13 +68,38 @@ inline ConstArrayView view(std::span<const std::uint16_t> s, DType t) {
   return {s.data(), s.size(), t};
 }
 
+// ---- 8-bit state -------------------------------------------------------------------------------
+// m and v as 8-bit codes of a dynamic (non-linear) map, with one fp32 absmax per block of
+// kQ8Block elements: a moment is map[code] * absmax (block-wise quantization, Dettmers et al.,
+// arXiv 2110.02861). m uses the signed map, v the unsigned one. An update dequantizes a block,
+// runs Adam in fp32 with the unrounded new moments, finds the new absmax and requantizes.
+// Blocks start at element 0 of each call's arrays: a caller keeps every call to one tensor's
+// elements (of one rank), so that no block straddles two.
+inline constexpr std::size_t kQ8Block = 2048;
+inline constexpr std::size_t q8_blocks(std::size_t n) {
+  return (n + kQ8Block - 1) / kQ8Block;
+}
+struct Q8Moments {
+  std::uint8_t* m = nullptr;  // (n) codes of m
+  std::uint8_t* v = nullptr;  // (n) codes of v
+  float* m_absmax = nullptr;  // (q8_blocks(n))
+  float* v_absmax = nullptr;  // (q8_blocks(n))
+  std::size_t blocks = 0;     // entries of m_absmax and v_absmax
+};
+// The maps, ascending: signed 255 values from -1 to 1 (0 is code 127), unsigned 256 from 0 to 1.
+std::span<const float> q8_map(bool is_signed);
+// The code every path gives x (a moment over its block's absmax): the map value nearest it, by
+// the map's midpoints (ties to the lower code).
+std::uint8_t q8_quantize(float x, bool is_signed);
+
 // Element i of every array belongs to parameter i; all sizes must be equal.
 struct AdamBuffers {
   std::span<float> params;  // (n) fp32 master weights, updated in place
-  ArrayView exp_avg;        // (n) m: kF32 or kBF16
-  ArrayView exp_avg_sq;     // (n) v: same dtype as exp_avg
+  ArrayView exp_avg;        // (n) m: kF32 or kBF16 (unset with q8)
+  ArrayView exp_avg_sq;     // (n) v: same dtype as exp_avg (unset with q8)
   ConstArrayView grads;     // (n) kF32, kF16 or kBF16
   ArrayView params_out;  // optional (n) kF16 or kBF16 copy of the new params; data == nullptr: none
+  Q8Moments q8;          // 8-bit m and v instead of exp_avg and exp_avg_sq; q8.m == nullptr: none
 };
 
 // ---- one update ---------------------------------------------------------------------------------
