@@ -1,23 +1,30 @@
 // Tests for src/tokenize: UTF-8 checks, the byte-level alphabet, the pre-tokenizer regexes on hard
-// cases (run by PCRE2 with Oniguruma's \s), BPE on a small tokenizer.json built here, special
-// tokens as text, the tokenizer.json refusals, shards of 16- and 32-bit tokens, the split and
-// sharding arithmetic, each bad input, and GPT-2's real files against ids checked with
-// js-tiktoken and gpt-3-encoder (when the files can be had).
+// cases (run by PCRE2 with Oniguruma's \s) and resumed from any piece's end, the encoder's word
+// cache, BPE on a small tokenizer.json built here, special tokens as text, the tokenizer.json
+// refusals, the direct reader of vocab and merges against the JSON tree, one document on many
+// threads against one Encoder, shards of 16- and 32-bit tokens, the split and sharding arithmetic,
+// each bad input, and GPT-2's real files against ids checked with js-tiktoken and gpt-3-encoder
+// (when the files can be had).
 #include <gtest/gtest.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
 #include "data/shard.h"
 #include "input_test.h"
+#include "tokenize/bpe_json.h"
 #include "tokenize/byte_level.h"
 #include "tokenize/decode.h"
+#include "tokenize/parallel_encode.h"
 #include "tokenize/pre_tokenizer.h"
 #include "tokenize/tokenize_files.h"
 #include "tokenize/tokenizer.h"
 #include "tokenize/utf8.h"
+#include "tokenize/word_cache.h"
 
 namespace zo::tokenize {
 namespace {
@@ -114,6 +121,112 @@ TEST(Tokenize, Llama3PatternHardCases) {
   EXPECT_EQ(pieces(kLlama3Pattern, "a.\n\nb"), (P{"a", ".\n\n", "b"}));
   EXPECT_EQ(pieces(kLlama3Pattern, "x  \n  y"), (P{"x", "  \n", " ", " y"}));
   EXPECT_EQ(pieces(kLlama3Pattern, "end   "), (P{"end", "   "}));
+}
+
+// Text where the pre-tokenizers' boundaries are subtle: words, contractions in both cases, digit
+// runs, runs of spaces, tabs and newlines (\r\n too), punctuation, accented, Cyrillic and CJK
+// letters, combining marks (after a newline too), an emoji, Unicode spaces, and the strings of a
+// non-special and a special added token. About `size` bytes, whole characters.
+std::string random_text(std::uint32_t seed, std::size_t size) {
+  static const std::vector<std::string> parts = {"the",
+                                                 "Hello",
+                                                 "world",
+                                                 "tokenizer",
+                                                 "e",
+                                                 "I",
+                                                 "'s",
+                                                 "'LL",
+                                                 "'t",
+                                                 "'Re",
+                                                 "don't",
+                                                 "12",
+                                                 "3456789",
+                                                 "0",
+                                                 " ",
+                                                 "  ",
+                                                 "\t",
+                                                 "\n",
+                                                 "\n\n",
+                                                 "\r\n",
+                                                 " \n ",
+                                                 ".",
+                                                 ",",
+                                                 "!?",
+                                                 "(",
+                                                 ")",
+                                                 "--",
+                                                 "...",
+                                                 "caf\xC3\xA9",
+                                                 "\xC3\x9F",
+                                                 "\xD0\xBF\xD1\x80\xD0\xB8",
+                                                 "\xE4\xB8\xAD\xE6\x96\x87",
+                                                 "e\xCC\x81",
+                                                 "\n\xCC\x81",
+                                                 "\xF0\x9F\x98\x80",
+                                                 "\xC2\x85",
+                                                 "\xE3\x80\x80",
+                                                 "\xC2\xA0",
+                                                 "<tool>",
+                                                 "<|endoftext|>"};
+  std::mt19937 rng(seed);
+  std::string out;
+  while (out.size() < size) {
+    const auto r = rng() % 100;
+    if (r < 2) {
+      out.append(1 + rng() % 300, ' ');
+    } else if (r < 3) {
+      out.append(1 + rng() % 40, '\n');
+    } else {
+      out += parts[rng() % parts.size()];
+    }
+  }
+  return out;
+}
+
+TEST(Tokenize, AWalkFromAnyPieceEndGivesTheRestOfTheSplit) {
+  for (const char* pattern : {kGpt2Pattern, kLlama3Pattern}) {
+    const std::string text = random_text(11, 3000);
+    SplitRegex re(pattern);
+    ASSERT_TRUE(re.resumable());
+    SplitRegex::Matcher m(re);
+    std::vector<std::string_view> all;
+    m.split(text, all);
+    for (std::size_t i = 0; i < all.size(); i += 3) {
+      m.start(text, static_cast<std::size_t>(all[i].data() + all[i].size() - text.data()));
+      std::vector<std::string_view> rest;
+      for (std::string_view p; m.next(p);)
+        rest.push_back(p);
+      ASSERT_EQ(rest,
+                std::vector<std::string_view>(all.begin() + static_cast<long>(i) + 1, all.end()))
+          << pattern << ", after piece " << i;
+    }
+  }
+  // Matches that depend on where the search started cannot be resumed.
+  EXPECT_FALSE(SplitRegex(R"(\Ga|b)").resumable());
+  EXPECT_FALSE(SplitRegex(R"(a\Kb)").resumable());
+}
+
+TEST(Tokenize, WordCacheKeepsEachWordsIds) {
+  WordCache cache;
+  const auto word = [](int i) {  // distinct, 1 to 54 bytes
+    return std::to_string(i) +
+           std::string(static_cast<std::size_t>(i % 50), static_cast<char>('a' + i % 26));
+  };
+  const auto ids = [](int i) {
+    return Ids(static_cast<std::size_t>(i % 5), static_cast<std::uint32_t>(i));
+  };
+  for (int i = 0; i < 20000; ++i) {  // past the first table's size, so it grows
+    const std::string w = word(i);
+    ASSERT_FALSE(cache.find(w, WordCache::hash(w))) << w;
+    cache.add(w, WordCache::hash(w), ids(i));
+  }
+  for (int i = 0; i < 20000; ++i) {
+    const std::string w = word(i);
+    const auto found = cache.find(w, WordCache::hash(w));
+    ASSERT_TRUE(found) << w;
+    EXPECT_EQ(Ids(found->begin(), found->end()), ids(i));
+  }
+  EXPECT_FALSE(cache.find("7hhh", WordCache::hash("7hhh")));  // a prefix of word(7)
 }
 
 // A tokenizer.json: the 256 bytes as ids 0-255, then `merges` (each adds its result's id).
@@ -233,6 +346,125 @@ TEST(Tokenize, RefusesWhatItDoesNotImplementByName) {
             std::string::npos);
   EXPECT_NE(refusal([](json& j) { j["model"]["merges"].push_back("x zz"); }).find("merge 0"),
             std::string::npos);
+}
+
+// ---- the direct reader of vocab and merges -----------------------------------------------------
+
+// What a spec says, comparable: the vocabulary sorted, the rest as read.
+std::string describe(const TokenizerSpec& s) {
+  std::vector<std::pair<std::string, std::uint32_t>> vocab;
+  for (const auto& e : s.vocab.entries())
+    vocab.emplace_back(e.token, e.id);
+  std::sort(vocab.begin(), vocab.end());
+  std::vector<std::pair<std::string, std::string>> merges(s.merges.begin(), s.merges.end());
+  json added = json::array();
+  for (const auto& a : s.added)
+    added.push_back({a.id, a.content, a.special});
+  return json{{"vocab", vocab},
+              {"merges", merges},
+              {"splits", s.split_patterns},
+              {"flags", {s.nfc, s.add_prefix_space, s.ignore_merges}},
+              {"added", added}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string read_both_ways(const std::string& text) {
+  const std::string direct = error_of([&] { parse_tokenizer_json(text, "t.json", true); });
+  const std::string tree = error_of([&] { parse_tokenizer_json(text, "t.json", false); });
+  EXPECT_EQ(direct, tree);
+  if (direct == "(no error)") {
+    EXPECT_EQ(describe(parse_tokenizer_json(text, "t.json", true)),
+              describe(parse_tokenizer_json(text, "t.json", false)));
+  }
+  return direct;
+}
+
+TEST(Tokenize, DirectReaderGivesTheJsonTreesSpec) {
+  json j = tiny_json({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"\xC4\xA0", "w"}});
+  j["model"]["vocab"]["q\"u"] = 300;  // escapes in tokens
+  j["model"]["vocab"]["\\o/te"] = 301;
+  j["model"]["vocab"]["q\"u\\o/te"] = 302;
+  j["model"]["merges"].push_back("q\"u \\o/te");
+  j["added_tokens"].push_back({{"id", 303}, {"content", "<tool>"}, {"special", false}});
+  json emoji = j;  // not byte-level tokens, but a surrogate pair and control escapes in JSON
+  emoji["model"]["vocab"]["\xF0\x9F\x98\x80"] = 304;
+  emoji["model"]["vocab"]["\b\f\n\r\t\x01"] = 305;
+  std::vector<std::string> texts = {j.dump(), j.dump(2), j.dump(1, ' ', true),
+                                    emoji.dump(1, ' ', true)};
+  json pairs = j;
+  pairs["model"]["merges"] =
+      json::array({json::array({"h", "e"}), json::array({"q\"u", "\\o/te"})});
+  texts.push_back(pairs.dump());
+  std::string slash = j.dump();  // "\/", which nlohmann does not write
+  for (std::size_t at; (at = slash.find("o/te")) != std::string::npos;)
+    slash.replace(at, 4, "o\\/te");
+  texts.push_back(slash);
+  // nlohmann writes keys sorted ("merges" before "vocab"); the other order too.
+  nlohmann::ordered_json ordered = {
+      {"model",
+       {{"vocab", j["model"]["vocab"]}, {"merges", j["model"]["merges"]}, {"type", "BPE"}}}};
+  for (const auto& [k, v] : j.items())
+    if (k != "model") ordered[k] = v;
+  texts.push_back(ordered.dump(1));
+  for (const auto& text : texts) {
+    SpecStrings strings;
+    EXPECT_TRUE(read_bpe_json(text, strings)) << "read directly: " << text.substr(0, 200);
+    EXPECT_EQ(read_both_ways(text), "(no error)") << text.substr(0, 200);
+  }
+  // A byte order mark, which the JSON reader skips, is left to it.
+  const std::string bom = "\xEF\xBB\xBF" + j.dump();
+  SpecStrings strings;
+  EXPECT_FALSE(read_bpe_json(bom, strings));
+  EXPECT_EQ(read_both_ways(bom), "(no error)");
+  // Read directly, tokens are views into the file's text.
+  const std::string text = j.dump();
+  const TokenizerSpec spec = parse_tokenizer_json(text, "t.json");
+  const std::string_view file = spec.strings->text;
+  const auto h = std::find_if(spec.vocab.entries().begin(), spec.vocab.entries().end(),
+                              [](const auto& e) { return e.token == "he"; });
+  ASSERT_NE(h, spec.vocab.entries().end());
+  EXPECT_TRUE(h->token.data() >= file.data() && h->token.data() < file.data() + file.size());
+  EXPECT_EQ(Tokenizer(spec).encode("hello q\"u\\o/te"),
+            Tokenizer(parse_tokenizer_json(text, "t.json", false)).encode("hello q\"u\\o/te"));
+}
+
+TEST(Tokenize, DirectReaderLeavesEveryBadFileToTheJsonTree) {
+  const std::string good = tiny_json({{"h", "e"}}).dump();
+  const auto edit = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    const auto at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  const std::string vocab = "\"vocab\":{", merge = "\"merges\":[\"h e\"";
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {edit(vocab, vocab + "\"a\":5,"), "appears twice"},
+           {edit(vocab, vocab + "\"zz\":1.5,"), "not a 32-bit id"},
+           {edit(vocab, vocab + "\"zz\":-1,"), "not a 32-bit id"},
+           {edit(vocab, vocab + "\"zz\":1e2,"), "not a 32-bit id"},
+           {edit(vocab, vocab + "\"zz\":4294967295,"), "not a 32-bit id"},
+           {edit(vocab, vocab + "\"zz\":99999999999999999999,"), "not a 32-bit id"},
+           {edit(vocab, vocab + "\"zz\":01,"), "not valid JSON"},
+           {edit(vocab, vocab + "\"zz\":true,"), "not a 32-bit id"},
+           {edit(vocab, vocab + "\"\xC3\x28\":300,"), "not valid JSON"},
+           {edit(vocab, vocab + "\"\\udc00\":300,"), "not valid JSON"},
+           {edit(vocab, vocab + "\"\\ud800x\":300,"), "not valid JSON"},
+           {edit(vocab, vocab + "\"\\x\":300,"), "not valid JSON"},
+           {edit(vocab, vocab + "\"\x01\":300,"), "not valid JSON"},
+           {edit(merge, "\"merges\":[\"h e x\""), "is not \"a b\""},
+           {edit(merge, "\"merges\":[\"he\""), "is not \"a b\""},
+           {edit(merge, "\"merges\":[[\"h\"]"), "is not a pair"},
+           {edit(merge, "\"merges\":[[\"h\",\"e\",\"x\"]"), "is not a pair"},
+           {edit(merge, "\"merges\":[5"), "is not a pair"},
+           {edit(merge, "\"merges\":[\"h e\","), "not valid JSON"},
+           {edit("\"model\":{", "\"model\":{\"vocab\":{},"), "appears twice"},
+           {edit("{", "{\"model\":1,"), "appears twice"},
+           {edit("\"vocab\":{", "\"vocab\":["), "not valid JSON"},
+           {good.substr(0, good.size() / 2), "not valid JSON"},
+           {good + "x", "not valid JSON"},
+           {std::string(100, '[') + good, "not valid JSON"}}) {
+    EXPECT_HAS(read_both_ways(text), want);
+  }
 }
 
 // ---- tokenize_files ---------------------------------------------------------------------------
@@ -395,6 +627,118 @@ TEST(Tokenize, ExistingShardsNeedForce) {
   o.shard_tokens = 100;
   tokenize_files(o, t, nullptr);  // one shard now: the two older extra ones are removed
   EXPECT_EQ(c.files(), (std::vector<std::string>{"x_train_000000.bin"}));
+}
+
+// ---- one document on many threads --------------------------------------------------------------
+
+// Tokenizers of each kind encode_parallel must agree with one Encoder on: GPT-2's (ByteLevel's
+// regex), with a prefix space and NFC; Llama 3's (a Split, ignore_merges); Qwen2's (NFC, a Split, a
+// non-special added token); and two Splits in a row.
+std::vector<std::pair<std::string, std::unique_ptr<Tokenizer>>> tokenizer_kinds() {
+  const json base = tiny_json({{"t", "h"},
+                               {"h", "e"},
+                               {"th", "e"},
+                               {"\xC4\xA0", "t"},
+                               {"\xC4\xA0t", "he"},
+                               {"e", "r"},
+                               {"o", "r"},
+                               {"l", "d"},
+                               {"w", "or"},
+                               {"wor", "ld"},
+                               {"1", "2"},
+                               {"'", "s"},
+                               {"\xC4\xA0", "\xC4\xA0"},
+                               {"\xC4\x8A", "\xC4\x8A"},
+                               {"\xC3\x83", "\xC2\xA9"}});
+  const auto split = [](const std::string& pattern, bool byte_level_regex) {
+    return json{{"type", "Sequence"},
+                {"pretokenizers",
+                 {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}},
+                  {{"type", "ByteLevel"}, {"use_regex", byte_level_regex}}}}};
+  };
+  std::vector<std::pair<std::string, json>> kinds = {{"gpt2", base}};
+  json j = base;
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  j["normalizer"] = {{"type", "NFC"}};
+  kinds.emplace_back("gpt2 nfc prefix space", j);
+  j = base;
+  j["pre_tokenizer"] = split(kLlama3Pattern, false);
+  j["model"]["ignore_merges"] = true;
+  j["model"]["vocab"]["Hello"] = 400;
+  j["model"]["vocab"]["tokenizer"] = 401;
+  kinds.emplace_back("llama3", j);
+  j["normalizer"] = {{"type", "NFC"}};
+  j["added_tokens"].push_back({{"id", 402}, {"content", "<tool>"}, {"special", false}});
+  kinds.emplace_back("qwen2", j);
+  j = base;
+  j["pre_tokenizer"] = split(R"(\p{N}{1,3})", true);
+  kinds.emplace_back("two splits", j);
+  std::vector<std::pair<std::string, std::unique_ptr<Tokenizer>>> out;
+  for (const auto& [name, k] : kinds)
+    out.emplace_back(name, std::make_unique<Tokenizer>(parse_tokenizer_json(k.dump(), name)));
+  return out;
+}
+
+Ids encode_one_thread(const Tokenizer& t, const std::string& text) {
+  Ids ids;
+  Encoder(t).encode(text, ids);
+  return ids;
+}
+
+TEST(Tokenize, OneDocumentOnManyThreadsGivesOneEncodersIds) {
+  for (const auto& kind : tokenizer_kinds()) {
+    const std::string& name = kind.first;
+    const Tokenizer& t = *kind.second;
+    Encoders encoders([&] { return Encoder(t); });
+    for (const auto& [seed, size] : std::vector<std::pair<std::uint32_t, std::size_t>>{
+             {1, 1}, {2, 333}, {3, 4099}, {4, 20011}}) {
+      const std::string text = random_text(seed, size);
+      const Ids want = encode_one_thread(t, text);
+      for (const int threads : {1, 2, 4}) {
+        for (const std::size_t chunk : {1, 5, 64, 1000}) {
+          if (chunk < 5 && size > 5000) continue;  // time
+          Ids got = {7};                           // appended to
+          tbb::task_arena(threads).execute([&] { encode_parallel(t, encoders, text, got, chunk); });
+          ASSERT_EQ(got.front(), 7u);
+          ASSERT_EQ(Ids(got.begin() + 1, got.end()), want)
+              << name << ", text " << seed << ", " << threads << " threads, chunks of " << chunk;
+        }
+      }
+    }
+  }
+}
+
+TEST(Tokenize, OneDocumentOnManyThreadsAcrossLongRuns) {
+  // Runs longer than the window in which chunks meet: whitespace, newlines, one letter, digits.
+  const std::string text = random_text(5, 3000) + std::string(40000, ' ') + "x" +
+                           std::string(20000, '\n') + random_text(6, 999) +
+                           std::string(30000, 'a') + std::string(9999, '7') + " end";
+  for (const auto& kind : tokenizer_kinds()) {
+    const Tokenizer& t = *kind.second;
+    Encoders encoders([&] { return Encoder(t); });
+    const Ids want = encode_one_thread(t, text);
+    for (const std::size_t chunk : {777, 4096}) {
+      Ids got;
+      tbb::task_arena(3).execute([&] { encode_parallel(t, encoders, text, got, chunk); });
+      ASSERT_EQ(got, want) << kind.first << ", chunks of " << chunk;
+    }
+  }
+}
+
+TEST(Tokenize, ALongTxtFileIsOneDocumentOnEveryThread) {
+  Corpus c;
+  const auto kinds = tokenizer_kinds();
+  const Tokenizer& t = *kinds[2].second;  // Llama 3's kind
+  const std::string text = random_text(8, 30000);
+  TokenizeOptions o = options(c, {c.put("long.txt", text)});
+  o.chunk_bytes = 256;
+  o.threads = 3;
+  const auto sum = tokenize_files(o, t, nullptr);
+  EXPECT_EQ(sum.documents, 1u);
+  Ids want = {id(t, "<|endoftext|>")};
+  const Ids ids = encode_one_thread(t, text);
+  want.insert(want.end(), ids.begin(), ids.end());
+  EXPECT_EQ(read_shard(c.out() + "/long_train_000000.bin").second, want);
 }
 
 // ---- GPT-2's real files -----------------------------------------------------------------------

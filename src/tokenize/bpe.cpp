@@ -1,11 +1,40 @@
 #include "tokenize/bpe.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace zo::tokenize {
 
+void MergeTable::rehash(std::size_t slots) {
+  std::vector<Slot> old(slots);
+  old.swap(slots_);
+  mask_ = slots - 1;
+  shift_ = 64 - std::countr_zero(slots);
+  for (const Slot& s : old) {
+    if (s.key == kEmpty) continue;
+    std::size_t i = slot(s.key);
+    while (slots_[i].key != kEmpty)
+      i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
+}
+
+void MergeTable::reserve(std::size_t merges) {
+  std::size_t n = 16;
+  while (3 * n < 4 * merges)  // at most 3/4 full: short probes in a table that caches better
+    n *= 2;
+  if (n > slots_.size()) rehash(n);
+}
+
 bool MergeTable::add(std::uint32_t left, std::uint32_t right, Merge m) {
-  return table_.emplace(key(left, right), m).second;
+  if (4 * (size_ + 1) > 3 * slots_.size()) reserve(2 * (size_ + 1));
+  const std::uint64_t k = key(left, right);
+  std::size_t i = slot(k);
+  for (; slots_[i].key != kEmpty; i = (i + 1) & mask_)
+    if (slots_[i].key == k) return false;
+  slots_[i] = {k, m};
+  ++size_;
+  return true;
 }
 
 void bpe(std::string_view word, const std::uint32_t (&byte_ids)[256], const MergeTable& merges,

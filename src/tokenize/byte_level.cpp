@@ -54,14 +54,28 @@ void append_utf8(std::string& out, char32_t c) {
 std::string to_byte_level(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size() * 2);
-  for (const char ch : bytes)
-    append_utf8(out, byte_to_code_point(static_cast<unsigned char>(ch)));
+  append_byte_level(bytes, out);
   return out;
 }
 
+void append_byte_level(std::string_view bytes, std::string& out) {
+  for (const char ch : bytes)
+    append_utf8(out, byte_to_code_point(static_cast<unsigned char>(ch)));
+}
+
 std::optional<std::string> from_byte_level(std::string_view text) {
-  // The alphabet lies below U+0800: one or two UTF-8 bytes per character.
   std::string out;
+  if (!append_from_byte_level(text, out)) return std::nullopt;
+  return out;
+}
+
+bool append_from_byte_level(std::string_view text, std::string& out) {
+  // The alphabet lies below U+0800: one or two UTF-8 bytes per character.
+  const std::size_t before = out.size();
+  const auto refuse = [&] {
+    out.resize(before);
+    return false;
+  };
   for (std::size_t i = 0; i < text.size();) {
     const auto c0 = static_cast<unsigned char>(text[i]);
     char32_t c = 0;
@@ -74,12 +88,12 @@ std::optional<std::string> from_byte_level(std::string_view text) {
                                 (static_cast<unsigned char>(text[i + 1]) & 0x3F));
       i += 2;
     } else {
-      return std::nullopt;
+      return refuse();
     }
-    if (c >= alphabet().byte.size() || alphabet().byte[c] < 0) return std::nullopt;
+    if (c >= alphabet().byte.size() || alphabet().byte[c] < 0) return refuse();
     out.push_back(static_cast<char>(alphabet().byte[c]));
   }
-  return out;
+  return true;
 }
 
 }  // namespace zo::tokenize

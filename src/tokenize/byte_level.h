@@ -16,10 +16,13 @@ char32_t byte_to_code_point(unsigned char b);
 
 // Each byte of `bytes` as the UTF-8 of its code point.
 std::string to_byte_level(std::string_view bytes);
+void append_byte_level(std::string_view bytes, std::string& out);
 
 // The bytes a byte-level string stands for, or nothing when it holds a character outside the
 // alphabet (or is not valid UTF-8).
 std::optional<std::string> from_byte_level(std::string_view text);
+// The same appended to `out`; false (with `out` unchanged) when `text` is not byte-level.
+bool append_from_byte_level(std::string_view text, std::string& out);
 
 // UTF-8 of one code point (below U+110000).
 void append_utf8(std::string& out, char32_t c);

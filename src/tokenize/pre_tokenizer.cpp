@@ -71,6 +71,8 @@ SplitRegex::SplitRegex(const std::string& oniguruma_pattern) : code_(std::make_u
                                 std::to_string(offset));
   }
   code_->jit = pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE) == 0;
+  for (const char* start_dependent : {"\\G", "\\K", "(*"})  // (*: (*SKIP) and other verbs
+    resumable_ = resumable_ && pattern.find(start_dependent) == std::string::npos;
 }
 
 SplitRegex::~SplitRegex() = default;
@@ -100,29 +102,65 @@ SplitRegex::Matcher::~Matcher() = default;
 SplitRegex::Matcher::Matcher(Matcher&&) noexcept = default;
 
 void SplitRegex::Matcher::split(std::string_view text, std::vector<std::string_view>& out) {
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  PCRE2_SIZE at = 0, emitted = 0;
-  while (at < text.size()) {
-    const int rc = re_->code_->jit ? pcre2_jit_match(re_->code_->code, subject, text.size(), at, 0,
-                                                     s_->data, s_->context)
-                                   : pcre2_match(re_->code_->code, subject, text.size(), at,
+  start(text);
+  for (std::string_view piece; next(piece);)
+    out.push_back(piece);
+}
+
+void SplitRegex::Matcher::start(std::string_view text, std::size_t from) {
+  text_ = text;
+  at_ = emitted_ = from;
+  pending_ = {};
+}
+
+// Matches and the text between them, in order (Isolated); an empty match steps over one
+// character and emits nothing.
+bool SplitRegex::Matcher::next(std::string_view& piece) {
+  if (!pending_.empty()) {
+    piece = pending_;
+    pending_ = {};
+    return true;
+  }
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text_.data());
+  while (at_ < text_.size()) {
+    const int rc = re_->code_->jit ? pcre2_jit_match(re_->code_->code, subject, text_.size(), at_,
+                                                     0, s_->data, s_->context)
+                                   : pcre2_match(re_->code_->code, subject, text_.size(), at_,
                                                  PCRE2_NO_UTF_CHECK, s_->data, s_->context);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc == PCRE2_ERROR_NOMATCH) {
+      at_ = text_.size();
+      break;
+    }
     if (rc < 0) throw std::runtime_error("pre-tokenizer regex failed: " + pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s_->data);
     const PCRE2_SIZE begin = ov[0], end = ov[1];
-    if (begin > emitted) out.push_back(text.substr(emitted, begin - emitted));
+    const std::string_view before = text_.substr(emitted_, begin - emitted_);
     if (end > begin) {
-      out.push_back(text.substr(begin, end - begin));
-      emitted = at = end;
-    } else {  // an empty match: step over one character
-      emitted = begin;
-      at = begin + 1;
-      while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80)
-        ++at;
+      emitted_ = at_ = end;
+      const std::string_view match = text_.substr(begin, end - begin);
+      if (before.empty()) {
+        piece = match;
+      } else {
+        piece = before;
+        pending_ = match;
+      }
+      return true;
+    }
+    emitted_ = begin;  // an empty match: step over one character
+    at_ = begin + 1;
+    while (at_ < text_.size() && (static_cast<unsigned char>(text_[at_]) & 0xC0) == 0x80)
+      ++at_;
+    if (!before.empty()) {
+      piece = before;
+      return true;
     }
   }
-  if (emitted < text.size()) out.push_back(text.substr(emitted));
+  if (emitted_ < text_.size()) {
+    piece = text_.substr(emitted_);
+    emitted_ = text_.size();
+    return true;
+  }
+  return false;
 }
 
 }  // namespace zo::tokenize

@@ -1,6 +1,5 @@
 #include "tokenize/tokenize_files.h"
 
-#include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/parallel_pipeline.h>
 #include <oneapi/tbb/task_arena.h>
 
@@ -12,6 +11,7 @@
 
 #include "core/error.h"
 #include "tokenize/corpus.h"
+#include "tokenize/parallel_encode.h"
 #include "tokenize/shard_output.h"
 
 namespace zo::tokenize {
@@ -124,7 +124,7 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
   const auto start = Clock::now();
   auto last_draw = start;
   ChunkReader reader(files, o.chunk_bytes);
-  tbb::enumerable_thread_specific<Encoder> encoders([&] { return Encoder(tokenizer); });
+  Encoders encoders([&] { return Encoder(tokenizer); });
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   tbb::task_arena arena(std::max(1, threads));
@@ -140,11 +140,15 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
   const auto encode = [&](std::shared_ptr<Chunk> c) -> std::shared_ptr<Encoded> {
     auto e = std::make_shared<Encoded>();
     e->bytes = c->bytes.size();
-    Encoder& enc = encoders.local();
     for_each_document(*c, o.text_field, [&](std::string_view doc) {
       const std::size_t before = e->tokens.size();
       e->tokens.push_back(*doc_id);
-      enc.encode(doc, e->tokens);
+      // A long document (a .txt file) is cut into chunks for every thread; the rest is one task.
+      if (doc.size() >= 2 * o.chunk_bytes) {
+        encode_parallel(tokenizer, encoders, doc, e->tokens, o.chunk_bytes);
+      } else {
+        encoders.local().encode(doc, e->tokens);
+      }
       e->lengths.push_back(static_cast<std::uint32_t>(e->tokens.size() - before));
     });
     return e;

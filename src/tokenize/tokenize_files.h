@@ -23,7 +23,7 @@ struct TokenizeOptions {
   std::string doc_token;  // default: Tokenizer::default_document_token()
   int threads = 0;        // 0 = all cores
   bool force = false;
-  std::size_t chunk_bytes = 1 << 20;  // of .jsonl input per task
+  std::size_t chunk_bytes = 1 << 20;  // of .jsonl input, or of one long document, per task
 };
 
 struct TokenizeSummary {

@@ -1,11 +1,13 @@
 #include "tokenize/tokenizer_spec.h"
 
+#include <algorithm>
 #include <filesystem>
-#include <sstream>
+#include <optional>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/json_input.h"
 #include "core/error.h"
+#include "tokenize/bpe_json.h"
 
 namespace zo::tokenize {
 namespace {
@@ -17,6 +19,13 @@ using zo::DataError;
 [[noreturn]] void refuse(const std::string& source, const std::string& what) {
   throw DataError("tokenizer '" + source + "': " + what +
                   "; offload_train tokenizes byte-level BPE (GPT-2, Llama 3, Qwen2) only");
+}
+
+// obj[key], or null when absent (without copying it, as json::value would).
+const json& member(const json& obj, const char* key) {
+  static const json null;
+  const auto it = obj.find(key);
+  return it == obj.end() ? null : *it;
 }
 
 std::string type_of(const json& j) {
@@ -84,9 +93,10 @@ void read_model(const std::string& src, const json& m, TokenizerSpec& spec) {
   spec.ignore_merges = m.value("ignore_merges", false);
   if (!m.contains("vocab") || !m["vocab"].is_object()) refuse(src, "model has no \"vocab\" object");
   for (const auto& [token, id] : m["vocab"].items()) {
-    if (!id.is_number_unsigned() || id.get<std::uint64_t>() > UINT32_MAX)
+    if (!id.is_number_unsigned() || id.get<std::uint64_t>() >= UINT32_MAX)
       refuse(src, "vocab entry \"" + token + "\" has id " + id.dump() + ", not a 32-bit id");
-    spec.vocab.emplace_back(token, id.get<std::uint32_t>());
+    if (!spec.vocab.add(spec.strings->keep(token), id.get<std::uint32_t>()))
+      refuse(src, "vocab holds \"" + token + "\" twice");
   }
   if (!m.contains("merges") || !m["merges"].is_array())
     refuse(src, "model has no \"merges\" array");
@@ -94,14 +104,15 @@ void read_model(const std::string& src, const json& m, TokenizerSpec& spec) {
   for (const json& merge : m["merges"]) {
     // Two forms: "a b" (older files) or ["a", "b"] (tokenizers >= 0.20).
     if (merge.is_string()) {
-      const std::string s = merge.get<std::string>();
+      const std::string_view s = spec.strings->keep(merge.get<std::string>());
       const auto space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
         refuse(src, "merge " + std::to_string(rank) + " " + merge.dump() + " is not \"a b\"");
       spec.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
                merge[1].is_string()) {
-      spec.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+      spec.merges.emplace_back(spec.strings->keep(merge[0].get<std::string>()),
+                               spec.strings->keep(merge[1].get<std::string>()));
     } else {
       refuse(src, "merge " + std::to_string(rank) + " " + merge.dump() + " is not a pair");
     }
@@ -131,19 +142,29 @@ TokenizerSpec read_gpt2_files(const fs::path& dir) {
   TokenizerSpec spec;
   const fs::path enc = dir / "encoder.json", bpe = dir / "vocab.bpe";
   spec.source = enc.string() + " + " + bpe.string();
-  json vocab;
+  SpecStrings& strings = *spec.strings;
+  std::optional<json> tree;  // the general reader's, when the direct one does not take the file
   try {
-    vocab = ckpt::parse_json(ckpt::read_file(enc));
+    strings.text = ckpt::read_file(enc);
+    if (auto vocab = read_vocab_json(strings.text, strings)) {
+      spec.vocab = std::move(*vocab);
+    } else {
+      strings.owned.clear();
+      tree = ckpt::parse_json(strings.text);
+    }
   } catch (const std::exception& e) {
     throw DataError("tokenizer '" + enc.string() + "': " + e.what());
   }
-  read_model(spec.source, json{{"vocab", vocab}, {"merges", json::array()}}, spec);
-  std::istringstream lines(ckpt::read_file(bpe));
-  std::string line;
+  if (tree)
+    read_model(spec.source, json{{"vocab", std::move(*tree)}, {"merges", json::array()}}, spec);
+  const std::string_view lines = strings.keep(ckpt::read_file(bpe));
   std::size_t number = 0;
-  while (std::getline(lines, line)) {
+  for (std::size_t at = 0; at < lines.size();) {
+    const std::size_t end = std::min(lines.find('\n', at), lines.size());
+    const std::string_view line = lines.substr(at, end - at);
+    at = end + 1;
     ++number;
-    if (number == 1 && line.rfind("#version", 0) == 0) continue;
+    if (number == 1 && line.starts_with("#version")) continue;
     if (line.empty()) continue;
     const auto space = line.find(' ');
     if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
@@ -153,35 +174,64 @@ TokenizerSpec read_gpt2_files(const fs::path& dir) {
   }
   spec.split_patterns.emplace_back(kGpt2Pattern);
   // GPT-2's end-of-text token sits in encoder.json; it is the special one.
-  for (const auto& [token, id] : spec.vocab)
-    if (token == "<|endoftext|>") spec.added.push_back({id, token, true});
+  if (const auto id = spec.vocab.find("<|endoftext|>"))
+    spec.added.push_back({*id, "<|endoftext|>", true});
   return spec;
+}
+
+// Everything but the JSON parsing; `j` may hold the vocabulary and merges or, read directly, stand
+// in {} and [] for them.
+TokenizerSpec read_spec(const json& j, const std::string& source,
+                        std::shared_ptr<SpecStrings> strings) {
+  if (!j.is_object()) refuse(source, "not a JSON object");
+  TokenizerSpec spec;
+  spec.source = source;
+  spec.strings = std::move(strings);
+  read_model(source, member(j, "model"), spec);
+  read_normalizer(source, member(j, "normalizer"), spec);
+  bool byte_level = false;
+  const json& pre = member(j, "pre_tokenizer");
+  if (!pre.is_null()) read_pre_tokenizer(source, pre, spec, byte_level);
+  if (!byte_level)
+    refuse(source, "no ByteLevel pre-tokenizer (" + (pre.is_null() ? "none" : pre.dump()) + ")");
+  const json& dec = member(j, "decoder");
+  if (!dec.is_null() && type_of(dec) != "ByteLevel")
+    refuse(source, "decoder of type \"" + type_of(dec) + "\" is not supported (ByteLevel)");
+  read_added_tokens(source, member(j, "added_tokens"), spec);
+  return spec;
+}
+
+// The fast way (bpe_json.h), or nothing when the file needs the general one.
+std::optional<TokenizerSpec> read_direct(const std::shared_ptr<SpecStrings>& strings,
+                                         const std::string& source) {
+  auto bpe = read_bpe_json(strings->text, *strings);
+  if (!bpe) return std::nullopt;
+  try {
+    TokenizerSpec spec = read_spec(ckpt::parse_json(bpe->rest), source, strings);
+    spec.vocab = std::move(bpe->vocab);
+    spec.merges = std::move(bpe->merges);
+    return spec;
+  } catch (const std::exception&) {  // the general reader says what it is
+    return std::nullopt;
+  }
 }
 
 }  // namespace
 
-TokenizerSpec parse_tokenizer_json(const std::string& text, const std::string& source) {
+TokenizerSpec parse_tokenizer_json(std::string text, const std::string& source, bool direct) {
+  auto strings = std::make_shared<SpecStrings>();
+  strings->text = std::move(text);
+  if (direct) {
+    if (auto spec = read_direct(strings, source)) return std::move(*spec);
+    strings->owned.clear();
+  }
   json j;
   try {
-    j = ckpt::parse_json(text);
+    j = ckpt::parse_json(strings->text);
   } catch (const std::exception& e) {
     throw DataError("tokenizer '" + source + "' is not valid JSON: " + e.what());
   }
-  if (!j.is_object()) refuse(source, "not a JSON object");
-  TokenizerSpec spec;
-  spec.source = source;
-  read_model(source, j.value("model", json()), spec);
-  read_normalizer(source, j.value("normalizer", json()), spec);
-  bool byte_level = false;
-  const json pre = j.value("pre_tokenizer", json());
-  if (!pre.is_null()) read_pre_tokenizer(source, pre, spec, byte_level);
-  if (!byte_level)
-    refuse(source, "no ByteLevel pre-tokenizer (" + (pre.is_null() ? "none" : pre.dump()) + ")");
-  const json dec = j.value("decoder", json());
-  if (!dec.is_null() && type_of(dec) != "ByteLevel")
-    refuse(source, "decoder of type \"" + type_of(dec) + "\" is not supported (ByteLevel)");
-  read_added_tokens(source, j.value("added_tokens", json()), spec);
-  return spec;
+  return read_spec(j, source, std::move(strings));
 }
 
 TokenizerSpec load_tokenizer_spec(const std::string& path) {
@@ -200,7 +250,7 @@ TokenizerSpec load_tokenizer_spec(const std::string& path) {
   } catch (const std::exception& e) {
     throw DataError(std::string("cannot read tokenizer: ") + e.what());
   }
-  return parse_tokenizer_json(text, path);
+  return parse_tokenizer_json(std::move(text), path);
 }
 
 }  // namespace zo::tokenize

@@ -6,11 +6,25 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "tokenize/vocab.h"
+
 namespace zo::tokenize {
+
+// Where a spec's vocabulary and merges point: the text of the file read and the strings that
+// could not be views into it (unescaped JSON strings, the general reader's copies). Shared by the
+// copies of a spec and by the Tokenizer made from one.
+struct SpecStrings {
+  std::string text;
+  std::deque<std::string> owned;  // a deque: adding one moves no other
+  std::string_view keep(std::string s) { return owned.emplace_back(std::move(s)); }
+};
 
 struct AddedToken {
   std::uint32_t id = 0;
@@ -19,9 +33,10 @@ struct AddedToken {
 };
 
 struct TokenizerSpec {
-  std::string source;                                        // the file(s) read, for messages
-  std::vector<std::pair<std::string, std::uint32_t>> vocab;  // byte-level string -> id
-  std::vector<std::pair<std::string, std::string>> merges;   // in rank order
+  std::string source;  // the file(s) read, for messages
+  std::shared_ptr<SpecStrings> strings = std::make_shared<SpecStrings>();
+  Vocab vocab;  // byte-level string -> id (ids below UINT32_MAX); views into `strings`
+  std::vector<std::pair<std::string_view, std::string_view>> merges;  // in rank order, the same
   std::vector<std::string> split_patterns;  // Oniguruma regexes, applied in order (Isolated)
   bool nfc = false;                         // NFC normalizer
   bool add_prefix_space = false;            // ByteLevel: a space before text not starting with one
@@ -37,7 +52,10 @@ inline constexpr const char* kGpt2Pattern =
 // vocab.bpe. DataError naming the file and what is wrong or not supported.
 TokenizerSpec load_tokenizer_spec(const std::string& path);
 
-// The same from the text of a tokenizer.json (`source` names it in messages).
-TokenizerSpec parse_tokenizer_json(const std::string& text, const std::string& source);
+// The same from the text of a tokenizer.json (`source` names it in messages). The vocabulary and
+// merges are read straight from the text (bpe_json.h); a file that reader does not take whole is
+// read again as a JSON tree, which also says what is wrong with a bad one. `direct = false` reads
+// it as a tree only (the fuzz target compares the two).
+TokenizerSpec parse_tokenizer_json(std::string text, const std::string& source, bool direct = true);
 
 }  // namespace zo::tokenize

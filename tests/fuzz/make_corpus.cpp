@@ -239,7 +239,9 @@ void hf_index(const fs::path& dir) {
 }  // namespace
 
 // Byte-level BPE tokenizer.json files: GPT-2's kind (ByteLevel with its regex) with a few
-// merges and a special token, and Qwen2's (NFC, a Split regex, then ByteLevel without one).
+// merges and a special token, Qwen2's (NFC, a Split regex, then ByteLevel without one), and Llama
+// 3's (merges as pairs, ignore_merges, its Split regex; every non-ASCII character written as a
+// \u escape, so that the direct reader of vocab and merges unescapes them).
 void tokenizer() {
   json vocab = json::object(), merges = json::array();
   for (int b = 0; b < 256; ++b)
@@ -250,8 +252,7 @@ void tokenizer() {
     if (!vocab.contains(l + r)) vocab[l + r] = next++;  // \xC4\xA0: the byte-level space
     merges.push_back(l + " " + r);
   }
-  const json added =
-      json::array({{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}});
+  const json added = json::array({{{"id", next}, {"content", "<|endoftext|>"}, {"special", true}}});
   json gpt2 = {
       {"version", "1.0"},
       {"normalizer", nullptr},
@@ -265,12 +266,36 @@ void tokenizer() {
   qwen["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
+       json::array(
+           {{{"type", "Split"},
+             {"pattern",
+              {{"Regex", "(?i:'s|'t)|\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}},
+             {"behavior", "Isolated"},
+             {"invert", false}},
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  write_file(seed("tokenizer", "qwen2_kind.json"), qwen.dump(1) + "\n");
+  json llama = gpt2;
+  llama["model"]["ignore_merges"] = true;
+  llama["model"]["merges"] = json::array();
+  for (const json& m : merges) {
+    const std::string s = m.get<std::string>();
+    llama["model"]["merges"].push_back(
+        json::array({s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)}));
+  }
+  llama["added_tokens"] =
+      json::array({{{"id", next}, {"content", "<|begin_of_text|>"}, {"special", true}}});
+  llama["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
        json::array({{{"type", "Split"},
-                     {"pattern", {{"Regex", "(?i:'s|'t)|\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}},
+                     {"pattern",
+                      {{"Regex",
+                        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
                      {"behavior", "Isolated"},
                      {"invert", false}},
                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
-  write_file(seed("tokenizer", "qwen2_kind.json"), qwen.dump(1) + "\n");
+  write_file(seed("tokenizer", "llama3_kind.json"), llama.dump(1, ' ', true) + "\n");
 }
 
 int main(int argc, char** argv) {
