@@ -143,40 +143,48 @@ TEST(DataParallel, ReferenceLossesArePinned) {
   }
 }
 
+// With fp32 and with q8 optimizer state (its blocks follow each rank's segments, the same again
+// on resume with the same rank count).
 TEST(DataParallel, TwoRankResumeEqualsUninterruptedBitForBit) {
   NEED_MPI();
-  TempDir d;
-  const fs::path full = d.path / "full", part = d.path / "part";
-  Result r =
-      ranks(2, "--micro-batch 2 --checkpoint-dir " + full.string() +
-                   " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "a.jsonl").string());
-  ASSERT_EQ(r.code, 0) << r.out;
-  const fs::path step3 = full / "step_00000003";
-  for (const char* f : {"model.safetensors", "optimizer.rank0-of2.safetensors",
-                        "optimizer.rank1-of2.safetensors", "trainer_state.json", "MANIFEST.json"}) {
-    EXPECT_TRUE(fs::exists(step3 / f)) << f;
-  }
-  const auto manifest = nlohmann::json::parse(bytes_of(step3 / "MANIFEST.json")).dump();
-  EXPECT_NE(manifest.find("optimizer.rank1-of2.safetensors"), std::string::npos) << manifest;
-  const auto state = nlohmann::json::parse(bytes_of(step3 / "trainer_state.json"));
-  EXPECT_EQ(state["optimizer_shards"]["ranks"], 2);
+  for (const std::string state : {"fp32", "q8"}) {
+    SCOPED_TRACE(state);
+    TempDir d;
+    const fs::path full = d.path / "full", part = d.path / "part";
+    const std::string common = "--micro-batch 2 --optimizer-state " + state;
+    Result r =
+        ranks(2, common + " --checkpoint-dir " + full.string() +
+                     " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "a.jsonl").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const fs::path step3 = full / "step_00000003";
+    for (const char* f :
+         {"model.safetensors", "optimizer.rank0-of2.safetensors", "optimizer.rank1-of2.safetensors",
+          "trainer_state.json", "MANIFEST.json"}) {
+      EXPECT_TRUE(fs::exists(step3 / f)) << f;
+    }
+    const auto manifest = nlohmann::json::parse(bytes_of(step3 / "MANIFEST.json")).dump();
+    EXPECT_NE(manifest.find("optimizer.rank1-of2.safetensors"), std::string::npos) << manifest;
+    const auto st = nlohmann::json::parse(bytes_of(step3 / "trainer_state.json"));
+    EXPECT_EQ(st["optimizer_shards"]["ranks"], 2);
+    EXPECT_EQ(st["optimizer_state_dtype"], state);
 
-  fs::create_directories(part);
-  fs::copy(step3, part / "step_00000003", fs::copy_options::recursive);
-  r = ranks(2, "--micro-batch 2 --checkpoint-dir " + part.string() + " --resume latest --metrics " +
-                   (d.path / "b.jsonl").string());
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto a = zo::test::read_jsonl(d.path / "a.jsonl"),
-             b = zo::test::read_jsonl(d.path / "b.jsonl");
-  ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 3u);
-  for (std::size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(a[3 + i]["loss"], b[i]["loss"]) << "step " << b[i]["step"];
-    EXPECT_EQ(a[3 + i]["grad_norm"], b[i]["grad_norm"]);
-  }
-  for (const char* f : {"model.safetensors", "optimizer.rank0-of2.safetensors",
-                        "optimizer.rank1-of2.safetensors"}) {
-    EXPECT_EQ(bytes_of(full / "step_00000006" / f), bytes_of(part / "step_00000006" / f)) << f;
+    fs::create_directories(part);
+    fs::copy(step3, part / "step_00000003", fs::copy_options::recursive);
+    r = ranks(2, "--micro-batch 2 --checkpoint-dir " + part.string() +
+                     " --resume latest --metrics " + (d.path / "b.jsonl").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto a = zo::test::read_jsonl(d.path / "a.jsonl"),
+               b = zo::test::read_jsonl(d.path / "b.jsonl");
+    ASSERT_EQ(a.size(), 6u);
+    ASSERT_EQ(b.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(a[3 + i]["loss"], b[i]["loss"]) << "step " << b[i]["step"];
+      EXPECT_EQ(a[3 + i]["grad_norm"], b[i]["grad_norm"]);
+    }
+    for (const char* f : {"model.safetensors", "optimizer.rank0-of2.safetensors",
+                          "optimizer.rank1-of2.safetensors"}) {
+      EXPECT_EQ(bytes_of(full / "step_00000006" / f), bytes_of(part / "step_00000006" / f)) << f;
+    }
   }
 }
 

@@ -259,7 +259,7 @@ TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
   const zo::offload::BucketPlan plan(layout, {4108, 4, true});
   for (const zo::DType sd : {zo::DType::kF32, zo::DType::kBF16}) {
     auto c = opt_config();
-    c.state_dtype = sd;
+    c.state_format = sd == zo::DType::kF32 ? zo::StateFormat::kF32 : zo::StateFormat::kBF16;
     HostOptimizer whole(layout, c);
     zo::model::init_weights(layout, 7, whole.master().data());
     std::vector<std::unique_ptr<HostOptimizer>> parts;

@@ -21,6 +21,7 @@
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
 #include "input_test.h"
+#include "optim/host_optimizer.h"
 #include "thread_comm.h"
 #include "train/checkpoint_io.h"
 #include "train/evaluate.h"
@@ -205,7 +206,8 @@ TEST_F(TrainerState, TensorsNothingReadsAreRefused) {
 // Saves a checkpoint of `layout` from 3 ranks (threads) that own interleaved pieces, as the
 // offload engine's bucket shards do; master[i] = f(i). Returns each rank's error ("" if none).
 std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layout,
-                                          const fs::path& parent) {
+                                          const fs::path& parent,
+                                          zo::StateFormat format = zo::StateFormat::kF32) {
   const std::size_t L = layout.size(), step = 4099;  // pieces cut tensors anywhere
   std::vector<std::vector<zo::optim::OwnedRange>> parts(3);
   std::vector<std::size_t> local(3, 0);
@@ -220,12 +222,28 @@ std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layo
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
       zo::test::ThreadComm comm(hub, r);
-      zo::optim::HostOptimizer opt(layout, {}, parts[std::size_t(r)]);
+      zo::optim::OptimizerConfig oc;
+      oc.state_format = format;
+      zo::optim::HostOptimizer opt(layout, oc, parts[std::size_t(r)]);
       for (const auto& o : parts[std::size_t(r)])
         for (std::size_t i = o.begin; i < o.end; ++i)
           opt.master()[o.local + i - o.begin] = std::sin(float(i)) * float(i % 97);
-      const Json state = {
-          {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
+      for (const auto& seg : opt.segments()) {  // moments m[i] = f(i) / 100, v = |m|
+        for (int k = 0; k < 2; ++k) {
+          std::vector<float> v(seg.end - seg.begin);
+          for (std::size_t j = 0; j < v.size(); ++j)
+            v[j] = std::sin(float(seg.layout + j) * 0.37f) * (k == 0 ? 0.01f : 0.0001f);
+          if (k == 1)
+            for (float& x : v)
+              x = std::fabs(x);
+          opt.write_moment(k, seg.begin, v);
+        }
+      }
+      const Json state = {{"step", 1},
+                          {"tokens", 64},
+                          {"data", Json::object()},
+                          {"config", Json::object()},
+                          {"optimizer_state_dtype", std::string(zo::state_format_name(format))}};
       errors[std::size_t(r)] =
           error_of([&] { zo::train::save_checkpoint(parent, layout, opt, state, 0, comm, parts); });
     });
@@ -254,6 +272,42 @@ TEST(ShardedSave, TheGatheredModelFileIsTheWholeModels) {
               file_bytes(tmp.path / "one/step_00000001/model.safetensors"))
         << name;
   }
+}
+
+// q8 state saved by three ranks (their blocks start where their ranges cut tensors) reads into
+// one process as the same moments to within a code: its blocks are quantized anew. Read by three
+// ranks again, they are the same bits.
+TEST(ShardedSave, Q8StateResumesWithAnotherRankCountRequantized) {
+  Scratch tmp;
+  const zo::model::ParameterLayout layout(zo::model::load_model_spec("tiny"));
+  for (const std::string& e : save_three_ranks(layout, tmp.path, zo::StateFormat::kQ8))
+    ASSERT_EQ(e, "(no error)");
+  const fs::path dir = tmp.path / "step_00000001";
+  zo::optim::OptimizerConfig oc;
+  oc.state_format = zo::StateFormat::kQ8;
+  zo::optim::HostOptimizer whole(layout, oc);
+  zo::train::load_checkpoint(dir, layout, whole);
+  std::vector<float> m(layout.size()), v(layout.size());
+  whole.read_moment(0, 0, m);
+  whole.read_moment(1, 0, v);
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    // A code of the dynamic map is at most 1.4% of its block's maximum away (0.9 / 64).
+    const float want_m = std::sin(float(i) * 0.37f) * 0.01f;
+    const float want_v = std::fabs(std::sin(float(i) * 0.37f) * 0.0001f);
+    ASSERT_NEAR(m[i], want_m, 0.03f * 0.01f) << i;
+    ASSERT_NEAR(v[i], want_v, 0.03f * 0.0001f) << i;
+  }
+  // Saved by one process and loaded again: the same bits.
+  const Json state = {
+      {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
+  const fs::path again = zo::train::save_checkpoint(tmp.path / "one", layout, whole, state, 0);
+  zo::optim::HostOptimizer back(layout, oc);
+  zo::train::load_checkpoint(again, layout, back);
+  const auto a = whole.q8(), b = back.q8();
+  EXPECT_TRUE(std::equal(a.m.begin(), a.m.end(), b.m.begin()));
+  EXPECT_TRUE(std::equal(a.v.begin(), a.v.end(), b.v.begin()));
+  EXPECT_EQ(std::memcmp(a.m_absmax.data(), b.m_absmax.data(), a.m_absmax.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.v_absmax.data(), b.v_absmax.data(), a.v_absmax.size() * 4), 0);
 }
 
 // A write that fails on rank 0 halfway through the model file (the file-size limit stands in for

@@ -89,6 +89,8 @@ class SafetensorsFile {
   void read_f32(std::string_view name, std::span<float> out, std::uint64_t first) const;
   void read_u16(std::string_view name, std::span<std::uint16_t> out, DType as,
                 std::uint64_t first) const;
+  // Elements [first, first + out.size()) of a U8 tensor, as stored (8-bit optimizer codes).
+  void read_u8(std::string_view name, std::span<std::uint8_t> out, std::uint64_t first) const;
 
  private:
   SafetensorsFile() = default;
@@ -129,6 +131,8 @@ class SafetensorsWriter {
   // A tensor whose data `fill` produces while the file is streamed, at most kFillElements at a
   // time: no copy of the whole tensor is ever held. An exception from fill aborts the write.
   void add_filled(std::string name, std::vector<std::uint64_t> shape, DType dtype, Fill fill);
+  // The same for a U8 tensor (8-bit optimizer codes), its bytes filled as they are stored.
+  void add_filled_u8(std::string name, std::vector<std::uint64_t> shape, Fill fill);
   // String metadata ("__metadata__"). "format" defaults to "pt", as Hugging Face transformers
   // requires to load the file.
   void set_metadata(std::string key, std::string value);
@@ -149,6 +153,7 @@ class SafetensorsWriter {
     const float* f32 = nullptr;          // source when added with add()
     const std::uint16_t* u16 = nullptr;  // source when added with add_u16()
     Fill fill;                           // source when added with add_filled()
+    bool u8 = false;                     // stored as U8 (add_filled_u8), not as dtype
   };
   void check_new_name(const std::string& name) const;
 

@@ -133,6 +133,20 @@ void SafetensorsFile::read_u16(std::string_view name, std::span<std::uint16_t> o
   read_converted(info_u16(name, as), as, out.data(), out.size(), first, false);
 }
 
+void SafetensorsFile::read_u8(std::string_view name, std::span<std::uint8_t> out,
+                              std::uint64_t first) const {
+  const TensorInfo& t = info(name);
+  if (t.dtype_name != "U8") {
+    fail_tensor(path_, t.name, "is " + t.dtype_name + ", expected U8 (8-bit optimizer codes).");
+  }
+  if (first > t.numel || out.size() > t.numel - first) {
+    fail_tensor(path_, t.name,
+                "destination holds " + std::to_string(out.size()) + " elements from element " +
+                    std::to_string(first) + ", the tensor has " + std::to_string(t.numel) + ".");
+  }
+  pread_all(out.data(), out.size(), data_start_ + t.data_begin + first, t);
+}
+
 const TensorInfo& SafetensorsFile::info_u16(std::string_view name, DType as) const {
   const TensorInfo& t = info(name);
   if (as == DType::kF32) {
@@ -163,8 +177,8 @@ void SafetensorsFile::pread_all(void* dst, std::size_t n, std::uint64_t offset,
   }
 }
 
-void SafetensorsFile::read_converted(const TensorInfo& t, DType out_dtype, void* out,
-                                     std::size_t n, std::uint64_t first, bool whole) const {
+void SafetensorsFile::read_converted(const TensorInfo& t, DType out_dtype, void* out, std::size_t n,
+                                     std::uint64_t first, bool whole) const {
   if (!t.dtype) {
     fail_tensor(path_, t.name,
                 "dtype " + t.dtype_name +

@@ -21,6 +21,10 @@ void SafetensorsWriter::check_new_name(const std::string& name) const {
 }
 
 namespace {
+std::size_t element_size(const auto& e) {
+  return e.u8 ? 1 : dtype_size(e.dtype);
+}
+
 std::uint64_t numel_of(const std::string& name, const std::vector<std::uint64_t>& shape,
                        std::size_t given) {
   std::uint64_t n = 1;
@@ -68,13 +72,21 @@ void SafetensorsWriter::add_filled(std::string name, std::vector<std::uint64_t> 
                                    Fill fill) {
   check_new_name(name);
   std::uint64_t n = 1;
-  for (std::uint64_t d : shape) n = mul_checked(n, d).value_or(0);
+  for (std::uint64_t d : shape)
+    n = mul_checked(n, d).value_or(0);
   Entry e;
   e.numel = numel_of(name, shape, static_cast<std::size_t>(n));
   e.shape = std::move(shape);
   e.dtype = dtype;
   e.fill = std::move(fill);
   entries_.emplace(std::move(name), std::move(e));
+}
+
+void SafetensorsWriter::add_filled_u8(std::string name, std::vector<std::uint64_t> shape,
+                                      Fill fill) {
+  const std::string key = name;
+  add_filled(std::move(name), std::move(shape), DType::kF32, std::move(fill));
+  entries_.at(key).u8 = true;
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {
@@ -92,10 +104,12 @@ std::string SafetensorsWriter::header() const {
   fields.emplace_back("__metadata__", meta);
   std::uint64_t offset = 0;
   for (const auto& [name, e] : entries_) {
-    const std::uint64_t bytes = e.numel * dtype_size(e.dtype);
-    fields.emplace_back(name, nlohmann::ordered_json{{"dtype", safetensors_dtype_name(e.dtype)},
-                                                     {"shape", e.shape},
-                                                     {"data_offsets", {offset, offset + bytes}}});
+    const std::uint64_t bytes = e.numel * element_size(e);
+    fields.emplace_back(
+        name, nlohmann::ordered_json{
+                  {"dtype", e.u8 ? std::string_view("U8") : safetensors_dtype_name(e.dtype)},
+                  {"shape", e.shape},
+                  {"data_offsets", {offset, offset + bytes}}});
     offset += bytes;
   }
   std::string text;
@@ -113,7 +127,7 @@ std::string SafetensorsWriter::header() const {
 std::uint64_t SafetensorsWriter::file_size() const {
   std::uint64_t data = 0;
   for (const auto& [name, e] : entries_)
-    data += e.numel * dtype_size(e.dtype);
+    data += e.numel * element_size(e);
   return 8 + header().size() + data;
 }
 
@@ -133,7 +147,7 @@ void SafetensorsWriter::stream(const ByteSink& sink) const {
   for (const auto& [name, e] : entries_) {
     const auto count = static_cast<std::size_t>(e.numel);
     if (e.fill) {
-      const std::size_t es = dtype_size(e.dtype);
+      const std::size_t es = element_size(e);
       filled.resize(std::min(count, kFillElements) * es);
       for (std::size_t done = 0; done < count;) {
         const std::size_t k = std::min(count - done, kFillElements);

@@ -86,7 +86,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--max-nonfinite-steps", c.max_nonfinite_steps,
                 "stop after this many consecutive steps with Inf/NaN gradients; 0 = never")
       ->capture_default_str();
-  t->add_option("--optimizer-state", state_dtype, "Adam m and v dtype: fp32 or bf16")
+  t->add_option("--optimizer-state", state_dtype,
+                "Adam m and v: fp32, bf16 or q8 (8-bit block-wise, 1 byte each)")
       ->capture_default_str();
   t->add_option("--adam-threads", c.adam_threads,
                 "CPU Adam threads; 0 = all cores (this rank's share with mpirun), less two "
@@ -145,6 +146,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
               "start even where another run's checkpoints or metrics file exist (same-numbered "
               "checkpoints and that file are replaced)");
   t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
+  t->add_flag("--convert-optimizer-state", c.convert_optimizer_state,
+              "resume a checkpoint whose Adam state is in another --optimizer-state format, "
+              "converting it");
   t->add_option("--metrics", c.metrics, "JSONL file: one object per step");
   t->add_option("--log-every", c.log_interval, "progress line every N steps")
       ->capture_default_str();
@@ -169,7 +173,7 @@ int run_train(zo::train::TrainConfig c, const std::string& decay, const std::str
   }
   c.lr.decay = zo::train::parse_decay(decay);
   if (cmd.count("--lr-schedule-steps") == 0) c.lr.total_steps = c.steps;
-  c.optimizer_state = zo::parse_dtype(state_dtype);
+  c.optimizer_state = zo::parse_state_format(state_dtype);
   c.device_memory = devmem.bytes();
   c.host_memory = hostmem.bytes();
   if (!bucket.text.empty()) c.bucket_size = bucket.bytes();

@@ -21,7 +21,8 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_flag("--recompute", cmd.recompute, "activation recompute");
   p->add_option("--precision", cmd.precision, "device dtype: fp32 (host backend), bf16, fp16")
       ->capture_default_str();
-  p->add_option("--optimizer-state", cmd.optimizer_state, "fp32 or bf16")->capture_default_str();
+  p->add_option("--optimizer-state", cmd.optimizer_state, "fp32, bf16 or q8")
+      ->capture_default_str();
   p->add_option("--mode", cmd.mode, "auto (both modes and the choice), resident or offload")
       ->capture_default_str();
   p->add_option("--grad-accum", cmd.grad_accum, "micro-batches per step")->capture_default_str();
@@ -47,7 +48,7 @@ int run_plan(const PlanCommand& cmd) {
   c.seq_len = cmd.seq_len;
   c.recompute = cmd.recompute;
   c.precision = cmd.precision;
-  c.optimizer_state = parse_dtype(cmd.optimizer_state);
+  c.optimizer_state = parse_state_format(cmd.optimizer_state);
   c.mode = cmd.mode;
   c.grad_accum = cmd.grad_accum;
   c.grad_accum_on = cmd.grad_accum_on;

@@ -54,6 +54,9 @@ template void to_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std:
                                    std::size_t, std::uint16_t*);
 template void from_hf<float>(const TensorInfo&, const float*, float*);
 template void from_hf<std::uint16_t>(const TensorInfo&, const std::uint16_t*, std::uint16_t*);
+template void to_hf<std::uint8_t>(const TensorInfo&, const std::uint8_t*, std::uint64_t,
+                                  std::size_t, std::uint8_t*);
+template void from_hf<std::uint8_t>(const TensorInfo&, const std::uint8_t*, std::uint8_t*);
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -35,9 +36,6 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
       owned_(std::move(owned)),
       config_(config),
       adam_(config.adam, adam_options(config.threads)) {
-  if (config.state_dtype != DType::kF32 && config.state_dtype != DType::kBF16) {
-    throw std::invalid_argument("--optimizer-state must be fp32 or bf16");
-  }
   if (owned_.empty()) owned_.push_back({0, layout_n_, 0});
   std::size_t prev_end = 0;
   for (const OwnedRange& o : owned_) {
@@ -49,7 +47,17 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
     prev_end = o.end;
     n_ += o.end - o.begin;
   }
-  const std::size_t state_bytes = dtype_size(config.state_dtype);
+  for (const OwnedRange& o : owned_) {
+    for (const auto& t : layout.tensors()) {
+      const std::size_t lb = std::max(o.begin, t.offset), le = std::min(o.end, t.offset + t.numel);
+      if (lb >= le) continue;
+      const std::size_t b = o.local + (lb - o.begin);
+      segments_.push_back({b, b + (le - lb), lb, blocks_, config.decay_policy.applies_to(t)});
+      blocks_ += cpu_adam::q8_blocks(le - lb);
+    }
+  }
+  const std::size_t state_bytes = state_element_bytes(config.state_format);
+  const bool q8 = config.state_format == StateFormat::kQ8;
   // First touch in the optimizer's own threads so pages sit on the updating thread's node.
   adam_.execute([&] {
     master_ = pinned::HostBuffer::allocate_array<float>(n_, {}, cpu_adam::kChunkElements);
@@ -57,7 +65,13 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
     v_ = pinned::HostBuffer(n_ * state_bytes);
     m_.first_touch(cpu_adam::kChunkElements * state_bytes);
     v_.first_touch(cpu_adam::kChunkElements * state_bytes);
+    if (q8) {
+      m_absmax_ = pinned::HostBuffer::allocate_array<float>(blocks_);
+      v_absmax_ = pinned::HostBuffer::allocate_array<float>(blocks_);
+    }
   });
+  // q8 zero: every block's absmax 0 (zero-filled), and m's code of 0 (v's is 0 already).
+  if (q8) std::fill_n(static_cast<std::uint8_t*>(m_.data()), n_, cpu_adam::q8_quantize(0, true));
   for (const auto& t : layout.tensors()) {
     const bool decay = config.decay_policy.applies_to(t);
     if (!runs_.empty() && runs_.back().decay == decay && runs_.back().end == t.offset) {
@@ -86,6 +100,9 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
   if (begin > end || end > layout_n_) {
     throw std::out_of_range("HostOptimizer::update_range: bad range");
   }
+  if (config_.state_format == StateFormat::kQ8) {
+    return update_q8(begin, end, grads, t, lr, grad_multiplier, params_out);
+  }
   cpu_adam::StepResult result{false, true};
   for (const OwnedRange& o : owned_) {
     if (o.end <= begin) continue;
@@ -112,22 +129,145 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
   return result;
 }
 
+cpu_adam::StepResult HostOptimizer::update_q8(std::size_t begin, std::size_t end,
+                                              cpu_adam::ConstArrayView grads, std::int64_t t,
+                                              float lr, float grad_multiplier,
+                                              cpu_adam::ArrayView params_out) {
+  cpu_adam::StepResult result{false, true};
+  const Q8Arrays q = q8();
+  for (const Segment& s : segments_) {
+    const std::size_t len = s.end - s.begin;
+    if (s.layout + len <= begin || s.layout >= end) continue;
+    if (s.layout < begin || s.layout + len > end) {
+      throw std::logic_error("HostOptimizer: q8 state updates whole tensors; the range cuts one");
+    }
+    AdamConfig c = config_.adam;
+    c.lr = lr;
+    if (!s.decay) c.weight_decay = 0.0f;
+    adam_.set_config(c);
+    cpu_adam::AdamBuffers buf;
+    buf.params = master().subspan(s.begin, len);
+    buf.grads = slice(grads, s.begin, s.end);
+    buf.params_out = slice(params_out, s.begin, s.end);
+    buf.q8 = {q.m.data() + s.begin, q.v.data() + s.begin, q.m_absmax.data() + s.block,
+              q.v_absmax.data() + s.block, cpu_adam::q8_blocks(len)};
+    const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+    result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+  }
+  return result;
+}
+
+cpu_adam::ArrayView HostOptimizer::moment_view(pinned::HostBuffer& b) {
+  if (config_.state_format == StateFormat::kQ8) {
+    throw std::logic_error("HostOptimizer: q8 state has no fp32 or bf16 view; use q8()");
+  }
+  return {b.data(), n_, config_.state_format == StateFormat::kF32 ? DType::kF32 : DType::kBF16};
+}
+
+HostOptimizer::Q8Arrays HostOptimizer::q8() {
+  if (config_.state_format != StateFormat::kQ8) {
+    throw std::logic_error("HostOptimizer: q8() of " +
+                           std::string(state_format_name(config_.state_format)) + " state");
+  }
+  return {{static_cast<std::uint8_t*>(m_.data()), n_},
+          {static_cast<std::uint8_t*>(v_.data()), n_},
+          m_absmax_.span<float>(),
+          v_absmax_.span<float>()};
+}
+
+const HostOptimizer::Segment& HostOptimizer::segment_of(std::size_t i) const {
+  const auto it = std::upper_bound(segments_.begin(), segments_.end(), i,
+                                   [](std::size_t v, const Segment& s) { return v < s.begin; });
+  if (it == segments_.begin() || i >= (it - 1)->end) {
+    throw std::out_of_range("HostOptimizer: local element beyond the owned ones");
+  }
+  return *(it - 1);
+}
+
+void HostOptimizer::read_moment(int k, std::size_t begin, std::span<float> out) {
+  if (begin > n_ || out.size() > n_ - begin) throw std::out_of_range("read_moment: bad range");
+  const void* data = (k == 0 ? m_ : v_).data();
+  switch (config_.state_format) {
+    case StateFormat::kF32:
+      std::copy_n(static_cast<const float*>(data) + begin, out.size(), out.data());
+      return;
+    case StateFormat::kBF16:
+      convert_to_float(static_cast<const std::uint16_t*>(data) + begin, DType::kBF16, out.data(),
+                       out.size());
+      return;
+    case StateFormat::kQ8:
+      break;
+  }
+  const auto map = cpu_adam::q8_map(k == 0);
+  const float* absmax = (k == 0 ? m_absmax_ : v_absmax_).span<float>().data();
+  const auto* codes = static_cast<const std::uint8_t*>(data);
+  for (std::size_t i = begin, done = 0; done < out.size();) {
+    const Segment& s = segment_of(i);
+    for (; i < s.end && done < out.size(); ++i, ++done) {
+      const std::size_t c = codes[i];
+      const float a = absmax[s.block + (i - s.begin) / cpu_adam::kQ8Block];
+      out[done] = (c < map.size() ? map[c] : std::numeric_limits<float>::quiet_NaN()) * a;
+    }
+  }
+}
+
+void HostOptimizer::write_moment(int k, std::size_t begin, std::span<const float> values) {
+  if (begin > n_ || values.size() > n_ - begin) throw std::out_of_range("write_moment: bad range");
+  void* data = (k == 0 ? m_ : v_).data();
+  switch (config_.state_format) {
+    case StateFormat::kF32:
+      std::copy(values.begin(), values.end(), static_cast<float*>(data) + begin);
+      return;
+    case StateFormat::kBF16:
+      convert_from_float(values.data(), static_cast<std::uint16_t*>(data) + begin, DType::kBF16,
+                         values.size());
+      return;
+    case StateFormat::kQ8:
+      break;
+  }
+  if (values.empty()) return;
+  const Segment& s = segment_of(begin);
+  const std::size_t end = begin + values.size();
+  if ((begin - s.begin) % cpu_adam::kQ8Block != 0 || end > s.end ||
+      (end != s.end && (end - s.begin) % cpu_adam::kQ8Block != 0)) {
+    throw std::logic_error("write_moment: q8 values must cover whole blocks of one segment");
+  }
+  float* absmax = (k == 0 ? m_absmax_ : v_absmax_).span<float>().data();
+  auto* codes = static_cast<std::uint8_t*>(data);
+  for (std::size_t b = begin; b < end; b += cpu_adam::kQ8Block) {
+    const std::size_t e = std::min(end, b + cpu_adam::kQ8Block);
+    float a = 0.0f;
+    for (std::size_t i = b; i < e; ++i) {
+      const float x = std::fabs(values[i - begin]);
+      a = x > a || x != x ? x : a;  // NaN sticks
+    }
+    absmax[s.block + (b - s.begin) / cpu_adam::kQ8Block] = a;
+    const float inv = a > 0.0f ? 1.0f / a : 0.0f;
+    for (std::size_t i = b; i < e; ++i)
+      codes[i] = cpu_adam::q8_quantize(values[i - begin] * inv, k == 0);
+  }
+}
+
+std::size_t q8_block_count(const model::ParameterLayout& layout,
+                           const std::vector<OwnedRange>& owned) {
+  std::size_t blocks = 0;
+  for (const OwnedRange& o : owned) {
+    for (const auto& t : layout.tensors()) {
+      const std::size_t lb = std::max(o.begin, t.offset), le = std::min(o.end, t.offset + t.numel);
+      if (lb < le) blocks += cpu_adam::q8_blocks(le - lb);
+    }
+  }
+  return blocks;
+}
+
 std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
-  const cpu_adam::ArrayView moments[2] = {exp_avg(), exp_avg_sq()};
-  auto value = [&](int array, std::size_t i) -> float {
-    if (array == 0) return master()[i];
-    const cpu_adam::ArrayView& a = moments[array - 1];
-    return a.dtype == DType::kF32 ? static_cast<const float*>(a.data)[i]
-                                  : bf16_to_float(static_cast<const std::uint16_t*>(a.data)[i]);
-  };
   // Before the first update (Adam step 0) the moments are zero: any other value is state of
   // another run, or damage.
   const bool fresh = state().step == 0;
-  auto bad = [&](int array, std::size_t i) {
-    const float x = value(array, i);
+  auto bad = [&](int array, float x) {
     return !std::isfinite(x) || (array == 2 && x < 0.0f) || (array > 0 && fresh && x != 0.0f);
   };
-  // Lowest bad local index per array, found in parallel over chunks.
+  // Lowest bad local index per array, found in parallel over chunks (moments read as fp32).
   constexpr std::size_t kNone = ~std::size_t{0};
   for (int array = 0; array < 3; ++array) {
     const std::size_t chunks = (n_ + cpu_adam::kChunkElements - 1) / cpu_adam::kChunkElements;
@@ -136,8 +276,14 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
       tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
         const std::size_t b = c * cpu_adam::kChunkElements;
         const std::size_t e = std::min(n_, b + cpu_adam::kChunkElements);
+        std::vector<float> values(e - b);
+        if (array == 0) {
+          std::copy_n(master().data() + b, e - b, values.data());
+        } else {
+          read_moment(array - 1, b, values);
+        }
         for (std::size_t i = b; i < e; ++i) {
-          if (!bad(array, i)) continue;
+          if (!bad(array, values[i - b])) continue;
           std::size_t cur = first.load();
           while (i < cur && !first.compare_exchange_weak(cur, i)) {
           }
@@ -152,7 +298,12 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
       if (local >= o.local && local < o.local + (o.end - o.begin))
         offset = o.begin + local - o.local;
     const model::TensorInfo* t = &layout.tensor_at(offset);
-    const float x = value(array, local);
+    float x = 0.0f;
+    if (array == 0) {
+      x = master()[local];
+    } else {
+      read_moment(array - 1, local, {&x, 1});
+    }
     static const char* const kNames[3] = {"weights", "Adam m", "Adam v"};
     const std::string what = !std::isfinite(x) ? std::to_string(x)
                              : x < 0.0f && array == 2

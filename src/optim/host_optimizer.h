@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/state_format.h"
 #include "cpu_adam/cpu_adam.h"
 #include "model/layout.h"
 #include "pinned_memory/host_buffer.h"
@@ -22,8 +23,8 @@ namespace zo::optim {
 struct OptimizerConfig {
   AdamConfig adam;  // lr is set per step from the schedule
   model::WeightDecayPolicy decay_policy;
-  DType state_dtype = DType::kF32;  // m and v: fp32 or bf16
-  int threads = 0;                  // 0: all cores
+  StateFormat state_format = StateFormat::kF32;  // m and v: fp32, bf16 or q8
+  int threads = 0;                               // 0: all cores
 };
 
 // Layout elements [begin, end) stored at [local, local + end - begin) of the rank's arrays.
@@ -67,10 +68,37 @@ class HostOptimizer {
   }
 
   std::span<float> master() { return master_.span<float>(); }
-  cpu_adam::ArrayView exp_avg() { return {m_.data(), n_, config_.state_dtype}; }
-  cpu_adam::ArrayView exp_avg_sq() { return {v_.data(), n_, config_.state_dtype}; }
+  // m and v in fp32 or bf16 (throws std::logic_error for q8 state: see q8()).
+  cpu_adam::ArrayView exp_avg() { return moment_view(m_); }
+  cpu_adam::ArrayView exp_avg_sq() { return moment_view(v_); }
   cpu_adam::AdamState& state() { return state_; }
   const OptimizerConfig& config() const { return config_; }
+  StateFormat state_format() const { return config_.state_format; }
+
+  // One tensor's elements in one owned range: local [begin, end), layout elements from `layout`.
+  // Updates, and the 8-bit state's blocks (numbered from `block` in the absmax arrays, the first
+  // starting at `begin`), never cross one.
+  struct Segment {
+    std::size_t begin, end, layout, block;
+    bool decay;
+  };
+  const std::vector<Segment>& segments() const { return segments_; }
+
+  // q8 state: codes of m and v (size()), and each segment's block maxima.
+  struct Q8Arrays {
+    std::span<std::uint8_t> m, v;
+    std::span<float> m_absmax, v_absmax;
+  };
+  Q8Arrays q8();
+
+  // Moment k (0: m, 1: v) of local elements [begin, begin + out.size()) as fp32, in any format
+  // (q8: dequantized).
+  void read_moment(int k, std::size_t begin, std::span<float> out);
+  // Sets moment k of local elements [begin, begin + values.size()) from fp32 values, stored in
+  // the state format (bf16: rounded to nearest even; q8: quantized over new block maxima, so the
+  // range must start at a block of one segment and end at a block's end or the segment's end).
+  // A q8 value set from its own dequantized block reads back unchanged.
+  void write_moment(int k, std::size_t begin, std::span<const float> values);
 
   // One update of every owned parameter from grads (size(), any dtype): t = state().step + 1. If
   // params_out has data, the new params are also written there in its 16-bit dtype.
@@ -97,13 +125,27 @@ class HostOptimizer {
   const std::vector<Run>& runs() const { return runs_; }
 
  private:
+  cpu_adam::ArrayView moment_view(pinned::HostBuffer& b);
+  // The segment holding local element i.
+  const Segment& segment_of(std::size_t i) const;
+  cpu_adam::StepResult update_q8(std::size_t begin, std::size_t end, cpu_adam::ConstArrayView grads,
+                                 std::int64_t t, float lr, float grad_multiplier,
+                                 cpu_adam::ArrayView params_out);
+
   std::size_t n_, layout_n_;
   std::vector<OwnedRange> owned_;
   OptimizerConfig config_;
   cpu_adam::CpuAdam adam_;
-  pinned::HostBuffer master_, m_, v_;
+  pinned::HostBuffer master_, m_, v_, m_absmax_, v_absmax_;
   std::vector<Run> runs_;
+  std::vector<Segment> segments_;  // in local order
+  std::size_t blocks_ = 0;         // q8 blocks over all segments
   cpu_adam::AdamState state_;
 };
+
+// q8 blocks of a rank that owns `owned` of `layout`: each tensor's part in each range starts a
+// block. For the plan.
+std::size_t q8_block_count(const model::ParameterLayout& layout,
+                           const std::vector<OwnedRange>& owned);
 
 }  // namespace zo::optim

@@ -13,14 +13,13 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
+#include "train/moments_io.h"
 #include "train/run_lineage.h"
 #include "train/trainer_state.h"
 
 namespace zo::train {
 namespace fs = std::filesystem;
 namespace {
-
-const char* const kMoments[2] = {"exp_avg", "exp_avg_sq"};
 
 std::string shard_file_name(int rank, int ranks) {
   return "optimizer.rank" + std::to_string(rank) + "-of" + std::to_string(ranks) + ".safetensors";
@@ -32,108 +31,6 @@ void load_master(const fs::path& dir, const model::ParameterLayout& layout,
                            [&opt](std::size_t offset, std::span<const float> values) {
                              opt.take_owned(offset, values, opt.master().data());
                            });
-}
-
-// Reads elements [first, first + out.size()) of tensor `name` as T (float for fp32 state, uint16
-// words for bf16).
-template <class T>
-void read_range(const ckpt::SafetensorsFile& file, const std::string& name, std::span<T> out,
-                std::uint64_t first, DType sd) {
-  if constexpr (std::is_same_v<T, float>) {
-    file.read_f32(name, out, first);
-  } else {
-    file.read_u16(name, out, sd, first);
-  }
-}
-
-// optimizer.safetensors: every tensor in Hugging Face shape, as T. Read straight into this rank's
-// owned elements; a transposed (GPT-2 Conv1D) tensor, at most 4 C^2, through one buffer.
-template <class T>
-void load_whole_moments(const ckpt::SafetensorsFile& file, const model::ParameterLayout& layout,
-                        optim::HostOptimizer& opt) {
-  const DType sd = opt.config().state_dtype;
-  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-  std::vector<T> hf, ours;
-  for (int k = 0; k < 2; ++k) {
-    T* local = static_cast<T*>(arrays[k].data);
-    for (const auto& t : layout.tensors()) {
-      const std::string name = std::string(kMoments[k]) + "." + t.name;
-      file.expect_shape(name, model::hf_shape(t));
-      if (!t.hf_transposed) {
-        opt.for_owned(t.offset, t.numel, [&](std::size_t from, std::size_t to, std::size_t n) {
-          read_range(file, name, std::span<T>(local + to, n), from, sd);
-        });
-        continue;
-      }
-      hf.resize(t.numel);
-      ours.resize(t.numel);
-      read_range(file, name, std::span<T>(hf), 0, sd);
-      model::from_hf(t, hf.data(), ours.data());
-      opt.take_owned(t.offset, std::span<const T>(ours), local);
-    }
-  }
-}
-
-void load_whole_moments(const fs::path& dir, const model::ParameterLayout& layout,
-                        optim::HostOptimizer& opt) {
-  const auto file = ckpt::SafetensorsFile::open(dir / "optimizer.safetensors");
-  std::set<std::string> names;
-  for (const char* m : kMoments)
-    for (const auto& t : layout.tensors())
-      names.insert(std::string(m) + "." + t.name);
-  expect_only(file, names);
-  if (opt.config().state_dtype == DType::kF32) {
-    load_whole_moments<float>(file, layout, opt);
-  } else {
-    load_whole_moments<std::uint16_t>(file, layout, opt);
-  }
-}
-
-// optimizer.rank<r>-of<N>.safetensors: each rank's local arrays; this rank takes the parts of
-// every shard that it owns now (the same shard with the same N, pieces of several otherwise).
-// The ranges are checked against the layout and every shard's tensors against its ranges before
-// anything is read.
-void load_sharded_moments(const fs::path& dir, const nlohmann::json& shards,
-                          optim::HostOptimizer& opt) {
-  const DType sd = opt.config().state_dtype;
-  const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-  struct Piece {  // local offsets in the shard and in this rank's arrays, and a length
-    std::size_t from, to, n;
-  };
-  struct Source {
-    ckpt::SafetensorsFile file;
-    std::vector<Piece> pieces;
-  };
-  std::vector<Source> sources;
-  for (const ShardFile& f : shard_files(shards, opt.layout_size(), dir)) {
-    auto file = ckpt::SafetensorsFile::open(dir / f.name);
-    expect_only(file, {kMoments[0], kMoments[1]});
-    for (const char* m : kMoments)
-      file.expect_shape(m, {f.local_size});
-    std::vector<Piece> pieces;
-    std::size_t old_local = 0;
-    for (const auto& [b, e] : f.ranges) {
-      for (const optim::OwnedRange& o : opt.owned()) {
-        const std::size_t lo = std::max(b, o.begin), hi = std::min(e, o.end);
-        if (lo < hi) pieces.push_back({old_local + (lo - b), o.local + (lo - o.begin), hi - lo});
-      }
-      old_local += e - b;
-    }
-    if (!pieces.empty()) sources.push_back({std::move(file), std::move(pieces)});
-  }
-  // Each piece straight into this rank's arrays: no buffer.
-  for (const Source& s : sources) {
-    for (int k = 0; k < 2; ++k) {
-      for (const Piece& p : s.pieces) {
-        if (sd == DType::kF32) {
-          s.file.read_f32(kMoments[k], {static_cast<float*>(arrays[k].data) + p.to, p.n}, p.from);
-        } else {
-          s.file.read_u16(kMoments[k], {static_cast<std::uint16_t*>(arrays[k].data) + p.to, p.n},
-                          sd, p.from);
-        }
-      }
-    }
-  }
 }
 
 // model.safetensors: the fp32 master in HF names and shapes, and the model spec.
@@ -183,7 +80,7 @@ nlohmann::json full_state(const nlohmann::json& trainer_state, const model::Para
   nlohmann::json state = trainer_state;
   state["format_version"] = kCheckpointFormatVersion;
   state["adam_step"] = opt.state().step;
-  state["optimizer_state_dtype"] = dtype_name(opt.config().state_dtype);
+  state["optimizer_state_dtype"] = state_format_name(opt.state_format());
   state["model_spec"] = layout.spec().to_json();
   return state;
 }
@@ -306,26 +203,9 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
                             ckpt::IfExists::kReplace, run_id);
   add_model_file(dir, layout, opt.master());
   {
-    // Moments in HF shapes too, in the state dtype, bit for bit, transposed piece by piece as the
-    // file streams.
+    // Moments in HF shapes too, in the state format, bit for bit (moments_io.h).
     ckpt::SafetensorsWriter w;
-    const DType sd = opt.config().state_dtype;
-    const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-    for (int k = 0; k < 2; ++k) {
-      const void* array = arrays[k].data;
-      for (const auto& t : layout.tensors()) {
-        w.add_filled(std::string(kMoments[k]) + "." + t.name, model::hf_shape(t), sd,
-                     [array, &t, sd](std::uint64_t first, std::span<std::byte> out) {
-                       if (sd == DType::kF32) {
-                         model::to_hf(t, static_cast<const float*>(array) + t.offset, first,
-                                      out.size() / 4, reinterpret_cast<float*>(out.data()));
-                       } else {
-                         model::to_hf(t, static_cast<const std::uint16_t*>(array) + t.offset, first,
-                                      out.size() / 2, reinterpret_cast<std::uint16_t*>(out.data()));
-                       }
-                     });
-      }
-    }
+    add_whole_moments(w, layout, opt);
     dir.write_file("optimizer.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
   }
   dir.write_file("trainer_state.json", full_state(trainer_state, layout, opt).dump(2));
@@ -366,19 +246,7 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   }
   try {
     ckpt::SafetensorsWriter w;
-    const DType sd = opt.config().state_dtype;
-    const cpu_adam::ArrayView arrays[2] = {opt.exp_avg(), opt.exp_avg_sq()};
-    for (int k = 0; k < 2; ++k) {
-      if (sd == DType::kF32) {
-        w.add(kMoments[k], {opt.size()},
-              std::span<const float>(static_cast<const float*>(arrays[k].data), opt.size()));
-      } else {
-        w.add_u16(kMoments[k], {opt.size()},
-                  std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(arrays[k].data),
-                                                 opt.size()),
-                  sd);
-      }
-    }
+    add_shard_moments(w, opt);
     ckpt::write_file_atomic(fs::path(temp) / shard_file_name(r, R),
                             [&](const ckpt::ByteSink& sink) { w.stream(sink); });
   } catch (const std::exception& e) {
@@ -495,11 +363,7 @@ nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout
                           "; pass the matching --model or start a new --checkpoint-dir");
   }
   // The moments first: their files are checked before any tensor is read.
-  if (state.contains("optimizer_shards")) {
-    load_sharded_moments(dir, state.at("optimizer_shards"), opt);
-  } else {
-    load_whole_moments(dir, layout, opt);
-  }
+  load_moments(dir, state, layout, opt);
   load_master(dir, layout, opt);
   opt.state().step = state.at("adam_step").get<std::int64_t>();
   return state;

@@ -76,9 +76,9 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--precision must be auto, fp32, bf16 or fp16");
   }
   if (loss_scale_window < 1) bad("--loss-scale-window must be >= 1");
-  if (mode == "resident" && optimizer_state != DType::kF32) {
-    bad("--optimizer-state bf16 is for --mode offload (host memory); resident mode keeps fp32 "
-        "state on the device");
+  if (mode == "resident" && optimizer_state != StateFormat::kF32) {
+    bad("--optimizer-state " + std::string(state_format_name(optimizer_state)) +
+        " is for --mode offload (host memory); resident mode keeps fp32 state on the device");
   }
   if (eval_interval < 0 || eval_batches < 1 || eval_batches > kMaxEvalBatches) {
     bad("--eval-every must be >= 0 and --eval-batches in 1.." + std::to_string(kMaxEvalBatches));
@@ -118,7 +118,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"decay_embeddings", decay_embeddings},
           {"decay_biases_and_norms", decay_biases_and_norms},
           {"grad_clip", grad_clip},
-          {"optimizer_state", dtype_name(optimizer_state)},
+          {"optimizer_state", state_format_name(optimizer_state)},
           {"device", device},
           {"mode", mode},
           {"grad_accum_on", grad_accum_on},

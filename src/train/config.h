@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/state_format.h"
 #include "model/spec.h"
 #include "train/schedule.h"
 
@@ -43,7 +44,7 @@ struct TrainConfig {
   bool decay_embeddings = false;  // by default decay applies to matrices only
   bool decay_biases_and_norms = false;
   float grad_clip = 1.0f;  // global-norm clip; 0 = off
-  DType optimizer_state = DType::kF32;
+  StateFormat optimizer_state = StateFormat::kF32;
   int adam_threads = 0;
 
   // device and mode
@@ -94,6 +95,9 @@ struct TrainConfig {
   // Start even where another run's checkpoints (or a fresh run's --metrics file) exist: same-
   // numbered checkpoints and that metrics file are replaced (train/run_lineage.h).
   bool overwrite = false;
+  // Resume a checkpoint whose optimizer state is in another format (--optimizer-state): q8 is
+  // dequantized, fp32 or bf16 quantized or rounded. Without it a different format is refused.
+  bool convert_optimizer_state = false;
   // Stop the run (non-zero exit) after this many consecutive steps with non-finite gradients;
   // 0 = never. Dynamic fp16 loss scaling skips a few while it finds its scale.
   std::int64_t max_nonfinite_steps = 20;

@@ -111,8 +111,8 @@ std::string export_checkpoint(const ExportConfig& c) {
   // The checkpoint's tensors have the export's names and shapes: copied piece by piece.
   const auto file = ckpt::SafetensorsFile::open(weights);
   const model::HfSource source = [&file](const model::TensorInfo& t, std::uint64_t first,
-                                         std::span<float> out) {
-    file.read_f32(t.name, out, first);
+                                         std::span<float> piece) {
+    file.read_f32(t.name, piece, first);
   };
   const std::string what = std::to_string(layout.tensors().size()) + " tensors, " +
                            std::string(dtype_name(c.dtype)) + ", model " + spec.to_json().dump();

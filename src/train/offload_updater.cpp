@@ -47,7 +47,7 @@ class OffloadUpdater final : public Updater {
   std::string describe() const override {
     std::string s = "offload mode: AdamW on the CPU (" +
                     std::string(cpu_adam::isa_name(cpu_adam::default_isa())) + ") with " +
-                    std::string(dtype_name(state_.config().state_dtype)) + " state";
+                    std::string(state_format_name(state_.state_format())) + " state";
     if (grad_accum_ > 1) {
       s += on_device_ ? "; micro-batches summed in fp32 on the device, one bucket per step to "
                         "the host"

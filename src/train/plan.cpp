@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "core/bytes.h"
+#include "optim/host_optimizer.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -40,9 +41,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
                       model::activation_bytes(in.spec, in.shape, esize)});
   if (in.resident) p.device.push_back({"norm scratch", 64});
-  const std::size_t sb = dtype_size(in.optimizer_state);
+  const std::size_t sb = state_element_bytes(in.optimizer_state);
   std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)
-  state.append(dtype_name(in.optimizer_state)).append(")");
+  state.append(state_format_name(in.optimizer_state)).append(")");
   if (in.resident) {
     p.device.push_back({"fp32 master weights", n * 4});
     p.device.push_back({"Adam m " + state, n * sb});
@@ -56,8 +57,14 @@ MemoryPlan plan_memory(const PlanInput& in) {
     const std::string part =
         in.engine.ranks > 1 ? " (1/" + std::to_string(in.engine.ranks) + ")" : "";
     p.host.push_back({"fp32 master weights" + part, owned * 4});
-    p.host.push_back({"Adam m " + state + part, owned * sb});
-    p.host.push_back({"Adam v " + state + part, owned * sb});
+    // q8: each block of 2048 of a tensor's owned part carries an fp32 maximum.
+    const std::size_t scales =
+        in.optimizer_state == StateFormat::kQ8
+            ? 4 * optim::q8_block_count(layout,
+                                        offload::engine_partition(layout, in.act_dtype, in.engine))
+            : 0;
+    p.host.push_back({"Adam m " + state + part, owned * sb + scales});
+    p.host.push_back({"Adam v " + state + part, owned * sb + scales});
     const std::string two = in.engine.dpu ? " x2 (DPU)" : "";
     if (f.host_grads) p.host.push_back({"gradient landing buffer" + two, f.host_grads});
     if (f.host_accum) p.host.push_back({"fp32 accumulated gradients" + two, f.host_accum});
@@ -95,7 +102,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (!p.device_fits) advice << "; ";
     advice << "host needs " << format_bytes(p.host_total) << " but has "
            << format_bytes(in.host_available) << " available: ";
-    if (in.optimizer_state == DType::kF32) advice << "use --optimizer-state bf16, ";
+    if (in.optimizer_state != StateFormat::kQ8) {
+      advice << "use --optimizer-state "
+             << (in.optimizer_state == StateFormat::kF32 ? "bf16 or q8, " : "q8, ");
+    }
     advice << "or a smaller model";
   }
   p.advice = advice.str();
@@ -148,8 +158,9 @@ ModeChoice choose_mode(PlanInput in, bool gpu) {
   in.resident = false;
   if (!gpu) {
     c.reason = "the host backend runs the offload engine (resident mode is for a GPU)";
-  } else if (in.optimizer_state != DType::kF32) {
-    c.reason = "bf16 optimizer state lives on the host";
+  } else if (in.optimizer_state != StateFormat::kF32) {
+    c.reason =
+        std::string(state_format_name(in.optimizer_state)) + " optimizer state lives on the host";
   } else if (!c.resident.device_fits) {
     c.reason = "the whole training state (" + format_bytes(c.resident.device_total) +
                ") does not fit on the device (" + format_bytes(in.device_capacity) + ")";

@@ -24,10 +24,10 @@ AccumPlacement parse_accum_placement(const std::string& s);  // auto, device or 
 struct PlanInput {
   model::ModelSpec spec;
   model::ModelShape shape;
-  DType act_dtype = DType::kF32;        // device parameters / activations
-  DType optimizer_state = DType::kF32;  // host m, v
-  std::size_t device_capacity = 0;      // 0 = unlimited / unknown
-  std::size_t host_available = 0;       // 0 = unknown
+  DType act_dtype = DType::kF32;                    // device parameters / activations
+  StateFormat optimizer_state = StateFormat::kF32;  // host m, v
+  std::size_t device_capacity = 0;                  // 0 = unlimited / unknown
+  std::size_t host_available = 0;                   // 0 = unknown
   bool resident = false;  // fp32 master, m, v on the device (AdamW there) instead of the host
   offload::EngineConfig engine;  // offload mode: buckets, accumulation, DPU
   // Offload, grad_accum > 1: where to sum (choose_mode resolves it into engine's setting).

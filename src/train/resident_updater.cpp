@@ -136,7 +136,7 @@ class ResidentUpdater final : public Updater {
   }
   std::string describe() const override {
     return "resident mode: AdamW on the device with " +
-           std::string(dtype_name(state_.config().state_dtype)) + " state";
+           std::string(state_format_name(state_.state_format())) + " state";
   }
 
  private:

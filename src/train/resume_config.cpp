@@ -46,7 +46,7 @@ const std::map<std::string, Setter>& setters() {
       {"grad_clip", set(&TrainConfig::grad_clip)},
       {"optimizer_state",
        [](TrainConfig& c, const nlohmann::json& v) {
-         c.optimizer_state = parse_dtype(v.get<std::string>());
+         c.optimizer_state = parse_state_format(v.get<std::string>());
        }},
       {"loss_scale", set(&TrainConfig::loss_scale)},
       {"loss_scale_window", set(&TrainConfig::loss_scale_window)},

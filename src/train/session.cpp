@@ -103,6 +103,23 @@ void Session::join_job() {
   }
 }
 
+// A checkpoint's optimizer state is resumed in its own format unless a conversion is asked for:
+// q8 read as fp32 (or the reverse) would silently change what the run trains with.
+void Session::check_state_format() {
+  const std::string saved = resume_state->value("optimizer_state_dtype", std::string("fp32"));
+  const std::string_view wanted = state_format_name(cfg.optimizer_state);
+  if (saved == wanted) return;
+  if (!cfg.convert_optimizer_state) {
+    throw std::invalid_argument(
+        "checkpoint '" + resume_dir.string() + "' holds " + saved +
+        " optimizer state, but this run asks for --optimizer-state " + std::string(wanted) +
+        ": pass --convert-optimizer-state to convert it, or drop --optimizer-state to keep " +
+        saved);
+  }
+  notes.push_back("the checkpoint's " + saved + " optimizer state is converted to " +
+                  std::string(wanted));
+}
+
 // The model: from the checkpoint when resuming without --model.
 void Session::resolve_model() {
   if (!cfg.resume.empty()) {
@@ -110,6 +127,7 @@ void Session::resolve_model() {
     resume_state = read_trainer_state(resume_dir);
     for (const std::string& o : restore_run_settings(cfg, resume_state->at("config")))
       notes.push_back("resumed with " + o);
+    check_state_format();
     run_id = resume_state->value("run_id", std::string());
   } else {
     run_id = comm::broadcast_string(*comm, rank == 0 ? new_run_id() : std::string(), 0);
@@ -248,7 +266,7 @@ void Session::make_optimizer_state() {
   oc.adam.lr = cfg.lr.max_lr;
   oc.decay_policy.embeddings = cfg.decay_embeddings;
   oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
-  oc.state_dtype = cfg.optimizer_state;
+  oc.state_format = cfg.optimizer_state;
   oc.threads = cfg.adam_threads != 0 ? cfg.adam_threads : adam_threads_default();
   if (ranks > 1) {  // every rank's partition (checkpoints gather by them); this rank's own
     for (int r = 0; r < ranks; ++r) {

@@ -72,6 +72,7 @@ struct Session {
   // The constructor's steps, in order.
   void join_job();
   void resolve_model();
+  void check_state_format();
   void check_outputs();
   void open_data();
   void open_device_and_plan();

@@ -107,11 +107,9 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
   }
   if (state.contains("optimizer_state_dtype")) {
     const Json& d = state["optimizer_state_dtype"];
-    if (d != "fp32" && d != "bf16")
+    if (d != "fp32" && d != "bf16" && d != "q8")
       refuse(dir, "optimizer_state_dtype",
-             "is " + brief(d) +
-                 "; expected \"fp32\" "
-                 "or \"bf16\"");
+             "is " + brief(d) + "; expected \"fp32\", \"bf16\" or \"q8\"");
   }
   // The loader checks its own state against this run's data when it restores it.
   object_member(state, "", "data", dir);

@@ -1,0 +1,299 @@
+#include "train/moments_io.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/hf_weights.h"
+#include "train/trainer_state.h"
+
+namespace zo::train {
+namespace fs = std::filesystem;
+namespace {
+
+const char* const kMoments[2] = {"exp_avg", "exp_avg_sq"};
+const char* const kAbsmax[2] = {"exp_avg_absmax", "exp_avg_sq_absmax"};
+constexpr std::size_t B = cpu_adam::kQ8Block;
+
+std::string saved_dtype(StateFormat f) {
+  return f == StateFormat::kF32 ? "F32" : f == StateFormat::kBF16 ? "BF16" : "U8";
+}
+
+// The stored dtype each moment tensor of format f must have.
+void expect_dtype(const ckpt::SafetensorsFile& file, const std::string& name, StateFormat f) {
+  const std::string& d = file.info(name).dtype_name;
+  if (d != saved_dtype(f)) {
+    throw CheckpointError("checkpoint file '" + file.path().string() + "': tensor '" + name +
+                          "' is " + d + ", but trainer_state.json says the optimizer state is " +
+                          std::string(state_format_name(f)) + " (" + saved_dtype(f) +
+                          "); the checkpoint is damaged. Resume from an earlier one");
+  }
+}
+
+// m[code] * absmax for every code of `codes`, the blocks' maxima from absmax[first_block].
+void dequantize(int k, std::span<const std::uint8_t> codes, std::size_t first_in_block,
+                const float* absmax, std::span<float> out) {
+  const auto map = cpu_adam::q8_map(k == 0);
+  for (std::size_t i = 0; i < codes.size(); ++i) {
+    const float v = codes[i] < map.size() ? map[codes[i]] : std::numeric_limits<float>::quiet_NaN();
+    out[i] = v * absmax[(first_in_block + i) / B];
+  }
+}
+
+// Moment k of layout elements [begin, begin + out.size()) as fp32; a piece lies in one tensor.
+class MomentSource {
+ public:
+  virtual ~MomentSource() = default;
+  virtual void read(int k, std::size_t begin, std::span<float> out) = 0;
+};
+
+// optimizer.safetensors. A transposed (GPT-2 Conv1D) tensor, at most 4 C^2, is read whole once
+// and kept while its pieces are asked for.
+class WholeSource final : public MomentSource {
+ public:
+  WholeSource(const fs::path& file, const model::ParameterLayout& layout, StateFormat f)
+      : file_(ckpt::SafetensorsFile::open(file)), layout_(layout), f_(f) {
+    std::set<std::string> names;
+    for (int k = 0; k < 2; ++k) {
+      for (const auto& t : layout.tensors()) {
+        const std::string name = std::string(kMoments[k]) + "." + t.name;
+        names.insert(name);
+        file_.expect_shape(name, model::hf_shape(t));
+        expect_dtype(file_, name, f);
+        if (f != StateFormat::kQ8) continue;
+        const std::string am = std::string(kAbsmax[k]) + "." + t.name;
+        names.insert(am);
+        file_.expect_shape(am, {cpu_adam::q8_blocks(t.numel)});
+        expect_dtype(file_, am, StateFormat::kF32);
+      }
+    }
+    expect_only(file_, names);
+  }
+
+  void read(int k, std::size_t begin, std::span<float> out) override {
+    const model::TensorInfo& t = layout_.tensor_at(begin);
+    const std::size_t first = begin - t.offset;
+    const std::string name = std::string(kMoments[k]) + "." + t.name;
+    if (f_ != StateFormat::kQ8) {
+      if (!t.hf_transposed) return file_.read_f32(name, out, first);
+      if (cached(k, t)) {
+        hf_.resize(t.numel);
+        file_.read_f32(name, hf_);
+        ours_.resize(t.numel);
+        model::from_hf(t, hf_.data(), ours_.data());
+      }
+      std::copy_n(ours_.data() + first, out.size(), out.data());
+      return;
+    }
+    if (cached(k, t)) {
+      absmax_.resize(cpu_adam::q8_blocks(t.numel));
+      file_.read_f32(std::string(kAbsmax[k]) + "." + t.name, absmax_);
+      if (t.hf_transposed) {
+        std::vector<std::uint8_t> hf(t.numel);
+        file_.read_u8(name, hf, 0);
+        codes_.resize(t.numel);
+        model::from_hf(t, hf.data(), codes_.data());
+      }
+    }
+    std::span<const std::uint8_t> codes;
+    if (t.hf_transposed) {
+      codes = std::span<const std::uint8_t>(codes_.data() + first, out.size());
+    } else {
+      piece_.resize(out.size());
+      file_.read_u8(name, piece_, first);
+      codes = piece_;
+    }
+    dequantize(k, codes, first, absmax_.data(), out);
+  }
+
+ private:
+  // True when moment k of t is not the one held: it becomes the one held.
+  bool cached(int k, const model::TensorInfo& t) {
+    const bool fresh = held_k_ != k || held_ != &t;
+    held_k_ = k;
+    held_ = &t;
+    return fresh;
+  }
+
+  ckpt::SafetensorsFile file_;
+  const model::ParameterLayout& layout_;
+  StateFormat f_;
+  int held_k_ = -1;
+  const model::TensorInfo* held_ = nullptr;
+  std::vector<float> hf_, ours_, absmax_;
+  std::vector<std::uint8_t> codes_, piece_;
+};
+
+// optimizer.rank<r>-of<N>.safetensors of every rank, each in its own local order. The q8 blocks
+// of a shard follow its segments, found from its ranges as optim::HostOptimizer finds them.
+class ShardedSource final : public MomentSource {
+ public:
+  ShardedSource(const fs::path& dir, const nlohmann::json& shards,
+                const model::ParameterLayout& layout, StateFormat f)
+      : f_(f) {
+    for (const ShardFile& sf : shard_files(shards, layout.size(), dir)) {
+      files_.push_back(ckpt::SafetensorsFile::open(dir / sf.name));
+      const ckpt::SafetensorsFile& file = files_.back();
+      std::vector<optim::OwnedRange> ranges;
+      std::size_t local = 0;
+      for (const auto& [b, e] : sf.ranges) {
+        ranges.push_back({b, e, local});
+        local += e - b;
+      }
+      std::size_t blocks = 0;
+      for (const optim::OwnedRange& o : ranges) {
+        for (const auto& t : layout.tensors()) {
+          const std::size_t lb = std::max(o.begin, t.offset),
+                            le = std::min(o.end, t.offset + t.numel);
+          if (lb >= le) continue;
+          segments_.push_back({lb, o.local + (lb - o.begin), le - lb, blocks, files_.size() - 1});
+          blocks += cpu_adam::q8_blocks(le - lb);
+        }
+      }
+      std::set<std::string> names;
+      for (int k = 0; k < 2; ++k) {
+        names.insert(kMoments[k]);
+        file.expect_shape(kMoments[k], {sf.local_size});
+        expect_dtype(file, kMoments[k], f);
+        if (f != StateFormat::kQ8) continue;
+        names.insert(kAbsmax[k]);
+        file.expect_shape(kAbsmax[k], {blocks});
+        expect_dtype(file, kAbsmax[k], StateFormat::kF32);
+      }
+      expect_only(file, names);
+    }
+    std::sort(segments_.begin(), segments_.end(),
+              [](const Old& a, const Old& b) { return a.layout < b.layout; });
+  }
+
+  void read(int k, std::size_t begin, std::span<float> out) override {
+    const std::size_t end = begin + out.size();
+    auto it = std::upper_bound(segments_.begin(), segments_.end(), begin,
+                               [](std::size_t v, const Old& s) { return v < s.layout; });
+    for (--it; it != segments_.end() && it->layout < end; ++it) {
+      const std::size_t lo = std::max(begin, it->layout), hi = std::min(end, it->layout + it->len);
+      const ckpt::SafetensorsFile& file = files_[it->file];
+      const std::size_t local = it->local + (lo - it->layout);
+      const std::span<float> part = out.subspan(lo - begin, hi - lo);
+      if (f_ != StateFormat::kQ8) {
+        file.read_f32(kMoments[k], part, local);
+        continue;
+      }
+      const std::size_t in_segment = lo - it->layout, b0 = in_segment / B;
+      const std::size_t b1 = (in_segment + part.size() - 1) / B + 1;
+      absmax_.resize(b1 - b0);
+      file.read_f32(kAbsmax[k], absmax_, it->block + b0);
+      codes_.resize(part.size());
+      file.read_u8(kMoments[k], codes_, local);
+      dequantize(k, codes_, in_segment - b0 * B, absmax_.data(), part);
+    }
+  }
+
+ private:
+  struct Old {  // a segment of a shard: layout elements, their local start, and its first block
+    std::size_t layout, local, len, block, file;
+  };
+  StateFormat f_;
+  std::vector<ckpt::SafetensorsFile> files_;
+  std::vector<Old> segments_;  // of every shard, by layout
+  std::vector<float> absmax_;
+  std::vector<std::uint8_t> codes_;
+};
+
+// fill(first, n, out): writes n stored values of one tensor from element `first`.
+template <class T>
+ckpt::SafetensorsWriter::Fill copy_fill(const T* data) {
+  return [data](std::uint64_t first, std::span<std::byte> out) {
+    std::memcpy(out.data(), data + first, out.size());
+  };
+}
+
+}  // namespace
+
+void add_whole_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
+                       optim::HostOptimizer& opt) {
+  const StateFormat f = opt.state_format();
+  for (int k = 0; k < 2; ++k) {
+    for (std::size_t i = 0; i < layout.tensors().size(); ++i) {
+      const model::TensorInfo& t = layout.tensors()[i];
+      const std::string name = std::string(kMoments[k]) + "." + t.name;
+      if (f == StateFormat::kQ8) {
+        const optim::HostOptimizer::Q8Arrays q = opt.q8();
+        const std::uint8_t* codes = (k == 0 ? q.m : q.v).data() + t.offset;
+        w.add_filled_u8(name, model::hf_shape(t),
+                        [codes, &t](std::uint64_t first, std::span<std::byte> out) {
+                          model::to_hf(t, codes, first, out.size(),
+                                       reinterpret_cast<std::uint8_t*>(out.data()));
+                        });
+        // One process: one segment per tensor, in the layout's order.
+        const float* absmax = (k == 0 ? q.m_absmax : q.v_absmax).data() + opt.segments()[i].block;
+        w.add(std::string(kAbsmax[k]) + "." + t.name, {cpu_adam::q8_blocks(t.numel)},
+              std::span<const float>(absmax, cpu_adam::q8_blocks(t.numel)));
+        continue;
+      }
+      const void* array = (k == 0 ? opt.exp_avg() : opt.exp_avg_sq()).data;
+      const DType sd = f == StateFormat::kF32 ? DType::kF32 : DType::kBF16;
+      w.add_filled(name, model::hf_shape(t), sd,
+                   [array, &t, sd](std::uint64_t first, std::span<std::byte> out) {
+                     if (sd == DType::kF32) {
+                       model::to_hf(t, static_cast<const float*>(array) + t.offset, first,
+                                    out.size() / 4, reinterpret_cast<float*>(out.data()));
+                     } else {
+                       model::to_hf(t, static_cast<const std::uint16_t*>(array) + t.offset, first,
+                                    out.size() / 2, reinterpret_cast<std::uint16_t*>(out.data()));
+                     }
+                   });
+    }
+  }
+}
+
+void add_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& opt) {
+  const std::size_t n = opt.size();
+  for (int k = 0; k < 2; ++k) {
+    if (opt.state_format() == StateFormat::kQ8) {
+      const optim::HostOptimizer::Q8Arrays q = opt.q8();
+      w.add_filled_u8(kMoments[k], {n}, copy_fill((k == 0 ? q.m : q.v).data()));
+      const std::span<float> absmax = k == 0 ? q.m_absmax : q.v_absmax;
+      w.add(kAbsmax[k], {absmax.size()}, std::span<const float>(absmax));
+      continue;
+    }
+    const cpu_adam::ArrayView a = k == 0 ? opt.exp_avg() : opt.exp_avg_sq();
+    if (a.dtype == DType::kF32) {
+      w.add(kMoments[k], {n}, std::span<const float>(static_cast<const float*>(a.data), n));
+    } else {
+      w.add_u16(kMoments[k], {n},
+                std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(a.data), n),
+                a.dtype);
+    }
+  }
+}
+
+void load_moments(const fs::path& dir, const nlohmann::json& state,
+                  const model::ParameterLayout& layout, optim::HostOptimizer& opt) {
+  const StateFormat saved =
+      parse_state_format(state.value("optimizer_state_dtype", std::string("fp32")));
+  std::unique_ptr<MomentSource> source;
+  if (state.contains("optimizer_shards")) {
+    source = std::make_unique<ShardedSource>(dir, state.at("optimizer_shards"), layout, saved);
+  } else {
+    source = std::make_unique<WholeSource>(dir / "optimizer.safetensors", layout, saved);
+  }
+  // Pieces of whole q8 blocks (kImportPieceElements is a multiple of kQ8Block).
+  static_assert(model::kImportPieceElements % B == 0);
+  std::vector<float> piece;
+  for (const optim::HostOptimizer::Segment& s : opt.segments()) {
+    for (int k = 0; k < 2; ++k) {
+      for (std::size_t off = 0; off < s.end - s.begin; off += model::kImportPieceElements) {
+        piece.resize(std::min(model::kImportPieceElements, s.end - s.begin - off));
+        source->read(k, s.layout + off, piece);
+        opt.write_moment(k, s.begin + off, piece);
+      }
+    }
+  }
+}
+
+}  // namespace zo::train
