@@ -1,8 +1,12 @@
 // CPU Adam throughput against a STREAM-style triad measured by the same program in the same run.
 //
-// Bytes per parameter (counted as useful traffic, no write-allocate):
+// Bytes moved per parameter by one update (counted as useful traffic, no write-allocate):
 //   grad in (2 B for fp16/bf16, 4 B for fp32) + master read+write (8 B) + m, v read+write
-//   (16 B fp32 / 8 B bf16) + 16-bit params out (2 B)  =  28 B for fp16 grads, fp32 state.
+//   (16 B fp32 / 8 B bf16 / 4 B q8, whose block maxima add 16 B per 2048) + 16-bit params out
+//   (2 B)  =  28 B for fp16 grads, fp32 state; 16 B with q8.
+// Host bytes per parameter are what the optimizer keeps: master, m and v (q8: with the maxima).
+// Each state format's parameters/s is also given over fp32's, measured in the same run just
+// before it (same size, path and gradient dtype).
 // Triad a[i] = b[i] + s*c[i] over doubles is counted with write-allocate: 32 B per element (read
 // b, c; read-for-ownership and write a), which is what the memory system really moves.
 #include <tbb/blocked_range.h>
@@ -248,13 +252,15 @@ int main(int argc, char** argv) {
       std::printf(
           "STREAM triad (double, %d threads, counting write-allocate, 32 B/elem): %.2f GB/s\n\n",
           threads, triad);
-      std::printf("%-11s %-10s %-5s %-5s %4s %10s %10s %9s %9s %7s\n", "isa", "params", "grad",
-                  "state", "B/p", "ms/step", "median", "Gparam/s", "GB/s", "/triad");
+      std::printf("%-11s %-10s %-5s %-5s %6s %6s %10s %10s %9s %8s %9s %7s\n", "isa", "params",
+                  "grad", "state", "host B", "moved", "ms/step", "median", "Gparam/s", "vs fp32",
+                  "GB/s", "/triad");
     }
     for (const auto& size : sizes) {
       const std::size_t n = parse_count(size);
       for (Isa isa : isa_list) {
         for (const auto& gd : grad_dtypes) {
+          double fp32_gparams = 0.0;  // this group's fp32 result, 0 if not run
           for (const auto& sd : state_dtypes) {
             const AdamCase c{n, isa, zo::parse_dtype(gd), sd, !no_out};
             if (sd != "fp32" && sd != "bf16" && sd != "q8") {
@@ -263,6 +269,8 @@ int main(int argc, char** argv) {
             const int r_count = reps > 0 ? reps : (n >= (std::size_t{128} << 20) ? 4 : 10);
             const AdamResult r = run_adam(c, threads, r_count);
             const double ratio = r.gbytes_per_s / triad;
+            if (sd == "fp32") fp32_gparams = r.gparams_per_s;
+            const double vs_fp32 = fp32_gparams > 0.0 ? r.gparams_per_s / fp32_gparams : 0.0;
             if (json) {
               std::printf("%s\n",
                           nlohmann::json{{"name", "cpu_adam"},
@@ -277,16 +285,20 @@ int main(int argc, char** argv) {
                                          {"ms_per_step", r.t.best_s * 1e3},
                                          {"ms_per_step_median", r.t.median_s * 1e3},
                                          {"gparams_per_s", r.gparams_per_s},
+                                         {"params_per_s_vs_fp32", vs_fp32},
                                          {"gbytes_per_s", r.gbytes_per_s},
                                          {"triad_gbytes_per_s", triad},
                                          {"ratio_to_triad", ratio}}
                               .dump()
                               .c_str());
             } else {
-              std::printf("%-11s %-10s %-5s %-5s %4zu %10.2f %10.2f %9.3f %9.2f %7.3f\n",
+              char vs[16] = "-";
+              if (vs_fp32 > 0.0) std::snprintf(vs, sizeof vs, "%.3f", vs_fp32);
+              std::printf("%-11s %-10s %-5s %-5s %6.2f %6zu %10.2f %10.2f %9.3f %8s %9.2f %7.3f\n",
                           std::string(zo::cpu_adam::isa_name(isa)).c_str(), size.c_str(),
-                          gd.c_str(), sd.c_str(), bytes_per_param(c), r.t.best_s * 1e3,
-                          r.t.median_s * 1e3, r.gparams_per_s, r.gbytes_per_s, ratio);
+                          gd.c_str(), sd.c_str(), host_bytes_per_param(c.state), bytes_per_param(c),
+                          r.t.best_s * 1e3, r.t.median_s * 1e3, r.gparams_per_s, vs, r.gbytes_per_s,
+                          ratio);
             }
             std::fflush(stdout);
           }

@@ -1,7 +1,9 @@
-// The 8-bit optimizer state (q8): the maps and their quantizer against a brute-force search over
-// the map's midpoints, every ISA path bit for bit against the scalar one (odd sizes, every grad
-// and output dtype, weight decay both ways, thread counts and block-aligned splits), and a
-// float64 reference (dequantize, Adam in double, the nearest code) within one code.
+// The 8-bit optimizer state (q8): the maps against their format, the quantizer against a
+// brute-force search over the map's midpoints (either neighbour within two floats of one) and
+// through every code and back, every ISA path bit for bit against the scalar one (odd sizes, every
+// grad and output dtype, weight decay both ways, thread counts and block-aligned splits, blocks
+// flushed below FLT_MIN), and a float64 reference (dequantize, Adam in double, the nearest code)
+// within one code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,8 +32,8 @@ using zo::cpu_adam::q8_quantize;
 
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
 
-// The code of x by brute force: how many midpoints of the map (each the float nearest the mean
-// of two neighbours) lie below it; for the signed map, of |x| among the non-negative half.
+// The nearest code of x by brute force: how many midpoints of the map (each the float nearest
+// the mean of two neighbours) lie below it; for the signed map, of |x| among the non-negative half.
 int brute_code(float x, bool is_signed) {
   const auto map = q8_map(is_signed);
   const std::size_t zero = is_signed ? 127 : 0;
@@ -44,7 +46,19 @@ int brute_code(float x, bool is_signed) {
   return x < 0.0f ? 127 - q : 127 + q;
 }
 
-TEST(Q8Map, TheMapsAscendWithoutRepeatsAndSpanTheUnitRange) {
+// The map as its format defines it: magnitude code c = 2^F + f of `bits` bits lies in decade
+// E = bits - 1 - F and is worth fmaf(c, S, C), S = 10^-E * 0.9 / 2^F rounded to float, C the float
+// nearest 10^-E - (2^(F + 1) - 1) * S (so that the decade's top code is 10^-E).
+float format_value(int c, int bits) {
+  if (c == 0) return 0.0f;
+  const int f = std::bit_width(unsigned(c)) - 1, e = bits - 1 - f;
+  const double top = std::pow(10.0, -e);
+  const float s = float(top * 0.9 / std::ldexp(1.0, f));
+  const float offset = float(top - (std::ldexp(1.0, f + 1) - 1.0) * double(s));
+  return std::fma(float(c), s, offset);
+}
+
+TEST(Q8Map, TheMapsAreTheirFormatAscendWithoutRepeatsAndSpanTheUnitRange) {
   for (const bool s : {true, false}) {
     const auto map = q8_map(s);
     ASSERT_EQ(map.size(), s ? 255u : 256u);
@@ -57,6 +71,9 @@ TEST(Q8Map, TheMapsAscendWithoutRepeatsAndSpanTheUnitRange) {
       for (std::size_t c = 0; c < 127; ++c)
         EXPECT_EQ(map[c], -map[254 - c]);
     }
+    const std::size_t zero = s ? 127 : 0;
+    for (std::size_t c = zero; c < map.size(); ++c)
+      EXPECT_EQ(map[c], format_value(int(c - zero), s ? 7 : 8)) << c;
     // Decades of 10: the smallest non-zero magnitude is 10^-6 (m) or 10^-7 (v).
     EXPECT_FLOAT_EQ(map[s ? 128 : 1], s ? 1e-6f : 1e-7f);
   }
@@ -74,30 +91,32 @@ TEST(Q8Map, TheQuantizerIsTheNearestCodeAndRoundTrips) {
         EXPECT_EQ(q8_quantize(x, s), c) << c << " absmax " << absmax;
       }
     }
-    // Random values over every decade, the midpoints and their neighbours: the brute-force
-    // count, which is the nearest map value.
-    std::vector<float> xs = {0.0f, -0.0f, 1e-30f, 1.0f, 1.0000001f, 0.9999999f};
+    // Random values over every decade, the midpoints and their neighbours, the ends: the
+    // brute-force nearest code, or, within a few floats of a midpoint, the neighbour across it.
+    std::vector<float> xs = {0.0f, -0.0f, 1e-30f, 1e-9f, 1.0f, 1.0000001f, 0.9999999f};
     std::uniform_real_distribution<double> exponent(-9.0, 0.0);
     for (int i = 0; i < 200000; ++i) {
       const float x = float(std::pow(10.0, exponent(rng)));
       xs.push_back(s && i % 2 ? -x : x);
     }
     for (std::size_t c = 0; c + 1 < map.size(); ++c) {
-      const float mid = float((double(map[c]) + double(map[c + 1])) / 2.0);
-      for (const float x : {mid, std::nextafter(mid, 2.0f), std::nextafter(mid, -2.0f)})
+      float x = float((double(map[c]) + double(map[c + 1])) / 2.0);
+      for (int k = 0; k < 4; ++k)
+        x = std::nextafter(x, -2.0f);
+      for (int k = 0; k < 9; ++k, x = std::nextafter(x, 2.0f))
         xs.push_back(x);
     }
+    int off_by_one = 0;
     for (const float x : xs) {
-      const int q = q8_quantize(x, s);
-      ASSERT_EQ(q, brute_code(x, s)) << x;
-      for (const int other : {q - 1, q + 1}) {
-        if (other < 0 || other >= int(map.size())) continue;
-        // Nearest, but for a midpoint rounded to float: within an ulp of x.
-        EXPECT_LE(std::fabs(double(x) - map[std::size_t(q)]),
-                  std::fabs(double(x) - map[std::size_t(other)]) + std::fabs(x) * 0x1p-22)
-            << x;
-      }
+      const int q = q8_quantize(x, s), want = brute_code(x, s);
+      if (q == want) continue;
+      ++off_by_one;
+      ASSERT_EQ(std::abs(q - want), 1) << x;
+      const float mid = float((double(map[std::size_t(q)]) + double(map[std::size_t(want)])) / 2.0);
+      const float ulp = std::nextafter(std::fabs(mid), 2.0f) - std::fabs(mid);
+      EXPECT_LE(std::fabs(x - mid), 2 * ulp) << x << " got " << q << " nearest " << want;
     }
+    EXPECT_LT(off_by_one, 400) << "only x next to midpoints may differ";
   }
 }
 
@@ -306,6 +325,31 @@ TEST(CpuAdamQ8, MatchesAFloat64ReferenceWithinOneCode) {
       EXPECT_LE(std::abs(int(pr.v[i]) - nearest(um, v[i - lo] / vmax)), 1) << i;
     }
   }
+}
+
+// A block whose new maximum falls below FLT_MIN (its reciprocal could overflow) becomes a zero
+// block, alike on every path; the other moment of the block keeps its values.
+TEST(CpuAdamQ8, BlocksBelowFltMinAreFlushedToZero) {
+  std::vector<std::vector<std::uint8_t>> results;
+  for (const Isa isa : kAllIsas) {
+    if (!zo::cpu_adam::isa_supported(isa)) continue;
+    Q8Problem pr(kQ8Block + 21, DType::kF32, 6);
+    std::fill(pr.g.begin(), pr.g.end(), 0.0f);
+    pr.m_absmax[0] = 1.2e-38f;  // m shrinks by beta1 to about 1.08e-38 < FLT_MIN
+    pr.v_absmax[0] = 1e-3f;
+    CpuAdam::Options o;
+    o.isa = isa;
+    CpuAdam adam(config(true, 0.0f), o);
+    adam.update(pr.buffers(DType::kBF16, false), 1);
+    EXPECT_EQ(pr.m_absmax[0], 0.0f) << zo::cpu_adam::isa_name(isa);
+    EXPECT_TRUE(
+        std::all_of(pr.m.begin(), pr.m.begin() + kQ8Block, [](auto c) { return c == 127; }));
+    EXPECT_GT(pr.v_absmax[0], 0.0f);
+    EXPECT_GT(pr.m_absmax[1], 0.0f);
+    results.push_back(state_bytes(pr));
+  }
+  for (const auto& r : results)
+    EXPECT_EQ(r, results.front());
 }
 
 // A block of zeros stays zero without gradients; a non-finite gradient (kReport) makes its

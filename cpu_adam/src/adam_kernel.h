@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernel_table.h"
+#include "q8_codec.h"
 #include "q8_tables.h"
 
 namespace zo::cpu_adam {
@@ -100,123 +101,6 @@ bool adam_range(const detail::AdamArrays& a, const AdamScalars& s, std::size_t b
   }
 }
 
-// ---- 8-bit state (q8) ---------------------------------------------------------------------------
-// Per block of kQ8Block: pass 1 dequantizes m and v (map[code] * absmax), runs the element math
-// above with them, keeps the unrounded new moments and their maxima; pass 2 quantizes them over
-// the new maxima. A block whose new m or v is not finite gets a NaN absmax (every code then
-// reads as NaN), found alike on every path; maxima of finite values do not depend on order.
-
-// Block-wide accumulators of one layer.
-template <class V>
-struct Q8Block {
-  typename V::F max_m = V::set1(0.0f), max_v = V::set1(0.0f), bad = V::set1(0.0f);
-};
-
-template <class V, DType G, int O, bool kL2, class W>
-inline void q8_update_lanes(const detail::AdamArrays& a, const detail::Q8Tables& t, std::size_t i,
-                            const VecScalars<V>& k, float m_absmax, float v_absmax, float* mt,
-                            float* vt, std::size_t j, typename V::F& nonfinite, Q8Block<V>& acc,
-                            W w) {
-  using F = typename V::F;
-  F g = V::mul(load_as<V, G>(a.g, i, w), k.grad_mult);
-  nonfinite = V::add(nonfinite, V::sub(g, g));
-  F p = V::load(a.p + i, w);
-  if constexpr (kL2) g = V::fma(k.l2, p, g);
-  const auto* mc = static_cast<const std::uint8_t*>(a.m);
-  const auto* vc = static_cast<const std::uint8_t*>(a.v);
-  const F m_old = V::mul(V::gather(t.signed_map, V::load_u8(mc + i, w)), V::set1(m_absmax));
-  const F v_old = V::mul(V::gather(t.unsigned_map, V::load_u8(vc + i, w)), V::set1(v_absmax));
-  const F m = V::fma(k.one_minus_beta1, g, V::mul(k.beta1, m_old));
-  const F v = V::fma(k.one_minus_beta2, V::mul(g, g), V::mul(k.beta2, v_old));
-  const F denom = V::fma(V::sqrt(v), k.bc2_rsqrt, k.eps);
-  p = V::fma(k.neg_step_size, V::div(m, denom), V::mul(p, k.decay));
-  V::store(a.p + i, p, w);
-  if constexpr (O == detail::kOutF16) store_as<V, DType::kF16>(a.out, i, p, w);
-  if constexpr (O == detail::kOutBF16) store_as<V, DType::kBF16>(a.out, i, p, w);
-  V::store(mt + j, m, w);
-  V::store(vt + j, v, w);
-  acc.max_m = V::max(acc.max_m, V::abs(m), w);
-  acc.max_v = V::max(acc.max_v, v, w);
-  acc.bad = V::keep_nan(V::keep_nan(acc.bad, m, w), v, w);
-}
-
-template <class V, class W>
-inline void q8_quantize_lanes(const detail::AdamArrays& a, const detail::Q8Tables& t, std::size_t i,
-                              const float* mt, const float* vt, std::size_t j, float inv_m,
-                              float inv_v, W w) {
-  using F = typename V::F;
-  const F x = V::mul(V::load(mt + j, w), V::set1(inv_m));
-  const F ax = V::abs(x);
-  const auto bm = V::bucket(ax);
-  const auto qm =
-      V::add_lt(V::gather_i(t.signed_magnitude.lo, bm), V::gather(t.signed_magnitude.mid, bm), ax);
-  V::store_u8(static_cast<std::uint8_t*>(a.m) + i, V::signed_code(qm, x), w);
-  const F y = V::abs(V::mul(V::load(vt + j, w), V::set1(inv_v)));
-  const auto bv = V::bucket(y);
-  V::store_u8(static_cast<std::uint8_t*>(a.v) + i,
-              V::add_lt(V::gather_i(t.unsigned_magnitude.lo, bv),
-                        V::gather(t.unsigned_magnitude.mid, bv), y),
-              w);
-}
-
-// The new absmax of a block from the layers' accumulators; NaN where a moment was not finite.
-template <class V, class Tail>
-float q8_absmax(const typename V::F& vmax, const typename Tail::F& tmax, bool bad) {
-  if (bad) return __builtin_nanf("");
-  const float a = V::hmax(vmax), b = Tail::hmax(tmax);
-  return a > b ? a : b;
-}
-
-template <class V, class Tail, DType G, int O, bool kL2>
-bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_t begin,
-                   std::size_t end) {
-  const VecScalars<V> k(s);
-  const VecScalars<Tail> kt(s);
-  const detail::Q8Tables& t = detail::q8_tables();
-  typename V::F nonfinite = V::set1(0.0f);
-  typename Tail::F nonfinite_tail = Tail::set1(0.0f);
-  alignas(64) float mt[kQ8Block], vt[kQ8Block];  // the block's unrounded new m and v
-  for (std::size_t b0 = begin; b0 < end; b0 += kQ8Block) {
-    const std::size_t b1 = std::min(end, b0 + kQ8Block), blk = b0 / kQ8Block;
-    const float m_absmax = a.m_absmax[blk], v_absmax = a.v_absmax[blk];
-    Q8Block<V> acc;
-    Q8Block<Tail> acc_tail;
-    std::size_t i = b0;
-    for (; i + V::kWidth <= b1; i += V::kWidth) {
-      q8_update_lanes<V, G, O, kL2>(a, t, i, k, m_absmax, v_absmax, mt, vt, i - b0, nonfinite, acc,
-                                    typename V::Full{});
-    }
-    if constexpr (V::kMaskedTail) {
-      if (i < b1) {
-        q8_update_lanes<V, G, O, kL2>(a, t, i, k, m_absmax, v_absmax, mt, vt, i - b0, nonfinite,
-                                      acc, V::tail_mask(b1 - i));
-      }
-    } else {
-      for (std::size_t e = i; e < b1; ++e) {
-        q8_update_lanes<Tail, G, O, kL2>(a, t, e, kt, m_absmax, v_absmax, mt, vt, e - b0,
-                                         nonfinite_tail, acc_tail, typename Tail::Full{});
-      }
-    }
-    const bool bad = V::any_nan(acc.bad) || Tail::any_nan(acc_tail.bad);
-    const float new_m = q8_absmax<V, Tail>(acc.max_m, acc_tail.max_m, bad);
-    const float new_v = q8_absmax<V, Tail>(acc.max_v, acc_tail.max_v, bad);
-    a.m_absmax[blk] = new_m;
-    a.v_absmax[blk] = new_v;
-    // 0 for an all-zero block (every code then 0), and for NaN maxima.
-    const float inv_m = new_m > 0.0f ? 1.0f / new_m : 0.0f;
-    const float inv_v = new_v > 0.0f ? 1.0f / new_v : 0.0f;
-    for (i = b0; i + V::kWidth <= b1; i += V::kWidth)
-      q8_quantize_lanes<V>(a, t, i, mt, vt, i - b0, inv_m, inv_v, typename V::Full{});
-    if constexpr (V::kMaskedTail) {
-      if (i < b1) q8_quantize_lanes<V>(a, t, i, mt, vt, i - b0, inv_m, inv_v, V::tail_mask(b1 - i));
-    } else {
-      for (; i < b1; ++i)
-        q8_quantize_lanes<Tail>(a, t, i, mt, vt, i - b0, inv_m, inv_v, typename Tail::Full{});
-    }
-  }
-  return V::any_nan(nonfinite) || Tail::any_nan(nonfinite_tail);
-}
-
 template <class V, class Tail, DType G>
 bool nonfinite_range(const void* grads, float grad_mult, std::size_t begin, std::size_t end) {
   using F = typename V::F;
@@ -236,6 +120,161 @@ bool nonfinite_range(const void* grads, float grad_mult, std::size_t begin, std:
     }
   }
   return V::any_nan(acc);
+}
+
+// ---- 8-bit state (q8) ---------------------------------------------------------------------------
+// Pass 1 of a block of kQ8Block dequantizes m and v (q8_codec.h), runs the element math above with
+// them and keeps the unrounded new moments in temporaries and the bits of their maxima; pass 2
+// quantizes them over the new maxima. Pass 2 of a block runs interleaved with pass 1 of the next,
+// so that memory streams steadily while the quantizing computes. b1 * m_old is computed as
+// value * (b1 * absmax), one rounding fewer than dequantizing first.
+
+template <class V>
+struct Q8Codecs {
+  Q8Decoder<V> m_decoder, v_decoder;
+  Q8Encoder<V> m_encoder, v_encoder;
+  explicit Q8Codecs(const detail::Q8Maps& maps)
+      : m_decoder(maps.m), v_decoder(maps.v), m_encoder(maps.m), v_encoder(maps.v) {}
+};
+
+// Block-wide accumulators of one layer: the bits of max |m| and max v. Maxima of non-negative
+// floats are maxima of their bits, which also catch Inf and NaN, whatever the order.
+template <class V>
+struct Q8Maxima {
+  typename V::I m = V::set1_i(0), v = V::set1_i(0);
+};
+
+template <class V, DType G, int O, bool kL2, class W>
+inline void q8_update_lanes(const detail::AdamArrays& a, const Q8Codecs<V>& q,
+                            const VecScalars<V>& k, typename V::F m_scale, typename V::F v_scale,
+                            std::size_t i, float* mt, float* vt, Q8Maxima<V>& max, W w) {
+  using F = typename V::F;
+  F g = V::mul(load_as<V, G>(a.g, i, w), k.grad_mult);
+  F p = V::load(a.p + i, w);
+  if constexpr (kL2) g = V::fma(k.l2, p, g);
+  const auto* mc = static_cast<const std::uint8_t*>(a.m);
+  const auto* vc = static_cast<const std::uint8_t*>(a.v);
+  const F m_old = q.m_decoder.template value<true>(V::sub_i(V::load_u8(mc + i, w), V::set1_i(127)));
+  const F v_old = q.v_decoder.template value<false>(V::load_u8(vc + i, w));
+  const F m = V::fma(k.one_minus_beta1, g, V::mul(m_old, m_scale));
+  const F v = V::fma(k.one_minus_beta2, V::mul(g, g), V::mul(v_old, v_scale));
+  const F denom = V::fma(V::sqrt(v), k.bc2_rsqrt, k.eps);
+  p = V::fma(k.neg_step_size, V::div(m, denom), V::mul(p, k.decay));
+  V::store(a.p + i, p, w);
+  if constexpr (O == detail::kOutF16) store_as<V, DType::kF16>(a.out, i, p, w);
+  if constexpr (O == detail::kOutBF16) store_as<V, DType::kBF16>(a.out, i, p, w);
+  V::store(mt, m, w);
+  V::store(vt, v, w);
+  max.m = V::max_bits(max.m, V::abs(m), w);
+  max.v = V::max_bits(max.v, v, w);  // v >= 0: a sum of non-negative terms
+}
+
+template <class V, class W>
+inline void q8_quantize_lanes(const detail::AdamArrays& a, const Q8Codecs<V>& q, std::size_t i,
+                              const float* mt, const float* vt, typename V::F inv_m,
+                              typename V::F inv_v, W w) {
+  using F = typename V::F;
+  const F x = V::mul(V::load(mt, w), inv_m);
+  V::store_u8(static_cast<std::uint8_t*>(a.m) + i, q.m_encoder.template code<true>(x), w);
+  const F y = V::mul(V::load(vt, w), inv_v);
+  V::store_u8(static_cast<std::uint8_t*>(a.v) + i, q.v_encoder.template code<false>(y), w);
+}
+
+// A block between its two passes: elements [b0, b1), new moments in mt and vt, and the
+// reciprocals of its new maxima (0 for an all-zero block, whose codes all become 0, and for NaN).
+struct Q8Pending {
+  std::size_t b0 = 0, b1 = 0;
+  const float* mt = nullptr;
+  const float* vt = nullptr;
+  float inv_m = 0.0f, inv_v = 0.0f;
+};
+
+// Pass 2 of `p` from element i on.
+template <class V, class Tail>
+void q8_quantize_rest(const detail::AdamArrays& a, const Q8Codecs<V>& q, const Q8Codecs<Tail>& qt,
+                      const Q8Pending& p, std::size_t i) {
+  const typename V::F inv_m = V::set1(p.inv_m), inv_v = V::set1(p.inv_v);
+  for (; i + V::kWidth <= p.b1; i += V::kWidth)
+    q8_quantize_lanes<V>(a, q, i, p.mt + (i - p.b0), p.vt + (i - p.b0), inv_m, inv_v,
+                         typename V::Full{});
+  if (i == p.b1) return;
+  if constexpr (V::kMaskedTail) {
+    q8_quantize_lanes<V>(a, q, i, p.mt + (i - p.b0), p.vt + (i - p.b0), inv_m, inv_v,
+                         V::tail_mask(p.b1 - i));
+  } else {
+    for (; i < p.b1; ++i)
+      q8_quantize_lanes<Tail>(a, qt, i, p.mt + (i - p.b0), p.vt + (i - p.b0), p.inv_m, p.inv_v,
+                              typename Tail::Full{});
+  }
+}
+
+// The new absmax of a block from the bits of its maxima. NaN where a moment was not finite; then
+// every code reads as NaN. 0 below FLT_MIN, whose reciprocal could overflow: such a block is
+// flushed to zero.
+inline float q8_absmax(std::uint32_t bits, bool bad) {
+  if (bad) return __builtin_nanf("");
+  return bits < 0x00800000u ? 0.0f : __builtin_bit_cast(float, bits);
+}
+
+// Non-finite gradients make the block's m non-finite (with L2 too: the gradient is checked before
+// l2 * p is added, and Inf or NaN survives the addition), so only blocks with a non-finite
+// moment are searched for them: the same report as the other kernels', at no cost per element.
+template <class V, class Tail, DType G, int O, bool kL2>
+bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_t begin,
+                   std::size_t end) {
+  const VecScalars<V> k(s);
+  const VecScalars<Tail> kt(s);
+  const detail::Q8Maps& maps = detail::q8_maps();
+  const Q8Codecs<V> q(maps);
+  const Q8Codecs<Tail> qt(maps);
+  bool nonfinite = false;
+  alignas(64) float temps[2][2][kQ8Block];  // [block parity][m, v]: the new moments
+  Q8Pending pending;
+  for (std::size_t b0 = begin; b0 < end; b0 += kQ8Block) {
+    const std::size_t b1 = std::min(end, b0 + kQ8Block), blk = b0 / kQ8Block;
+    float* mt = temps[blk & 1][0];
+    float* vt = temps[blk & 1][1];
+    const float m_scale = s.beta1 * a.m_absmax[blk], v_scale = s.beta2 * a.v_absmax[blk];
+    const typename V::F vm = V::set1(m_scale), vv = V::set1(v_scale);
+    const typename V::F inv_m = V::set1(pending.inv_m), inv_v = V::set1(pending.inv_v);
+    Q8Maxima<V> max;
+    Q8Maxima<Tail> max_tail;
+    // The pending block is whole: its pass 2 has at least as many vectors as this pass 1 (the
+    // test only skips it in a range's first block, which has none pending).
+    std::size_t i = b0, j = pending.b0;
+    for (; i + V::kWidth <= b1; i += V::kWidth) {
+      q8_update_lanes<V, G, O, kL2>(a, q, k, vm, vv, i, mt + (i - b0), vt + (i - b0), max,
+                                    typename V::Full{});
+      if (j < pending.b1) {
+        q8_quantize_lanes<V>(a, q, j, pending.mt + (j - pending.b0), pending.vt + (j - pending.b0),
+                             inv_m, inv_v, typename V::Full{});
+        j += V::kWidth;
+      }
+    }
+    if constexpr (V::kMaskedTail) {
+      if (i < b1) {
+        q8_update_lanes<V, G, O, kL2>(a, q, k, vm, vv, i, mt + (i - b0), vt + (i - b0), max,
+                                      V::tail_mask(b1 - i));
+      }
+    } else {
+      for (; i < b1; ++i) {
+        q8_update_lanes<Tail, G, O, kL2>(a, qt, kt, m_scale, v_scale, i, mt + (i - b0),
+                                         vt + (i - b0), max_tail, typename Tail::Full{});
+      }
+    }
+    q8_quantize_rest(a, q, qt, pending, j);
+    const std::uint32_t m_bits = std::max(V::hmax_bits(max.m), Tail::hmax_bits(max_tail.m));
+    const std::uint32_t v_bits = std::max(V::hmax_bits(max.v), Tail::hmax_bits(max_tail.v));
+    const bool bad = m_bits >= 0x7f800000u || v_bits >= 0x7f800000u;
+    if (bad && !nonfinite) nonfinite = nonfinite_range<V, Tail, G>(a.g, s.grad_mult, b0, b1);
+    const float new_m = q8_absmax(m_bits, bad), new_v = q8_absmax(v_bits, bad);
+    a.m_absmax[blk] = new_m;
+    a.v_absmax[blk] = new_v;
+    pending = {
+        b0, b1, mt, vt, new_m > 0.0f ? 1.0f / new_m : 0.0f, new_v > 0.0f ? 1.0f / new_v : 0.0f};
+  }
+  q8_quantize_rest(a, q, qt, pending, pending.b0);
+  return nonfinite;
 }
 
 constexpr DType kDTypes[3] = {DType::kF32, DType::kF16, DType::kBF16};

@@ -1,81 +1,154 @@
 // The dynamic maps of the 8-bit state (Dettmers, "8-Bit Approximations for Parallelism in Deep
-// Learning", arXiv 1511.04561; block-wise for optimizers in arXiv 2110.02861) and their bucket
-// tables. A magnitude code of `bits` bits is E leading zeros (the decade, 10^-E), a 1, and
-// F = bits - 1 - E fraction bits f: 10^-E * (0.1 + 0.9 * (f + 1) / 2^F). Each decade's top value is
-// 10^-E exactly and its lowest lies above the next decade's top, so the magnitudes ascend without
-// repeats: 7 bits (m, with a sign) give 127 of them, 8 bits (v) 255, with 0 beside.
+// Learning", arXiv 1511.04561; block-wise for optimizers in arXiv 2110.02861), defined by the
+// float arithmetic that codes them (q8_codec.h), and their constants.
+//
+// Decade E of a `bits`-bit magnitude map holds the codes with E leading zeros: c = 2^F + f, with
+// F = bits - 1 - E fraction bits f, worth about 10^-E * (0.1 + 0.9 * (f + 1) / 2^F). In float:
+// value(c) = fmaf(c, S, C) with S = 10^-E * 0.9 / 2^F and C placing the decade's top code at
+// 10^-E. Each decade's lowest value lies above the next decade's top, so the magnitudes ascend
+// without repeats: 7 bits (m, with a sign) give 127 of them, 8 bits (v) 255, with 0 beside.
+#include "q8_tables.h"
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cpu_adam/cpu_adam.h"
-#include "q8_tables.h"
+#include "q8_codec.h"
+#include "simd_scalar.h"
 
 namespace zo::cpu_adam::detail {
 namespace {
 
-// 0 and the magnitudes of `bits` bits, ascending.
-std::vector<float> magnitudes(int bits) {
-  std::vector<float> out = {0.0f};
-  for (int e = bits - 1; e >= 0; --e) {  // smallest decade first
-    const int frac_bits = bits - 1 - e;
-    const double steps = std::ldexp(1.0, frac_bits);
-    for (int f = 0; f < int(steps); ++f)
-      out.push_back(float(std::pow(10.0, -e) * (0.1 + 0.9 * (f + 1) / steps)));
-  }
-  for (std::size_t i = 1; i < out.size(); ++i) {
-    if (!(out[i] > out[i - 1])) throw std::logic_error("q8 map: magnitudes do not ascend");
-  }
-  return out;
+[[noreturn]] void broken(const std::string& what) {
+  throw std::logic_error("q8 map: " + what);
 }
 
-void build(MagnitudeTable& t, const std::vector<float>& mags) {
-  std::vector<float> mids;
-  for (std::size_t j = 0; j + 1 < mags.size(); ++j)
-    mids.push_back(float((double(mags[j]) + double(mags[j + 1])) / 2.0));
-  std::size_t below = 0;  // midpoints below the current bucket
-  for (std::int32_t b = 0; b < kBuckets; ++b) {
-    const auto low = std::bit_cast<float>(std::uint32_t((kBucketEmin << 23) + (b << 15)));
-    const float high =
-        b + 1 < kBuckets
-            ? std::bit_cast<float>(std::uint32_t((kBucketEmin << 23) + ((b + 1) << 15)))
-            : std::numeric_limits<float>::infinity();
-    // Bucket 0 also stands for everything below 2^-26: no midpoint may lie there.
-    while (below < mids.size() && mids[below] < low) {
-      if (b == 0) throw std::logic_error("q8 map: a midpoint lies below the first bucket");
-      ++below;
+void fill_decoder(Q8Map& m) {
+  for (int f = 0; f < 8; ++f) {
+    const int e = m.bits - 1 - f;
+    float s = std::numeric_limits<float>::quiet_NaN(), c = s;  // no decade: the signed 128
+    if (e >= 0) {
+      const double top = std::pow(10.0, -e);
+      s = float(top * 0.9 / std::ldexp(1.0, f));
+      c = float(top - (std::ldexp(1.0, f + 1) - 1.0) * double(s));
     }
-    t.lo[b] = std::int32_t(below);
-    t.mid[b] = std::numeric_limits<float>::infinity();
-    if (below < mids.size() && mids[below] < high) {
-      t.mid[b] = mids[below];
-      if (below + 1 < mids.size() && mids[below + 1] < high) {
-        throw std::logic_error("q8 map: two midpoints in one bucket");
+    const int slot = q8_slot_of_fraction_bits(f);
+    m.scale[slot] = m.scale[slot ^ 8] = s;  // ^ 8: the same entry for AVX2's 8-entry read
+    m.offset[slot] = m.offset[slot ^ 8] = c;
+  }
+  const Q8Decoder<ScalarIsa> decoder(m);
+  const int codes = 1 << m.bits;
+  for (int c = 0; c < codes; ++c) {
+    m.value[c] = decoder.value<false>(c);
+    if (c > 0 && !(m.value[c] > m.value[c - 1])) {
+      broken("magnitudes do not ascend at code " + std::to_string(c));
+    }
+  }
+  if (m.value[codes - 1] != 1.0f) broken("the top code is not 1");
+}
+
+// The AVX-512 layer finds the decade from the octave tables, the others count thresholds: both
+// must agree at every threshold and octave edge, and one float either side.
+void check_octaves(const Q8Map& m) {
+  const ScalarIsa::Decades count(m);
+  const auto by_octave = [&m](float x) {
+    const auto field = std::int32_t(std::bit_cast<std::uint32_t>(x) >> 23);
+    const int o = std::min(std::max(field, kOctaveLo), kOctaveLo + 31) & 31;
+    return m.octave_decade[o] + (x < m.octave_threshold[o] ? 1 : 0);
+  };
+  std::vector<float> edges = {0.0f, std::numeric_limits<float>::denorm_min(), 1.0f, 2.0f};
+  for (int k = 0; k < m.bits; ++k)
+    edges.push_back(m.threshold[k]);
+  for (int o = 1; o < 32; ++o)
+    edges.push_back(std::ldexp(1.0f, o + kOctaveLo - 127));
+  for (const float edge : edges) {
+    for (const float x : {std::nextafter(edge, 0.0f), edge, std::nextafter(edge, 4.0f)}) {
+      if (by_octave(x) != count.of(x)) broken("octave tables disagree at " + std::to_string(x));
+    }
+  }
+}
+
+void fill_encoder(Q8Map& m) {
+  for (int k = 0; k < 8; ++k) {
+    m.threshold[k] = -std::numeric_limits<float>::infinity();
+    if (k >= m.bits) continue;
+    const int lowest = 1 << (m.bits - 1 - k);  // decade k's lowest code; the next one's top below
+    m.threshold[k] = float((double(m.value[lowest]) + double(m.value[lowest - 1])) / 2.0);
+  }
+  for (int e = 0; e < 16; ++e) {
+    m.to_fraction_scale[e] = m.to_fraction_offset[e] = m.fraction_max[e] = 0.0f;
+    m.code_base[e] = e == m.bits ? m.zero_code : 0;
+    if (e >= m.bits) continue;
+    const int f = m.bits - 1 - e;
+    const double scale = m.scale[q8_slot_of_fraction_bits(f)];
+    // fmaf(x, 1/S, -value(2^F)/S) is (x - value(2^F)) / S: the fraction f at x = value(2^F + f).
+    m.to_fraction_scale[e] = float(1.0 / scale);
+    m.to_fraction_offset[e] = float(-double(m.value[1 << f]) / scale);
+    m.fraction_max[e] = float((1 << f) - 1);
+    m.code_base[e] = m.zero_code + (1 << f);
+  }
+  // Octave o covers [2^(o + kOctaveLo - 127), twice that); the first reaches down to 0, the last
+  // up to infinity.
+  for (int o = 0; o < 32; ++o) {
+    const double lo = o == 0 ? 0.0 : std::ldexp(1.0, o + kOctaveLo - 127);
+    const double hi = o == 31 ? std::numeric_limits<double>::infinity()
+                              : std::ldexp(1.0, o + 1 + kOctaveLo - 127);
+    int above = 0, inside = 0;
+    float t = 0.0f;
+    for (int k = 0; k < m.bits; ++k) {
+      if (m.threshold[k] >= hi) ++above;
+      if (m.threshold[k] >= lo && m.threshold[k] < hi) {
+        ++inside;
+        t = m.threshold[k];
+        if (k != above) broken("thresholds do not descend");
       }
     }
+    if (inside > 1) broken("two thresholds in one octave");
+    m.octave_decade[o] = above;
+    m.octave_threshold[o] = t;
+  }
+  check_octaves(m);
+  // Every code quantizes to itself.
+  const Q8Encoder<ScalarIsa> encoder(m);
+  for (int c = 0; c < (1 << m.bits); ++c) {
+    const bool mirrored = m.zero_code != 0;
+    const std::int32_t got =
+        mirrored ? encoder.code<true>(m.value[c]) : encoder.code<false>(m.value[c]);
+    const std::int32_t got_negative = mirrored ? encoder.code<true>(-m.value[c]) : m.zero_code - c;
+    if (got != m.zero_code + c || got_negative != m.zero_code - c) {
+      broken("magnitude " + std::to_string(c) + " does not quantize to itself");
+    }
   }
 }
 
-Q8Tables make_tables() {
-  Q8Tables t{};
-  const std::vector<float> s = magnitudes(7), u = magnitudes(8);  // 128 and 256 values
+Q8Map make_map(int bits, std::int32_t zero_code) {
+  Q8Map m;
+  m.bits = bits;
+  m.zero_code = zero_code;
+  fill_decoder(m);
+  fill_encoder(m);
+  return m;
+}
+
+Q8Maps make_maps() {
+  Q8Maps maps{make_map(7, 127), make_map(8, 0), {}};
   for (int c = 0; c < 255; ++c)
-    t.signed_map[c] = c < 127 ? -s[std::size_t(127 - c)] : s[std::size_t(c - 127)];
-  t.signed_map[255] = std::numeric_limits<float>::quiet_NaN();
-  for (int c = 0; c < 256; ++c)
-    t.unsigned_map[c] = u[std::size_t(c)];
-  build(t.signed_magnitude, s);
-  build(t.unsigned_magnitude, u);
-  return t;
+    maps.signed_values[c] = c < 127 ? -maps.m.value[127 - c] : maps.m.value[c - 127];
+  maps.signed_values[255] = std::numeric_limits<float>::quiet_NaN();
+  return maps;
 }
 
 }  // namespace
 
-const Q8Tables& q8_tables() {
-  static const Q8Tables tables = make_tables();
-  return tables;
+const Q8Maps& q8_maps() {
+  static const Q8Maps maps = make_maps();
+  return maps;
 }
 
 }  // namespace zo::cpu_adam::detail
@@ -83,19 +156,15 @@ const Q8Tables& q8_tables() {
 namespace zo::cpu_adam {
 
 std::span<const float> q8_map(bool is_signed) {
-  const detail::Q8Tables& t = detail::q8_tables();
-  return is_signed ? std::span<const float>(t.signed_map, 255)
-                   : std::span<const float>(t.unsigned_map, 256);
+  const detail::Q8Maps& maps = detail::q8_maps();
+  return is_signed ? std::span<const float>(maps.signed_values, 255)
+                   : std::span<const float>(maps.v.value, 256);
 }
 
 std::uint8_t q8_quantize(float x, bool is_signed) {
-  const detail::Q8Tables& t = detail::q8_tables();
-  const detail::MagnitudeTable& m = is_signed ? t.signed_magnitude : t.unsigned_magnitude;
-  const float a = std::fabs(x);
-  const std::int32_t b = detail::q8_bucket(std::bit_cast<std::uint32_t>(a));
-  const std::int32_t q = m.lo[b] + (m.mid[b] < a ? 1 : 0);
-  if (!is_signed) return std::uint8_t(q);
-  return std::uint8_t(x < 0.0f ? 127 - q : 127 + q);
+  const detail::Q8Maps& maps = detail::q8_maps();
+  const Q8Encoder<ScalarIsa> encoder(is_signed ? maps.m : maps.v);
+  return static_cast<std::uint8_t>(is_signed ? encoder.code<true>(x) : encoder.code<false>(x));
 }
 
 }  // namespace zo::cpu_adam

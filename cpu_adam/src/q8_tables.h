@@ -1,41 +1,60 @@
-// The 8-bit state's maps and the lookup tables every ISA path quantizes with (q8_tables.cpp).
-// Quantizing is a count of map midpoints below |x|, read from a table of buckets of the float's
-// bits (27 binary exponents x 256 mantissa steps, each holding at most one midpoint): two table
-// loads and one comparison, the same on every path.
+// The constants of the 8-bit state's two maps (q8_tables.cpp builds and checks them); the float
+// operations that use them are written once, in q8_codec.h.
+//
+// A map codes magnitudes with `bits` bits (7 for m, whose sign is separate; 8 for v). A magnitude
+// code c >= 1 has F = floor(log2 c) fraction bits and lies in decade E = bits - 1 - F (its values
+// are at most 10^-E); its value is fmaf(float(c), scale[F], offset[F]), and code 0 is 0.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 namespace zo::cpu_adam::detail {
 
-// Buckets: binary exponents kBucketEmin .. 127 (|x| from 2^-26 to 2), 256 steps each.
-inline constexpr std::int32_t kBucketEmin = 101;
-inline constexpr std::int32_t kBuckets = (127 - kBucketEmin + 1) * 256;
-
-// One magnitude quantizer over a map of ascending magnitudes starting at 0: the code of |x| is
-// lo[b] + (mid[b] < |x|), b its bucket: lo counts the midpoints below the bucket, mid is the one
-// inside it (or +inf).
-struct MagnitudeTable {
-  std::int32_t lo[kBuckets];
-  float mid[kBuckets];
-};
-
-struct Q8Tables {
-  float signed_map[256];              // codes 0..254: -1 .. 0 (code 127) .. 1; 255 is no code (NaN)
-  float unsigned_map[256];            // codes 0..255: 0 .. 1
-  MagnitudeTable signed_magnitude;    // over the signed map's 128 magnitudes (0 first)
-  MagnitudeTable unsigned_magnitude;  // over the unsigned map
-};
-
-const Q8Tables& q8_tables();
-
-// The bucket of a non-negative float's bits (scalar form of every ISA layer's bucket()).
-inline std::int32_t q8_bucket(std::uint32_t bits) {
-  const auto e = static_cast<std::int32_t>(bits >> 23);
-  if (e < kBucketEmin) return 0;
-  if (e > 127) return kBuckets - 1;
-  return ((e - kBucketEmin) << 8) + static_cast<std::int32_t>((bits >> 15) & 0xFF);
+// Lookups by the exponent field of float(c) (127 + F): 16-entry tables read at that & 15; the
+// entries repeat every 8, so AVX2's 8-entry permute, which reads & 7, finds the same values.
+inline constexpr int q8_slot_of_fraction_bits(int f) {
+  return (127 + f) & 15;
 }
+
+// The decade of x in [0, 2) by octaves (AVX-512): its exponent field, raised to at least
+// kOctaveLo, read & 31. Entry 0 holds everything below 2^-30 (zero included), entry 31 [1, 2) and
+// NaN (exponent field 255).
+inline constexpr std::int32_t kOctaveLo = 96;
+
+struct Q8Map {
+  int bits = 0;
+  std::int32_t zero_code = 0;  // the stored code of 0: 127 for m, 0 for v
+  // Dequantize: scale[F] and offset[F] at slot q8_slot_of_fraction_bits(F). In the signed map the
+  // slot of F = 7 (magnitude 128: code 255) holds NaN: no code quantizes to it.
+  alignas(64) float scale[16];
+  alignas(64) float offset[16];
+  // Quantize: the decade E of x is how many thresholds x lies below (threshold[k] is midway
+  // between decade k's lowest value and decade k + 1's highest; the last is midway between the
+  // smallest value and 0); entries from `bits` on are -inf. Decade `bits` is the code of 0.
+  float threshold[8];
+  // By decade E, whose codes are 2^F + f: f = clamp(round_to_even(fmaf(x, to_fraction_scale,
+  // to_fraction_offset)), 0, fraction_max), code = code_base + f, with code_base = zero_code +
+  // 2^F. (Rounding f rather than the code keeps the float's resolution at x: the midpoints hold
+  // within an ulp or two.) At E = bits the entries give zero_code; from bits + 1 on they are 0.
+  alignas(64) float to_fraction_scale[16];
+  alignas(64) float to_fraction_offset[16];
+  alignas(64) float fraction_max[16];
+  alignas(64) std::int32_t code_base[16];
+  // The decade by the octave of x (see kOctaveLo): octave_decade[o] thresholds lie above the
+  // octave; x is below one more where x < octave_threshold[o] (0 if no threshold lies inside).
+  alignas(64) std::int32_t octave_decade[32];
+  alignas(64) float octave_threshold[32];
+  // value[c]: the magnitude of every code, ascending, 0 first (2^bits entries used).
+  float value[256];
+};
+
+struct Q8Maps {
+  Q8Map m;  // 7-bit magnitudes; codes are 127 +/- magnitude
+  Q8Map v;  // 8-bit magnitudes
+  // The public signed map: codes 0..254 from -1 to 1 (127 is 0); 255 is no code (NaN).
+  float signed_values[256];
+};
+
+const Q8Maps& q8_maps();
 
 }  // namespace zo::cpu_adam::detail

@@ -53,9 +53,13 @@ struct Avx2Isa {
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static bool any_nan(F a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
 
-  // 8-bit state (q8).
+  // 8-bit state (q8). Tables: the first 8 entries, read at index & 7.
   using I = __m256i;
+  using Table = __m256;
+  using TableI = __m256i;
   static I set1_i(std::int32_t x) { return _mm256_set1_epi32(x); }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub_i(I a, I b) { return _mm256_sub_epi32(a, b); }
   static I load_u8(const std::uint8_t* p, Full) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
@@ -63,36 +67,57 @@ struct Avx2Isa {
     const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
-  static F gather(const float* table, I i) { return _mm256_i32gather_ps(table, i, 4); }
-  static I gather_i(const std::int32_t* table, I i) {
-    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), i, 4);
+  static Table table(const float* t) { return _mm256_load_ps(t); }
+  static TableI table_i(const std::int32_t* t) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
   }
-  static I bucket(F x) {  // q8_bucket on every lane
-    const I bits = _mm256_castps_si256(x);
-    const I e = _mm256_srli_epi32(bits, 23);
-    const I idx =
-        _mm256_add_epi32(_mm256_slli_epi32(_mm256_sub_epi32(e, set1_i(detail::kBucketEmin)), 8),
-                         _mm256_and_si256(_mm256_srli_epi32(bits, 15), set1_i(0xFF)));
-    const I low = _mm256_cmpgt_epi32(set1_i(detail::kBucketEmin), e);
-    const I high = _mm256_cmpgt_epi32(e, set1_i(127));
-    return _mm256_blendv_epi8(_mm256_andnot_si256(low, idx), set1_i(detail::kBuckets - 1), high);
+  static F lookup(Table t, I i) { return _mm256_permutevar8x32_ps(t, i); }
+  static I lookup_i(TableI t, I i) { return _mm256_permutevar8x32_epi32(t, i); }
+  static F to_float(I x) { return _mm256_cvtepi32_ps(x); }
+  static I exponent_field(F x) { return _mm256_srli_epi32(_mm256_castps_si256(x), 23); }
+  static F flip_sign_where_negative(F a, F s) {
+    return _mm256_xor_ps(a, _mm256_and_ps(s, set1(-0.0f)));
   }
-  static I add_lt(I lo, F mid, F x) {  // the compare mask is -1 where mid < x
-    return _mm256_sub_epi32(lo, _mm256_castps_si256(_mm256_cmp_ps(mid, x, _CMP_LT_OQ)));
+  static F fma_unless_zero(I d, F a, F b, F c) {
+    const F zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()));
+    return _mm256_andnot_ps(zero, fma(a, b, c));
   }
-  static I signed_code(I q, F x) {
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }  // a > b ? a : b
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }  // a < b ? a : b
+  static I round_to_int(F y) { return _mm256_cvtps_epi32(y); }
+  static I mirror_where_negative(I c, F x) {  // around 127
     const I neg = _mm256_castps_si256(_mm256_cmp_ps(x, set1(0.0f), _CMP_LT_OQ));
-    return _mm256_blendv_epi8(_mm256_add_epi32(set1_i(127), q), _mm256_sub_epi32(set1_i(127), q),
-                              neg);
+    return _mm256_blendv_epi8(c, _mm256_sub_epi32(set1_i(254), c), neg);
   }
   static F abs(F x) { return _mm256_andnot_ps(set1(-0.0f), x); }
-  static F max(F a, F b, Full) { return _mm256_max_ps(a, b); }  // a > b ? a : b
-  static F keep_nan(F acc, F x, Full) { return _mm256_add_ps(acc, _mm256_sub_ps(x, x)); }
-  static float hmax(F a) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
+  // The decade of x: how many thresholds it lies below (compare masks are -1). An 8-entry
+  // permute cannot tell decade 8 (below all of v's thresholds) from 0, so `of` counts the first
+  // 7 and `finish` gives the code of 0 below the last.
+  struct Decades {
+    F threshold[8];
+    I zero_code;
+    explicit Decades(const detail::Q8Map& m) : zero_code(set1_i(m.zero_code)) {
+      for (int k = 0; k < 8; ++k)
+        threshold[k] = set1(m.threshold[k]);
+    }
+    I of(F x) const {
+      I e = _mm256_setzero_si256();
+      for (int k = 0; k < 7; ++k)
+        e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(x, threshold[k], _CMP_LT_OQ)));
+      return e;
+    }
+    I finish(I code, F x) const {
+      return _mm256_blendv_epi8(code, zero_code,
+                                _mm256_castps_si256(_mm256_cmp_ps(x, threshold[7], _CMP_LT_OQ)));
+    }
+  };
+  // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).
+  static I max_bits(I acc, F x, Full) { return _mm256_max_epu32(acc, _mm256_castps_si256(x)); }
+  static std::uint32_t hmax_bits(I a) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
+    return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
   }
 };
 

@@ -93,7 +93,11 @@ struct Avx512Isa {
 
   // 8-bit state (q8).
   using I = __m512i;
+  using Table = __m512;
+  using TableI = __m512i;
   static I set1_i(std::int32_t x) { return _mm512_set1_epi32(x); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub_i(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I load_u8(const std::uint8_t* p, Full) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
@@ -104,33 +108,50 @@ struct Avx512Isa {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
   }
   static void store_u8(std::uint8_t* p, I x, M m) { _mm512_mask_cvtepi32_storeu_epi8(p, m, x); }
-  static F gather(const float* table, I i) { return _mm512_i32gather_ps(i, table, 4); }
-  static I gather_i(const std::int32_t* table, I i) { return _mm512_i32gather_epi32(i, table, 4); }
-  static I bucket(F x) {  // q8_bucket on every lane
-    const I bits = _mm512_castps_si512(x);
-    const I e = _mm512_srli_epi32(bits, 23);
-    I idx = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(e, set1_i(detail::kBucketEmin)), 8),
-                             _mm512_and_si512(_mm512_srli_epi32(bits, 15), set1_i(0xFF)));
-    idx = _mm512_mask_mov_epi32(idx, _mm512_cmplt_epi32_mask(e, set1_i(detail::kBucketEmin)),
-                                set1_i(0));
-    return _mm512_mask_mov_epi32(idx, _mm512_cmpgt_epi32_mask(e, set1_i(127)),
-                                 set1_i(detail::kBuckets - 1));
+  static Table table(const float* t) { return _mm512_load_ps(t); }
+  static TableI table_i(const std::int32_t* t) { return _mm512_load_si512(t); }
+  static F lookup(Table t, I i) { return _mm512_permutexvar_ps(i, t); }
+  static I lookup_i(TableI t, I i) { return _mm512_permutexvar_epi32(i, t); }
+  static F to_float(I x) { return _mm512_cvtepi32_ps(x); }
+  static I exponent_field(F x) { return _mm512_srli_epi32(_mm512_castps_si512(x), 23); }
+  static F flip_sign_where_negative(F a, F s) {  // a ^ (s & sign bit), one vpternlogd
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(a), _mm512_castps_si512(s), set1_i(std::int32_t(0x80000000u)), 0x78));
   }
-  static I add_lt(I lo, F mid, F x) {
-    return _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(mid, x, _CMP_LT_OQ), lo, set1_i(1));
+  static F fma_unless_zero(I d, F a, F b, F c) {
+    return _mm512_maskz_fmadd_ps(_mm512_test_epi32_mask(d, d), a, b, c);
   }
-  static I signed_code(I q, F x) {
-    const M neg = _mm512_cmp_ps_mask(x, set1(0.0f), _CMP_LT_OQ);
-    return _mm512_mask_sub_epi32(_mm512_add_epi32(set1_i(127), q), neg, set1_i(127), q);
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }  // a > b ? a : b
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }  // a < b ? a : b
+  static I round_to_int(F y) { return _mm512_cvtps_epi32(y); }
+  static I mirror_where_negative(I c, F x) {  // around 127
+    return _mm512_mask_sub_epi32(c, _mm512_cmp_ps_mask(x, set1(0.0f), _CMP_LT_OQ), set1_i(254), c);
   }
   static F abs(F x) { return _mm512_abs_ps(x); }
-  static F max(F a, F b, Full) { return _mm512_max_ps(a, b); }  // a > b ? a : b
-  static F max(F a, F b, M m) { return _mm512_mask_max_ps(a, m, a, b); }
-  static F keep_nan(F acc, F x, Full) { return _mm512_add_ps(acc, _mm512_sub_ps(x, x)); }
-  static F keep_nan(F acc, F x, M m) {
-    return _mm512_mask_add_ps(acc, m, acc, _mm512_sub_ps(x, x));
+  // The decade of x from its octave (q8_tables.h): two 32-entry permutes and one compare. The
+  // octave needs no upper clamp: x < 2, and NaN's exponent field (255) reads entry 31 anyway.
+  struct Decades {
+    I decade_lo, decade_hi;
+    F threshold_lo, threshold_hi;
+    explicit Decades(const detail::Q8Map& m)
+        : decade_lo(_mm512_load_si512(m.octave_decade)),
+          decade_hi(_mm512_load_si512(m.octave_decade + 16)),
+          threshold_lo(_mm512_load_ps(m.octave_threshold)),
+          threshold_hi(_mm512_load_ps(m.octave_threshold + 16)) {}
+    I of(F x) const {
+      const I o = _mm512_max_epi32(exponent_field(x), set1_i(detail::kOctaveLo));
+      const I e = _mm512_permutex2var_epi32(decade_lo, o, decade_hi);
+      const F t = _mm512_permutex2var_ps(threshold_lo, o, threshold_hi);
+      return _mm512_mask_add_epi32(e, _mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), e, set1_i(1));
+    }
+    I finish(I code, F) const { return code; }
+  };
+  // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).
+  static I max_bits(I acc, F x, Full) { return _mm512_max_epu32(acc, _mm512_castps_si512(x)); }
+  static I max_bits(I acc, F x, M m) {
+    return _mm512_mask_max_epu32(acc, m, acc, _mm512_castps_si512(x));
   }
-  static float hmax(F a) { return _mm512_reduce_max_ps(a); }
+  static std::uint32_t hmax_bits(I a) { return _mm512_reduce_max_epu32(a); }
 };
 
 }  // namespace

@@ -34,19 +34,54 @@ struct ScalarIsa {
   static F fma(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
   static bool any_nan(F a) { return a != a; }
 
-  // 8-bit state (q8): codes as int lanes, table lookups, the magnitude bucket of a float.
+  // 8-bit state (q8): codes as int lanes, 16-entry tables, the decade of a magnitude.
   using I = std::int32_t;
+  using Table = const float*;
+  using TableI = const std::int32_t*;
+  static I set1_i(std::int32_t x) { return x; }
+  static I add_i(I a, I b) { return a + b; }
+  static I sub_i(I a, I b) { return a - b; }
   static I load_u8(const std::uint8_t* p, Full) { return *p; }
   static void store_u8(std::uint8_t* p, I x, Full) { *p = static_cast<std::uint8_t>(x); }
-  static F gather(const float* table, I i) { return table[i]; }
-  static I gather_i(const std::int32_t* table, I i) { return table[i]; }
-  static I bucket(F x) { return detail::q8_bucket(__builtin_bit_cast(std::uint32_t, x)); }
-  static I add_lt(I lo, F mid, F x) { return lo + (mid < x ? 1 : 0); }
-  static I signed_code(I q, F x) { return x < 0.0f ? 127 - q : 127 + q; }
+  static Table table(const float* t) { return t; }
+  static TableI table_i(const std::int32_t* t) { return t; }
+  static F lookup(Table t, I i) { return t[i & 15]; }
+  static I lookup_i(TableI t, I i) { return t[i & 15]; }
+  static F to_float(I x) { return static_cast<float>(x); }
+  static I exponent_field(F x) {
+    return static_cast<I>(__builtin_bit_cast(std::uint32_t, x) >> 23);
+  }
+  static F flip_sign_where_negative(F a, F s) {
+    return __builtin_bit_cast(float, __builtin_bit_cast(std::uint32_t, a) ^
+                                         (__builtin_bit_cast(std::uint32_t, s) & 0x80000000u));
+  }
+  static F fma_unless_zero(I d, F a, F b, F c) { return d != 0 ? fma(a, b, c) : 0.0f; }
+  static F max(F a, F b) { return a > b ? a : b; }  // the vector layers' semantics (NaN: b)
+  static F min(F a, F b) { return a < b ? a : b; }
+  // y is finite and small here; rounds as the vector conversions do, to nearest even.
+  static I round_to_int(F y) { return static_cast<I>(__builtin_rintf(y)); }
+  static I mirror_where_negative(I c, F x) { return x < 0.0f ? 254 - c : c; }  // around 127
   static F abs(F x) { return __builtin_fabsf(x); }
-  static F max(F a, F b, Full) { return a > b ? a : b; }  // the vector layers' semantics
-  static F keep_nan(F acc, F x, Full) { return acc + (x - x); }
-  static float hmax(F a) { return a; }
+  // The decade of x: how many thresholds it lies below (the definition).
+  struct Decades {
+    const float* threshold;
+    explicit Decades(const detail::Q8Map& m) : threshold(m.threshold) {}
+    I of(F x) const {
+      I e = 0;
+      for (int k = 0; k < 8; ++k)
+        e += x < threshold[k] ? 1 : 0;
+      return e;
+    }
+    I finish(I code, F) const { return code; }
+  };
+  // Block maxima of non-negative floats as unsigned bits: Inf and NaN (also a negative one)
+  // compare above every finite value and stick.
+  static I max_bits(I acc, F x, Full) {
+    const std::uint32_t a = static_cast<std::uint32_t>(acc),
+                        b = __builtin_bit_cast(std::uint32_t, x);
+    return static_cast<I>(a > b ? a : b);
+  }
+  static std::uint32_t hmax_bits(I a) { return static_cast<std::uint32_t>(a); }
 };
 
 }  // namespace

@@ -74,7 +74,8 @@ inline ConstArrayView view(std::span<const std::uint16_t> s, DType t) {
 // arXiv 2110.02861). m uses the signed map, v the unsigned one. An update dequantizes a block,
 // runs Adam in fp32 with the unrounded new moments, finds the new absmax and requantizes.
 // Blocks start at element 0 of each call's arrays: a caller keeps every call to one tensor's
-// elements (of one rank), so that no block straddles two.
+// elements (of one rank), so that no block straddles two. A block whose new moments are not all
+// finite gets a NaN absmax; one whose largest is below FLT_MIN is flushed to zero.
 inline constexpr std::size_t kQ8Block = 2048;
 inline constexpr std::size_t q8_blocks(std::size_t n) {
   return (n + kQ8Block - 1) / kQ8Block;
@@ -87,9 +88,15 @@ struct Q8Moments {
   std::size_t blocks = 0;     // entries of m_absmax and v_absmax
 };
 // The maps, ascending: signed 255 values from -1 to 1 (0 is code 127), unsigned 256 from 0 to 1.
+// A magnitude code c (v's code; |code - 127| for m) of b bits (8 for v, 7 for m) with
+// F = floor(log2 c) lies in decade E = b - 1 - F and is worth fmaf(c, S, C) in float, with
+// S = 10^-E * 0.9 / 2^F and C = 10^-E - (2^(F + 1) - 1) * S (each rounded to float once): 2^F
+// steps from about 10^-E * (0.1 + 0.9 / 2^F) up to 10^-E. docs/cpu_adam.md has the details.
 std::span<const float> q8_map(bool is_signed);
-// The code every path gives x (a moment over its block's absmax): the map value nearest it, by
-// the map's midpoints (ties to the lower code).
+// The code every path gives x (a moment over its block's absmax): the decade by the midpoints
+// between decades, then the nearest code inside it by one FMA rounded to an integer. That is the
+// nearest map value, except within a float or two of a midpoint, where it may be the other
+// neighbour; every map value gives its own code.
 std::uint8_t q8_quantize(float x, bool is_signed);
 
 // Element i of every array belongs to parameter i; all sizes must be equal.
