@@ -1,12 +1,14 @@
 // CPU Adam throughput against a STREAM-style triad measured by the same program in the same run.
 //
 // Bytes moved per parameter by one update (counted as useful traffic, no write-allocate):
-//   grad in (2 B for fp16/bf16, 4 B for fp32) + master read+write (8 B) + m, v read+write
-//   (16 B fp32 / 8 B bf16 / 4 B q8, whose block maxima add 16 B per 2048) + 16-bit params out
-//   (2 B)  =  28 B for fp16 grads, fp32 state; 16 B with q8.
-// Host bytes per parameter are what the optimizer keeps: master, m and v (q8: with the maxima).
-// Each state format's parameters/s is also given over fp32's, measured in the same run just
-// before it (same size, path and gradient dtype).
+//   grad in (2 B for fp16/bf16, 4 B for fp32) + master read+write (8 B fp32 / 4 B bf16) + m, v
+//   read+write (16 B fp32 / 8 B bf16 / 4 B q8, whose block maxima add 16 B per 2048) + 16-bit
+//   params out (2 B)  =  28 B for fp16 grads, fp32 master and state; 16 B with q8; 12 B with a
+//   bf16 master and q8.
+// Host bytes per parameter are what the optimizer keeps: master, m and v (q8: with the maxima);
+// the gradient and upload buffers (2 + 2 B with 16-bit gradients and copy out) come on top.
+// Each case's parameters/s is also given over the fp32 master with fp32 state's, measured in
+// the same run just before it (same size, path and gradient dtype).
 // Triad a[i] = b[i] + s*c[i] over doubles is counted with write-allocate: 32 B per element (read
 // b, c; read-for-ownership and write a), which is what the memory system really moves.
 #include <tbb/blocked_range.h>
@@ -98,6 +100,7 @@ struct AdamCase {
   DType grad;
   std::string state;  // fp32, bf16 or q8 (8-bit codes and a block absmax)
   bool out;
+  std::string master;  // fp32, or bf16 rounded stochastically
 };
 
 // Bytes of m or v per parameter: 4, 2, or 1 for q8 (its absmax adds 4 per 2048: not counted).
@@ -105,15 +108,20 @@ std::size_t state_bytes(const std::string& state) {
   return state == "fp32" ? 4 : state == "bf16" ? 2 : 1;
 }
 
-// Memory traffic of one update: grad in, master, m and v read and written, 16-bit params out.
-std::size_t bytes_per_param(const AdamCase& c) {
-  return zo::dtype_size(c.grad) + 8 + 4 * state_bytes(c.state) + (c.out ? 2 : 0);
+std::size_t master_bytes(const std::string& master) {
+  return master == "fp32" ? 4 : 2;
 }
 
-// Host bytes the optimizer holds per parameter: fp32 master, m and v (q8: with the block maxima).
-double host_bytes_per_param(const std::string& state) {
-  return 4.0 + 2.0 * double(state_bytes(state)) +
-         (state == "q8" ? 8.0 / double(zo::cpu_adam::kQ8Block) : 0.0);
+// Memory traffic of one update: grad in, master, m and v read and written, 16-bit params out.
+std::size_t bytes_per_param(const AdamCase& c) {
+  return zo::dtype_size(c.grad) + 2 * master_bytes(c.master) + 4 * state_bytes(c.state) +
+         (c.out ? 2 : 0);
+}
+
+// Host bytes the optimizer holds per parameter: master, m and v (q8: with the block maxima).
+double host_bytes_per_param(const AdamCase& c) {
+  return double(master_bytes(c.master)) + 2.0 * double(state_bytes(c.state)) +
+         (c.state == "q8" ? 8.0 / double(zo::cpu_adam::kQ8Block) : 0.0);
 }
 
 struct AdamResult {
@@ -134,7 +142,8 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
   const std::size_t blocks = zo::cpu_adam::q8_blocks(c.params);
   adam.execute([&] {  // NUMA first touch in the optimizer's own threads and chunks
     const std::size_t chunk = zo::cpu_adam::kChunkElements;
-    p = HostBuffer::allocate_array<float>(c.params, {}, chunk);
+    p = c.master == "fp32" ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
+                           : HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
     const auto state_alloc = [&] {
       return c.state == "fp32"   ? HostBuffer::allocate_array<float>(c.params, {}, chunk)
              : c.state == "bf16" ? HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk)
@@ -151,9 +160,14 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
     out = HostBuffer::allocate_array<std::uint16_t>(c.params, {}, chunk);
   });
   // Non-trivial values: params ~ U(-1, 1), gradients ~ U(-0.01, 0.01) (exactly representable).
-  auto pv = p.span<float>();
-  for (std::size_t i = 0; i < c.params; ++i)
-    pv[i] = float(int(i % 2001) - 1000) * 1e-3f;
+  for (std::size_t i = 0; i < c.params; ++i) {
+    const float x = float(int(i % 2001) - 1000) * 1e-3f;
+    if (c.master == "fp32") {
+      p.span<float>()[i] = x;
+    } else {
+      p.span<std::uint16_t>()[i] = zo::float_to_bf16(x);
+    }
+  }
   std::vector<float> gsrc(c.params);
   for (std::size_t i = 0; i < c.params; ++i)
     gsrc[i] = float(int(i % 199) - 99) * 1e-4f;
@@ -168,7 +182,11 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
   gsrc = {};
 
   zo::cpu_adam::AdamBuffers b;
-  b.params = p.span<float>();
+  if (c.master == "fp32") {
+    b.params = p.span<float>();
+  } else {
+    b.bf16_master = {p.span<std::uint16_t>().data(), 1, 0};
+  }
   if (c.state == "q8") {
     b.q8 = {static_cast<std::uint8_t*>(m.data()), static_cast<std::uint8_t*>(v.data()),
             m_absmax.span<float>().data(), v_absmax.span<float>().data(), blocks};
@@ -185,6 +203,44 @@ AdamResult run_adam(const AdamCase& c, int threads, int reps) {
   r.gparams_per_s = double(c.params) / r.t.best_s * 1e-9;
   r.gbytes_per_s = double(bytes_per_param(c) * c.params) / r.t.best_s * 1e-9;
   return r;
+}
+
+// One case as a JSON line or a table row; fp32_gparams is its group's fp32 master and state
+// result (0: not run).
+void report(const AdamCase& c, const std::string& size, int threads, const AdamResult& r,
+            double fp32_gparams, double triad, bool json) {
+  const double ratio = r.gbytes_per_s / triad;
+  const double vs_fp32 = fp32_gparams > 0.0 ? r.gparams_per_s / fp32_gparams : 0.0;
+  const std::string isa(zo::cpu_adam::isa_name(c.isa));
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"name", "cpu_adam"},
+                                       {"params", c.params},
+                                       {"isa", isa},
+                                       {"threads", threads},
+                                       {"grad_dtype", zo::dtype_name(c.grad)},
+                                       {"state_dtype", c.state},
+                                       {"master_dtype", c.master},
+                                       {"host_bytes_per_param", host_bytes_per_param(c)},
+                                       {"out_dtype", c.out ? "fp16" : "none"},
+                                       {"bytes_per_param", bytes_per_param(c)},
+                                       {"ms_per_step", r.t.best_s * 1e3},
+                                       {"ms_per_step_median", r.t.median_s * 1e3},
+                                       {"gparams_per_s", r.gparams_per_s},
+                                       {"params_per_s_vs_fp32", vs_fp32},
+                                       {"gbytes_per_s", r.gbytes_per_s},
+                                       {"triad_gbytes_per_s", triad},
+                                       {"ratio_to_triad", ratio}}
+                            .dump()
+                            .c_str());
+  } else {
+    char vs[16] = "-";
+    if (vs_fp32 > 0.0) std::snprintf(vs, sizeof vs, "%.3f", vs_fp32);
+    std::printf("%-11s %-8s %-5s %-6s %-5s %6.2f %6zu %9.2f %9.2f %9.3f %8s %8.2f %7.3f\n",
+                isa.c_str(), size.c_str(), std::string(zo::dtype_name(c.grad)).c_str(),
+                c.master.c_str(), c.state.c_str(), host_bytes_per_param(c), bytes_per_param(c),
+                r.t.best_s * 1e3, r.t.median_s * 1e3, r.gparams_per_s, vs, r.gbytes_per_s, ratio);
+  }
+  std::fflush(stdout);
 }
 
 std::size_t parse_count(const std::string& s) {
@@ -209,6 +265,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> isas;
   std::vector<std::string> grad_dtypes = {"fp16"};
   std::vector<std::string> state_dtypes = {"fp32", "bf16", "q8"};
+  std::vector<std::string> masters = {"fp32"};
   int threads = 0, reps = 0;
   bool json = false, no_out = false;
   app.add_option("--sizes", sizes, "parameter counts (K = 1e3, M = 2^20, G = 2^30)")
@@ -217,6 +274,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--grad-dtype", grad_dtypes, "fp32, fp16, bf16")->delimiter(',');
   app.add_option("--state-dtype", state_dtypes, "fp32, bf16, q8")->delimiter(',');
+  app.add_option("--master", masters, "master weights: fp32, bf16 (rounded stochastically)")
+      ->delimiter(',');
   app.add_option("--threads", threads, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--reps", reps, "timed repetitions per case (default: by size)")
       ->check(CLI::NonNegativeNumber);
@@ -238,6 +297,16 @@ int main(int argc, char** argv) {
         isa_list.push_back(isa);
       }
     }
+    for (const auto& sd : state_dtypes) {
+      if (sd != "fp32" && sd != "bf16" && sd != "q8") {
+        throw std::invalid_argument("--state-dtype " + sd + ": use fp32, bf16 or q8");
+      }
+    }
+    for (const auto& md : masters) {
+      if (md != "fp32" && md != "bf16") {
+        throw std::invalid_argument("--master " + md + ": use fp32 or bf16");
+      }
+    }
     const std::size_t triad_n = std::size_t{1} << 25;  // 3 x 256 MiB, far beyond any cache
     const double triad = triad_gbytes_per_s(threads, triad_n, 10);
     if (json) {
@@ -252,55 +321,23 @@ int main(int argc, char** argv) {
       std::printf(
           "STREAM triad (double, %d threads, counting write-allocate, 32 B/elem): %.2f GB/s\n\n",
           threads, triad);
-      std::printf("%-11s %-10s %-5s %-5s %6s %6s %10s %10s %9s %8s %9s %7s\n", "isa", "params",
-                  "grad", "state", "host B", "moved", "ms/step", "median", "Gparam/s", "vs fp32",
-                  "GB/s", "/triad");
+      std::printf("%-11s %-8s %-5s %-6s %-5s %6s %6s %9s %9s %9s %8s %8s %7s\n", "isa", "params",
+                  "grad", "master", "state", "host B", "moved", "ms/step", "median", "Gparam/s",
+                  "vs fp32", "GB/s", "/triad");
     }
     for (const auto& size : sizes) {
       const std::size_t n = parse_count(size);
       for (Isa isa : isa_list) {
         for (const auto& gd : grad_dtypes) {
-          double fp32_gparams = 0.0;  // this group's fp32 result, 0 if not run
-          for (const auto& sd : state_dtypes) {
-            const AdamCase c{n, isa, zo::parse_dtype(gd), sd, !no_out};
-            if (sd != "fp32" && sd != "bf16" && sd != "q8") {
-              throw std::invalid_argument("--state-dtype: fp32, bf16 or q8");
+          double fp32_gparams = 0.0;  // this group's fp32 master and state result; 0: not run
+          for (const auto& md : masters) {
+            for (const auto& sd : state_dtypes) {
+              const AdamCase c{n, isa, zo::parse_dtype(gd), sd, !no_out, md};
+              const int r_count = reps > 0 ? reps : (n >= (std::size_t{128} << 20) ? 4 : 10);
+              const AdamResult r = run_adam(c, threads, r_count);
+              if (sd == "fp32" && md == "fp32") fp32_gparams = r.gparams_per_s;
+              report(c, size, threads, r, fp32_gparams, triad, json);
             }
-            const int r_count = reps > 0 ? reps : (n >= (std::size_t{128} << 20) ? 4 : 10);
-            const AdamResult r = run_adam(c, threads, r_count);
-            const double ratio = r.gbytes_per_s / triad;
-            if (sd == "fp32") fp32_gparams = r.gparams_per_s;
-            const double vs_fp32 = fp32_gparams > 0.0 ? r.gparams_per_s / fp32_gparams : 0.0;
-            if (json) {
-              std::printf("%s\n",
-                          nlohmann::json{{"name", "cpu_adam"},
-                                         {"params", n},
-                                         {"isa", zo::cpu_adam::isa_name(isa)},
-                                         {"threads", threads},
-                                         {"grad_dtype", zo::dtype_name(c.grad)},
-                                         {"state_dtype", c.state},
-                                         {"host_bytes_per_param", host_bytes_per_param(c.state)},
-                                         {"out_dtype", c.out ? "fp16" : "none"},
-                                         {"bytes_per_param", bytes_per_param(c)},
-                                         {"ms_per_step", r.t.best_s * 1e3},
-                                         {"ms_per_step_median", r.t.median_s * 1e3},
-                                         {"gparams_per_s", r.gparams_per_s},
-                                         {"params_per_s_vs_fp32", vs_fp32},
-                                         {"gbytes_per_s", r.gbytes_per_s},
-                                         {"triad_gbytes_per_s", triad},
-                                         {"ratio_to_triad", ratio}}
-                              .dump()
-                              .c_str());
-            } else {
-              char vs[16] = "-";
-              if (vs_fp32 > 0.0) std::snprintf(vs, sizeof vs, "%.3f", vs_fp32);
-              std::printf("%-11s %-10s %-5s %-5s %6.2f %6zu %10.2f %10.2f %9.3f %8s %9.2f %7.3f\n",
-                          std::string(zo::cpu_adam::isa_name(isa)).c_str(), size.c_str(),
-                          gd.c_str(), sd.c_str(), host_bytes_per_param(c.state), bytes_per_param(c),
-                          r.t.best_s * 1e3, r.t.median_s * 1e3, r.gparams_per_s, vs, r.gbytes_per_s,
-                          ratio);
-            }
-            std::fflush(stdout);
           }
         }
       }

@@ -8,6 +8,7 @@
 //   v   = b2 * v + (1 - b2) * g^2
 //   p   = p * (1 - lr * wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // m and v enter the update unrounded; with bf16 state they are stored rounded to nearest even.
+// bf16 master weights enter exactly and are stored rounded stochastically.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "kernel_table.h"
 #include "q8_codec.h"
 #include "q8_tables.h"
+#include "sr_bits.h"
 
 namespace zo::cpu_adam {
 namespace {
@@ -61,43 +63,74 @@ struct VecScalars {
         grad_mult(V::set1(s.grad_mult)) {}
 };
 
+// The master weights of lanes i..: fp32, or bf16 (exact in fp32).
+template <class V, bool kB16, class W>
+inline typename V::F load_master(const detail::AdamArrays& a, std::size_t i, W w) {
+  if constexpr (kB16) {
+    return V::load_bf16(a.p16 + i, w);
+  } else {
+    return V::load(a.p + i, w);
+  }
+}
+
+// Stores the new master weights and their 16-bit copy for the GPU. A bf16 master is rounded
+// stochastically with each element's random bits, which keeps small updates alive in
+// expectation (stochastic rounding for low-precision training: Gupta et al., arXiv 1502.02551;
+// bf16 master weights with it: Zamirai et al., arXiv 2010.06192); its copy is the stored value.
+// (Always inlined: GCC 12 warns falsely about _mm512_undefined_* in an out-of-line copy.)
+template <class V, bool kB16, int O, class W>
+[[gnu::always_inline]] inline void store_master(const detail::AdamArrays& a, SrStream<V>& sr,
+                                                std::size_t i, typename V::F p, W w) {
+  if constexpr (kB16) {
+    const typename V::F stored = V::bf16_stochastic(p, sr.bits(i));
+    V::store_bf16_exact(a.p16 + i, stored, w);
+    if constexpr (O == detail::kOutBF16) {
+      V::store_bf16_exact(static_cast<std::uint16_t*>(a.out) + i, stored, w);
+    }
+    if constexpr (O == detail::kOutF16) store_as<V, DType::kF16>(a.out, i, stored, w);
+  } else {
+    V::store(a.p + i, p, w);
+    if constexpr (O == detail::kOutF16) store_as<V, DType::kF16>(a.out, i, p, w);
+    if constexpr (O == detail::kOutBF16) store_as<V, DType::kBF16>(a.out, i, p, w);
+  }
+}
+
 // One vector of elements starting at i; `w` is V::Full or a tail mask.
-template <class V, DType G, DType S, int O, bool kL2, class W>
+template <class V, DType G, DType S, int O, bool kL2, bool kB16, class W>
 inline void adam_lanes(const detail::AdamArrays& a, std::size_t i, const VecScalars<V>& k,
-                       typename V::F& nonfinite, W w) {
+                       SrStream<V>& sr, typename V::F& nonfinite, W w) {
   using F = typename V::F;
   F g = V::mul(load_as<V, G>(a.g, i, w), k.grad_mult);
   nonfinite = V::add(nonfinite, V::sub(g, g));  // 0 for finite g, NaN (sticky) otherwise
-  F p = V::load(a.p + i, w);
+  F p = load_master<V, kB16>(a, i, w);
   if constexpr (kL2) g = V::fma(k.l2, p, g);
   const F m = V::fma(k.one_minus_beta1, g, V::mul(k.beta1, load_as<V, S>(a.m, i, w)));
   const F v = V::fma(k.one_minus_beta2, V::mul(g, g), V::mul(k.beta2, load_as<V, S>(a.v, i, w)));
   const F denom = V::fma(V::sqrt(v), k.bc2_rsqrt, k.eps);
   p = V::fma(k.neg_step_size, V::div(m, denom), V::mul(p, k.decay));
-  V::store(a.p + i, p, w);
+  store_master<V, kB16, O>(a, sr, i, p, w);
   store_as<V, S>(a.m, i, m, w);
   store_as<V, S>(a.v, i, v, w);
-  if constexpr (O == detail::kOutF16) store_as<V, DType::kF16>(a.out, i, p, w);
-  if constexpr (O == detail::kOutBF16) store_as<V, DType::kBF16>(a.out, i, p, w);
 }
 
 // Full vectors, then the tail: masked where the ISA has masks, else the scalar layer `Tail`,
 // which computes the identical result. Never touches memory outside [begin, end).
-template <class V, class Tail, DType G, DType S, int O, bool kL2>
+template <class V, class Tail, DType G, DType S, int O, bool kL2, bool kB16>
 bool adam_range(const detail::AdamArrays& a, const AdamScalars& s, std::size_t begin,
                 std::size_t end) {
   const VecScalars<V> k(s);
+  SrStream<V> sr(a.sr_seed, a.t, a.sr_first_index);
   typename V::F nonfinite = V::set1(0.0f);
   std::size_t i = begin;
   for (; i + V::kWidth <= end; i += V::kWidth) {
-    adam_lanes<V, G, S, O, kL2>(a, i, k, nonfinite, typename V::Full{});
+    adam_lanes<V, G, S, O, kL2, kB16>(a, i, k, sr, nonfinite, typename V::Full{});
   }
   if (i == end) return V::any_nan(nonfinite);
   if constexpr (V::kMaskedTail) {
-    adam_lanes<V, G, S, O, kL2>(a, i, k, nonfinite, V::tail_mask(end - i));
+    adam_lanes<V, G, S, O, kL2, kB16>(a, i, k, sr, nonfinite, V::tail_mask(end - i));
     return V::any_nan(nonfinite);
   } else {
-    return adam_range<Tail, Tail, G, S, O, kL2>(a, s, i, end) || V::any_nan(nonfinite);
+    return adam_range<Tail, Tail, G, S, O, kL2, kB16>(a, s, i, end) || V::any_nan(nonfinite);
   }
 }
 
@@ -144,13 +177,14 @@ struct Q8Maxima {
   typename V::I m = V::set1_i(0), v = V::set1_i(0);
 };
 
-template <class V, DType G, int O, bool kL2, class W>
+template <class V, DType G, int O, bool kL2, bool kB16, class W>
 inline void q8_update_lanes(const detail::AdamArrays& a, const Q8Codecs<V>& q,
-                            const VecScalars<V>& k, typename V::F m_scale, typename V::F v_scale,
-                            std::size_t i, float* mt, float* vt, Q8Maxima<V>& max, W w) {
+                            const VecScalars<V>& k, SrStream<V>& sr, typename V::F m_scale,
+                            typename V::F v_scale, std::size_t i, float* mt, float* vt,
+                            Q8Maxima<V>& max, W w) {
   using F = typename V::F;
   F g = V::mul(load_as<V, G>(a.g, i, w), k.grad_mult);
-  F p = V::load(a.p + i, w);
+  F p = load_master<V, kB16>(a, i, w);
   if constexpr (kL2) g = V::fma(k.l2, p, g);
   const auto* mc = static_cast<const std::uint8_t*>(a.m);
   const auto* vc = static_cast<const std::uint8_t*>(a.v);
@@ -160,9 +194,7 @@ inline void q8_update_lanes(const detail::AdamArrays& a, const Q8Codecs<V>& q,
   const F v = V::fma(k.one_minus_beta2, V::mul(g, g), V::mul(v_old, v_scale));
   const F denom = V::fma(V::sqrt(v), k.bc2_rsqrt, k.eps);
   p = V::fma(k.neg_step_size, V::div(m, denom), V::mul(p, k.decay));
-  V::store(a.p + i, p, w);
-  if constexpr (O == detail::kOutF16) store_as<V, DType::kF16>(a.out, i, p, w);
-  if constexpr (O == detail::kOutBF16) store_as<V, DType::kBF16>(a.out, i, p, w);
+  store_master<V, kB16, O>(a, sr, i, p, w);
   V::store(mt, m, w);
   V::store(vt, v, w);
   max.m = V::max_bits(max.m, V::abs(m), w);
@@ -219,11 +251,13 @@ inline float q8_absmax(std::uint32_t bits, bool bad) {
 // Non-finite gradients make the block's m non-finite (with L2 too: the gradient is checked before
 // l2 * p is added, and Inf or NaN survives the addition), so only blocks with a non-finite
 // moment are searched for them: the same report as the other kernels', at no cost per element.
-template <class V, class Tail, DType G, int O, bool kL2>
+template <class V, class Tail, DType G, int O, bool kL2, bool kB16>
 bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_t begin,
                    std::size_t end) {
   const VecScalars<V> k(s);
   const VecScalars<Tail> kt(s);
+  SrStream<V> sr(a.sr_seed, a.t, a.sr_first_index);
+  SrStream<Tail> sr_tail(a.sr_seed, a.t, a.sr_first_index);
   const detail::Q8Maps& maps = detail::q8_maps();
   const Q8Codecs<V> q(maps);
   const Q8Codecs<Tail> qt(maps);
@@ -243,8 +277,8 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
     // test only skips it in a range's first block, which has none pending).
     std::size_t i = b0, j = pending.b0;
     for (; i + V::kWidth <= b1; i += V::kWidth) {
-      q8_update_lanes<V, G, O, kL2>(a, q, k, vm, vv, i, mt + (i - b0), vt + (i - b0), max,
-                                    typename V::Full{});
+      q8_update_lanes<V, G, O, kL2, kB16>(a, q, k, sr, vm, vv, i, mt + (i - b0), vt + (i - b0), max,
+                                          typename V::Full{});
       if (j < pending.b1) {
         q8_quantize_lanes<V>(a, q, j, pending.mt + (j - pending.b0), pending.vt + (j - pending.b0),
                              inv_m, inv_v, typename V::Full{});
@@ -253,13 +287,14 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
     }
     if constexpr (V::kMaskedTail) {
       if (i < b1) {
-        q8_update_lanes<V, G, O, kL2>(a, q, k, vm, vv, i, mt + (i - b0), vt + (i - b0), max,
-                                      V::tail_mask(b1 - i));
+        q8_update_lanes<V, G, O, kL2, kB16>(a, q, k, sr, vm, vv, i, mt + (i - b0), vt + (i - b0),
+                                            max, V::tail_mask(b1 - i));
       }
     } else {
       for (; i < b1; ++i) {
-        q8_update_lanes<Tail, G, O, kL2>(a, qt, kt, m_scale, v_scale, i, mt + (i - b0),
-                                         vt + (i - b0), max_tail, typename Tail::Full{});
+        q8_update_lanes<Tail, G, O, kL2, kB16>(a, qt, kt, sr_tail, m_scale, v_scale, i,
+                                               mt + (i - b0), vt + (i - b0), max_tail,
+                                               typename Tail::Full{});
       }
     }
     q8_quantize_rest(a, q, qt, pending, j);
@@ -279,42 +314,32 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
 
 constexpr DType kDTypes[3] = {DType::kF32, DType::kF16, DType::kBF16};
 
-template <class V, class Tail, int Gi, int Si, int O, int L2>
+// Every (out, L2, master) combination of one grad dtype and state format.
+template <class V, class Tail, int Gi, int O, int L2, int B16>
 void fill_one(detail::KernelTable& t) {
-  constexpr DType S = Si == 0 ? DType::kF32 : DType::kBF16;
-  t.adam[Gi][Si][O][L2] = &adam_range<V, Tail, kDTypes[Gi], S, O, L2 != 0>;
-}
-
-template <class V, class Tail, int Gi, int Si>
-void fill_state(detail::KernelTable& t) {
-  fill_one<V, Tail, Gi, Si, detail::kOutNone, 0>(t);
-  fill_one<V, Tail, Gi, Si, detail::kOutNone, 1>(t);
-  fill_one<V, Tail, Gi, Si, detail::kOutF16, 0>(t);
-  fill_one<V, Tail, Gi, Si, detail::kOutF16, 1>(t);
-  fill_one<V, Tail, Gi, Si, detail::kOutBF16, 0>(t);
-  fill_one<V, Tail, Gi, Si, detail::kOutBF16, 1>(t);
-}
-
-template <class V, class Tail, int Gi>
-void fill_q8(detail::KernelTable& t) {
   constexpr DType G = kDTypes[Gi];
-  t.adam_q8[Gi][detail::kOutNone][0] = &adam_range_q8<V, Tail, G, detail::kOutNone, false>;
-  t.adam_q8[Gi][detail::kOutNone][1] = &adam_range_q8<V, Tail, G, detail::kOutNone, true>;
-  t.adam_q8[Gi][detail::kOutF16][0] = &adam_range_q8<V, Tail, G, detail::kOutF16, false>;
-  t.adam_q8[Gi][detail::kOutF16][1] = &adam_range_q8<V, Tail, G, detail::kOutF16, true>;
-  t.adam_q8[Gi][detail::kOutBF16][0] = &adam_range_q8<V, Tail, G, detail::kOutBF16, false>;
-  t.adam_q8[Gi][detail::kOutBF16][1] = &adam_range_q8<V, Tail, G, detail::kOutBF16, true>;
+  t.adam[Gi][0][O][L2][B16] = &adam_range<V, Tail, G, DType::kF32, O, L2 != 0, B16 != 0>;
+  t.adam[Gi][1][O][L2][B16] = &adam_range<V, Tail, G, DType::kBF16, O, L2 != 0, B16 != 0>;
+  t.adam_q8[Gi][O][L2][B16] = &adam_range_q8<V, Tail, G, O, L2 != 0, B16 != 0>;
+}
+
+template <class V, class Tail, int Gi, int O>
+void fill_out(detail::KernelTable& t) {
+  fill_one<V, Tail, Gi, O, 0, 0>(t);
+  fill_one<V, Tail, Gi, O, 0, 1>(t);
+  fill_one<V, Tail, Gi, O, 1, 0>(t);
+  fill_one<V, Tail, Gi, O, 1, 1>(t);
 }
 
 template <class V, class Tail, int Gi>
 void fill_grad(detail::KernelTable& t) {
-  fill_state<V, Tail, Gi, 0>(t);
-  fill_state<V, Tail, Gi, 1>(t);
-  fill_q8<V, Tail, Gi>(t);
+  fill_out<V, Tail, Gi, detail::kOutNone>(t);
+  fill_out<V, Tail, Gi, detail::kOutF16>(t);
+  fill_out<V, Tail, Gi, detail::kOutBF16>(t);
   t.nonfinite[Gi] = &nonfinite_range<V, Tail, kDTypes[Gi]>;
 }
 
-// Every (grad, state, out, L2) combination of one ISA layer.
+// Every (grad, state, out, L2, master) combination of one ISA layer.
 template <class V, class Tail>
 detail::KernelTable make_kernel_table() {
   detail::KernelTable t{};

@@ -77,6 +77,11 @@ void check_dtype(DType t, const char* name) {
 // Thread chunks keep the 8-bit state's blocks whole.
 static_assert(kChunkElements % kQ8Block == 0);
 
+// The element count: of params, or of the gradients with bf16 master weights.
+std::size_t element_count(const AdamBuffers& b) {
+  return b.bf16_master.params != nullptr ? b.grads.size : b.params.size();
+}
+
 void validate_q8(const AdamBuffers& b) {
   const Q8Moments& q = b.q8;
   if (b.exp_avg.data != nullptr || b.exp_avg_sq.data != nullptr) {
@@ -85,34 +90,50 @@ void validate_q8(const AdamBuffers& b) {
   if (q.v == nullptr || q.m_absmax == nullptr || q.v_absmax == nullptr) {
     bad_argument(kWho, "8-bit state (q8) needs codes of m and v and both absmax arrays");
   }
-  if (q.blocks != q8_blocks(b.params.size())) {
+  const std::size_t n = element_count(b);
+  if (q.blocks != q8_blocks(n)) {
     bad_argument(kWho, "8-bit state (q8) has " + std::to_string(q.blocks) + " blocks for " +
-                           std::to_string(b.params.size()) + " elements; it needs " +
-                           std::to_string(q8_blocks(b.params.size())));
+                           std::to_string(n) + " elements; it needs " +
+                           std::to_string(q8_blocks(n)));
+  }
+}
+
+void validate_bf16_master(const AdamBuffers& b) {
+  if (!b.params.empty()) {
+    bad_argument(kWho, "bf16 master weights replace params; leave params empty");
+  }
+  const std::uint64_t n = element_count(b);
+  if (n > ~std::uint64_t{0} - b.bf16_master.first_index) {
+    bad_argument(kWho, "bf16 master weights: first_index " +
+                           std::to_string(b.bf16_master.first_index) + " plus " +
+                           std::to_string(n) + " elements overflows 64 bits");
   }
 }
 
 void validate_buffers(const AdamBuffers& b) {
-  const std::size_t n = b.params.size();
+  const std::size_t n = element_count(b);
+  const bool bf16_master = b.bf16_master.params != nullptr;
+  if (bf16_master) validate_bf16_master(b);
   if (b.q8.m != nullptr) validate_q8(b);
   check_dtype(b.exp_avg.dtype, "exp_avg");
   check_dtype(b.exp_avg_sq.dtype, "exp_avg_sq");
   check_dtype(b.grads.dtype, "grads");
   check_dtype(b.params_out.dtype, "params_out");
-  auto check_array = [n](const void* data, std::size_t size, const char* name) {
+  // n comes from params, or from grads with bf16 master weights (which have no size).
+  const char* const n_from = bf16_master ? "grads" : "params";
+  auto check_array = [n, n_from](const void* data, std::size_t size, const char* name) {
     if (size != n) {
-      bad_argument(kWho, std::string(name) + " has " + std::to_string(size) +
-                             " elements but params has " + std::to_string(n) +
-                             "; all arrays must match");
+      bad_argument(kWho, std::string(name) + " has " + std::to_string(size) + " elements but " +
+                             n_from + " has " + std::to_string(n) + "; all arrays must match");
     }
     if (n > 0 && data == nullptr) bad_argument(kWho, std::string(name) + " is a null pointer");
   };
-  check_array(b.params.data(), n, "params");
+  if (!bf16_master) check_array(b.params.data(), n, "params");
   check_array(b.grads.data, b.grads.size, "grads");
   if (b.params_out.data != nullptr) check_array(b.params_out.data, b.params_out.size, "params_out");
   if (b.params_out.data != nullptr && b.params_out.dtype == DType::kF32) {
-    bad_argument(kWho,
-                 "params_out must be fp16 or bf16 (the fp32 params are already updated in place)");
+    bad_argument(
+        kWho, "params_out must be fp16 or bf16 (the master params are already updated in place)");
   }
   if (b.q8.m != nullptr) return;
   check_array(b.exp_avg.data, b.exp_avg.size, "exp_avg");
@@ -187,7 +208,7 @@ StepResult CpuAdam::step(const AdamBuffers& buffers, AdamState& state, const Ste
 StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptions& options) const {
   check_adam_step(kWho, t, options.grad_multiplier);
   validate_buffers(b);
-  const std::size_t n = b.params.size();
+  const std::size_t n = element_count(b);
   if (n == 0) return {false, true};
 
   const detail::KernelTable& table = kernels_for(isa_);
@@ -202,17 +223,22 @@ StepResult CpuAdam::update(const AdamBuffers& b, std::int64_t t, const StepOptio
   const int l2 = config_.decoupled_weight_decay || config_.weight_decay == 0.0f ? 0 : 1;
   const int g = dtype_index(b.grads.dtype);
   const bool q8 = b.q8.m != nullptr;
+  const int master = b.bf16_master.params != nullptr ? 1 : 0;
   const detail::AdamRangeFn fn =
-      q8 ? table.adam_q8[g][out][l2]
-         : table.adam[g][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out][l2];
+      q8 ? table.adam_q8[g][out][l2][master]
+         : table.adam[g][b.exp_avg.dtype == DType::kBF16 ? 1 : 0][out][l2][master];
   const AdamScalars scalars = adam_scalars(config_, t, options.grad_multiplier);
-  const detail::AdamArrays arrays{b.params.data(),
+  const detail::AdamArrays arrays{master ? nullptr : b.params.data(),
                                   q8 ? b.q8.m : b.exp_avg.data,
                                   q8 ? b.q8.v : b.exp_avg_sq.data,
                                   b.grads.data,
                                   b.params_out.data,
                                   b.q8.m_absmax,
-                                  b.q8.v_absmax};
+                                  b.q8.v_absmax,
+                                  b.bf16_master.params,
+                                  b.bf16_master.seed,
+                                  b.bf16_master.first_index,
+                                  t};
   const bool found = parallel_chunks(pool_->arena, n, [&](std::size_t begin, std::size_t end) {
     return fn(arrays, scalars, begin, end);
   });

@@ -119,6 +119,34 @@ struct Avx2Isa {
     m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
     return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
   }
+
+  // Stochastic rounding (bf16 master weights).
+  static I xor_i(I a, I b) { return _mm256_xor_si256(a, b); }
+  template <int kShift>
+  static I srli_i(I a) {
+    return _mm256_srli_epi32(a, kShift);
+  }
+  static I mullo_i(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I lane_indices(std::uint32_t first) {
+    return _mm256_add_epi32(set1_i(static_cast<std::int32_t>(first)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static I load_i(const std::uint32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static F bf16_stochastic(F x, I r) {  // as ScalarIsa::bf16_stochastic
+    const I u = _mm256_castps_si256(x);
+    const I high = set1_i(static_cast<std::int32_t>(0xffff0000u));
+    const I b = _mm256_and_si256(_mm256_add_epi32(u, _mm256_and_si256(r, set1_i(0xffff))), high);
+    const I nan = _mm256_or_si256(_mm256_and_si256(u, high), set1_i(0x00400000));  // quiet NaN
+    return _mm256_blendv_ps(_mm256_castsi256_ps(b), _mm256_castsi256_ps(nan),
+                            _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  static void store_bf16_exact(std::uint16_t* p, F x, Full) {
+    const I h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  }
 };
 
 }  // namespace

@@ -152,6 +152,32 @@ struct Avx512Isa {
     return _mm512_mask_max_epu32(acc, m, acc, _mm512_castps_si512(x));
   }
   static std::uint32_t hmax_bits(I a) { return _mm512_reduce_max_epu32(a); }
+
+  // Stochastic rounding (bf16 master weights).
+  static I xor_i(I a, I b) { return _mm512_xor_si512(a, b); }
+  template <int kShift>
+  static I srli_i(I a) {
+    return _mm512_srli_epi32(a, kShift);
+  }
+  static I mullo_i(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I lane_indices(std::uint32_t first) {
+    return _mm512_add_epi32(
+        set1_i(static_cast<std::int32_t>(first)),
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  static I load_i(const std::uint32_t* p) { return _mm512_loadu_si512(p); }
+  static F bf16_stochastic(F x, I r) {  // as ScalarIsa::bf16_stochastic
+    const I u = _mm512_castps_si512(x);
+    const I high = set1_i(static_cast<std::int32_t>(0xffff0000u));
+    I b = _mm512_and_si512(_mm512_add_epi32(u, _mm512_and_si512(r, set1_i(0xffff))), high);
+    b = _mm512_mask_or_epi32(b, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_and_si512(u, high),
+                             set1_i(0x00400000));  // quiet NaN
+    return _mm512_castsi512_ps(b);
+  }
+  template <class W>
+  static void store_bf16_exact(std::uint16_t* p, F x, W w) {
+    store16(p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)), w);
+  }
 };
 
 }  // namespace

@@ -82,6 +82,33 @@ struct ScalarIsa {
     return static_cast<I>(a > b ? a : b);
   }
   static std::uint32_t hmax_bits(I a) { return static_cast<std::uint32_t>(a); }
+
+  // Stochastic rounding (bf16 master weights): 32-bit lane arithmetic for the random bits, and
+  // H, the 16-bit results of one vector.
+  static I xor_i(I a, I b) { return a ^ b; }
+  template <int kShift>
+  static I srli_i(I a) {
+    return static_cast<I>(static_cast<std::uint32_t>(a) >> kShift);
+  }
+  static I mullo_i(I a, I b) {
+    return static_cast<I>(static_cast<std::uint32_t>(a) * static_cast<std::uint32_t>(b));
+  }
+  static I lane_indices(std::uint32_t first) { return static_cast<I>(first); }
+  static I load_i(const std::uint32_t* p) { return static_cast<I>(*p); }
+  // cpu_adam::bf16_round_stochastic, kept as the float it stands for (the low half zero): r's low
+  // 16 bits added below the kept half, then truncated (a carry into the exponent is the next
+  // binade, up to Inf); NaN becomes a quiet NaN.
+  static F bf16_stochastic(F x, I r) {
+    const std::uint32_t u = __builtin_bit_cast(std::uint32_t, x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      return __builtin_bit_cast(float, (u & 0xffff0000u) | 0x00400000u);
+    }
+    return __builtin_bit_cast(float, (u + (static_cast<std::uint32_t>(r) & 0xffffu)) & 0xffff0000u);
+  }
+  // Stores x, a bf16 value, as its 16 bits.
+  static void store_bf16_exact(std::uint16_t* p, F x, Full) {
+    *p = static_cast<std::uint16_t>(__builtin_bit_cast(std::uint32_t, x) >> 16);
+  }
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // CPU Adam / AdamW over host arrays: one fused, vectorized, multithreaded pass that reads the
-// gradients (fp32, fp16 or bf16), updates fp32 master weights and the moments m and v (fp32 or
-// bf16), and optionally writes a 16-bit copy of the new weights for upload to the GPU.
+// gradients (fp32, fp16 or bf16), updates the master weights (fp32, or bf16 rounded
+// stochastically) and the moments m and v (fp32, bf16 or 8-bit), and optionally writes a 16-bit
+// copy of the new weights for upload to the GPU.
 //
 // Adam: Kingma & Ba, arXiv 1412.6980. AdamW (decoupled weight decay): arXiv 1711.05101.
 // ZeRO-Offload's CPU Adam: arXiv 2101.06840 §4.2.
@@ -99,14 +100,31 @@ std::span<const float> q8_map(bool is_signed);
 // neighbour; every map value gives its own code.
 std::uint8_t q8_quantize(float x, bool is_signed);
 
+// ---- bf16 master weights -----------------------------------------------------------------------
+// bf16 master weights rounded stochastically (instead of AdamBuffers::params, which is then
+// empty): each new value rounds up with probability equal to its distance from the bf16 below,
+// from random bits that depend only on (seed, t, index), so results are reproducible, the same on
+// every ISA path, thread count and bucket split, and bit for bit across a resume.
+struct Bf16Master {
+  std::uint16_t* params = nullptr;  // (n) bf16 master weights, updated in place; nullptr: none
+  std::uint64_t seed = 0;           // the run's seed
+  std::uint64_t first_index = 0;    // index of element 0 in the whole model (the layout)
+};
+// The 16 random bits (low half of the result) that round parameter `index` at update t.
+std::uint32_t sr_bits(std::uint64_t seed, std::int64_t t, std::uint64_t index);
+// x rounded to bf16 with random bits r (low 16 used): add r to the low 16 bits of x's pattern and
+// truncate; NaN stays a quiet NaN; Inf stays Inf.
+std::uint16_t bf16_round_stochastic(float x, std::uint32_t r);
+
 // Element i of every array belongs to parameter i; all sizes must be equal.
 struct AdamBuffers {
-  std::span<float> params;  // (n) fp32 master weights, updated in place
+  std::span<float> params;  // (n) fp32 master weights, updated in place (empty with bf16_master)
   ArrayView exp_avg;        // (n) m: kF32 or kBF16 (unset with q8)
   ArrayView exp_avg_sq;     // (n) v: same dtype as exp_avg (unset with q8)
   ConstArrayView grads;     // (n) kF32, kF16 or kBF16
   ArrayView params_out;  // optional (n) kF16 or kBF16 copy of the new params; data == nullptr: none
   Q8Moments q8;          // 8-bit m and v instead of exp_avg and exp_avg_sq; q8.m == nullptr: none
+  Bf16Master bf16_master;  // bf16 master weights instead of params; params == nullptr: none
 };
 
 // ---- one update ---------------------------------------------------------------------------------
