@@ -294,6 +294,38 @@ TEST(Cli, PlanTakesHostMemoryAndPrintsBothUnits) {
             0);
 }
 
+// The planner's table of host bytes per parameter, for a named budget: what a 128 GiB
+// workstation trains in each format (8.6 billion parameters at 16 bytes, 22.9 at 6).
+TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
+  Result r =
+      run("plan --model llama3.1-8b --precision bf16 -b 1 --seq-len 4096 --mode offload "
+          "--host-memory 128GiB --device-memory 80GiB");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("in 128.00 GiB (--host-memory)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--master-weights fp32 --optimizer-state fp32  16.00 bytes  up to 8.59 "
+                       "billion"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--master-weights bf16 --optimizer-state q8     6.00 bytes  up to 22.89 "
+                       "billion"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("device: offload mode keeps every 16-bit weight there"), std::string::npos)
+      << r.out;
+  r = run("plan --model gpt2-124m --precision bf16 --host-memory 128GiB --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["host_costs"]["combinations"].size(), 6u) << r.out;
+  r = run("plan --model gpt2-124m --precision bf16 --master-weights bf16 --optimizer-state q8");
+  EXPECT_NE(r.out.find("bf16 master weights"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("16-bit upload buffer"), std::string::npos) << "uploads read the master";
+  r = run("info");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--master-weights bf16 --optimizer-state q8     6.00 bytes"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   Result r = run("train --no-such-flag");
   EXPECT_EQ(r.code, 2);
@@ -323,7 +355,8 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   // plan checks its flags with train's own code: what it plans, train runs.
   for (const char* flags :
        {"--bucket-size 1", "-b 0", "--grad-accum 0", "--seq-len 100000", "--mode resident --dpu",
-        "--precision fp8", "--grad-accum-on nowhere"}) {
+        "--precision fp8", "--grad-accum-on nowhere", "--master-weights fp16",
+        "--mode resident --master-weights bf16", "--mode resident --optimizer-state q8"}) {
     const Result p = run(std::string("plan ") + flags);
     const Result t = run(std::string("train --steps 1 ") + flags);
     EXPECT_EQ(p.code, 1) << flags << "\n" << p.out;

@@ -143,15 +143,17 @@ TEST(DataParallel, ReferenceLossesArePinned) {
   }
 }
 
-// With fp32 and with q8 optimizer state (its blocks follow each rank's segments, the same again
-// on resume with the same rank count).
+// With fp32 state, and with q8 state (its blocks follow each rank's segments, the same again on
+// resume with the same rank count) and a bf16 master (each rank rounds its part stochastically).
 TEST(DataParallel, TwoRankResumeEqualsUninterruptedBitForBit) {
   NEED_MPI();
   for (const std::string state : {"fp32", "q8"}) {
     SCOPED_TRACE(state);
     TempDir d;
     const fs::path full = d.path / "full", part = d.path / "part";
-    const std::string common = "--micro-batch 2 --optimizer-state " + state;
+    const std::string master = state == "q8" ? "bf16" : "fp32";
+    const std::string common =
+        "--micro-batch 2 --optimizer-state " + state + " --master-weights " + master;
     Result r =
         ranks(2, common + " --checkpoint-dir " + full.string() +
                      " --checkpoint-every 3 --keep 0 --metrics " + (d.path / "a.jsonl").string());
@@ -167,6 +169,7 @@ TEST(DataParallel, TwoRankResumeEqualsUninterruptedBitForBit) {
     const auto st = nlohmann::json::parse(bytes_of(step3 / "trainer_state.json"));
     EXPECT_EQ(st["optimizer_shards"]["ranks"], 2);
     EXPECT_EQ(st["optimizer_state_dtype"], state);
+    EXPECT_EQ(st["master_weights_dtype"], master);
 
     fs::create_directories(part);
     fs::copy(step3, part / "step_00000003", fs::copy_options::recursive);

@@ -320,54 +320,62 @@ std::pair<int, std::size_t> peak_rss(const std::string& args, const fs::path& lo
 // weights and an export add at most the plan's checkpoint buffers (plus 16 MiB) to a run without
 // them. A whole-model copy of this 16.8M-parameter model, 67 MB, would break the second bound
 // (checkpoints used to hold 12 bytes per parameter more). The host backend's device pool trains
-// within exactly the planned device figure (--device-memory).
+// within exactly the planned device figure (--device-memory). For the default formats and the
+// smallest.
 TEST(Reliability, ThePlanIsThePeakOfTrainingCheckpointsAndExports) {
-  TempDir d;
-  const fs::path spec = d.path / "model.json";
-  std::ofstream(spec) << R"({"n_layer": 4, "n_head": 8, "n_embd": 512, "vocab_size": 8192,
-                            "block_size": 64})";
-  const std::string model = " --model " + spec.string() + " -b 1 --seq-len 64 --bucket-size 1MiB";
-  const Result plan = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " plan" + model +
-                                            " --precision fp32 --mode offload --json");
-  ASSERT_EQ(plan.code, 0) << plan.out;
-  const auto j = nlohmann::json::parse(plan.out)["offload"];
-  const std::size_t device = j["device"]["total"], host = j["host"]["total"];
-  std::size_t buffers = 0;
-  for (const auto& t : j["host"]["terms"])
-    if (t["what"] == "checkpoint, import and init buffers") buffers = t["bytes"];
-  ASSERT_GT(buffers, 0u) << plan.out;
-  const auto run = [&](const std::string& what, const std::string& args) {
-    const auto [code, peak] = peak_rss(args, d.path / "log");
-    EXPECT_EQ(code, 0) << what << "\n" << bytes_of(d.path / "log");
-    return peak;
-  };
-  constexpr std::size_t MiB = std::size_t{1} << 20;
-  const std::size_t baseline = run("info", "info");
-  const std::string train = "train -q --device host --mode offload" + model;
-  const std::size_t plain = run("train", train + " --steps 2 --seed 3");
-  EXPECT_LE(plain, host + device + baseline + 32 * MiB)
-      << "plan " << host << " + " << device << ", baseline " << baseline;
-  const fs::path ck = d.path / "ck", w = d.path / "w.safetensors";
-  const struct {
-    std::string what, args;
-    std::size_t without;  // the same work without the checkpoint, import or export
-  } runs[] = {
-      {"train and checkpoint",
-       train + " --steps 2 --checkpoint-dir " + ck.string() + " --device-memory " +
-           std::to_string(device) + "B",
-       plain},
-      {"resume and checkpoint",
-       "train -q --device host --checkpoint-dir " + ck.string() + " --resume latest --steps 3",
-       plain},
-      {"export", "export --checkpoint latest --checkpoint-dir " + ck.string() + " -o " + w.string(),
-       baseline},
-      {"import", train + " --steps 2 --init-from " + w.string(), plain},
-  };
-  for (const auto& r : runs) {
-    const std::size_t peak = run(r.what, r.args);
-    EXPECT_LE(peak, r.without + buffers + 16 * MiB)
-        << r.what << ": peak " << peak << " bytes; without it " << r.without << ", buffers "
-        << buffers;
+  // The default formats, and the smallest: a bf16 master (with its fp32 upload copy on the host
+  // backend) and 8-bit state.
+  for (const std::string formats : {"", " --master-weights bf16 --optimizer-state q8"}) {
+    SCOPED_TRACE(formats);
+    TempDir d;
+    const fs::path spec = d.path / "model.json";
+    std::ofstream(spec) << R"({"n_layer": 4, "n_head": 8, "n_embd": 512, "vocab_size": 8192,
+                              "block_size": 64})";
+    const std::string model =
+        " --model " + spec.string() + " -b 1 --seq-len 64 --bucket-size 1MiB" + formats;
+    const Result plan = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " plan" + model +
+                                              " --precision fp32 --mode offload --json");
+    ASSERT_EQ(plan.code, 0) << plan.out;
+    const auto j = nlohmann::json::parse(plan.out)["offload"];
+    const std::size_t device = j["device"]["total"], host = j["host"]["total"];
+    std::size_t buffers = 0;
+    for (const auto& t : j["host"]["terms"])
+      if (t["what"] == "checkpoint, import and init buffers") buffers = t["bytes"];
+    ASSERT_GT(buffers, 0u) << plan.out;
+    const auto run = [&](const std::string& what, const std::string& args) {
+      const auto [code, peak] = peak_rss(args, d.path / "log");
+      EXPECT_EQ(code, 0) << what << "\n" << bytes_of(d.path / "log");
+      return peak;
+    };
+    constexpr std::size_t MiB = std::size_t{1} << 20;
+    const std::size_t baseline = run("info", "info");
+    const std::string train = "train -q --device host --mode offload" + model;
+    const std::size_t plain = run("train", train + " --steps 2 --seed 3");
+    EXPECT_LE(plain, host + device + baseline + 32 * MiB)
+        << "plan " << host << " + " << device << ", baseline " << baseline;
+    const fs::path ck = d.path / "ck", w = d.path / "w.safetensors";
+    const struct {
+      std::string what, args;
+      std::size_t without;  // the same work without the checkpoint, import or export
+    } runs[] = {
+        {"train and checkpoint",
+         train + " --steps 2 --checkpoint-dir " + ck.string() + " --device-memory " +
+             std::to_string(device) + "B",
+         plain},
+        {"resume and checkpoint",
+         "train -q --device host --checkpoint-dir " + ck.string() + " --resume latest --steps 3",
+         plain},
+        {"export",
+         "export --checkpoint latest --checkpoint-dir " + ck.string() + " -o " + w.string(),
+         baseline},
+        {"import", train + " --steps 2 --init-from " + w.string(), plain},
+    };
+    for (const auto& r : runs) {
+      const std::size_t peak = run(r.what, r.args);
+      EXPECT_LE(peak, r.without + buffers + 16 * MiB)
+          << r.what << ": peak " << peak << " bytes; without it " << r.without << ", buffers "
+          << buffers;
+    }
   }
 }
 

@@ -270,6 +270,71 @@ TEST(Trainer, AnotherStateFormatOnResumeNeedsTheConversionFlag) {
   EXPECT_EQ(Trainer(r).run().steps_done, 1);
 }
 
+// bf16 master weights rounded stochastically: saved as BF16, resumed bit for bit (the steps after
+// the resume draw the random bits the uninterrupted run drew), with fp32 and q8 state; every
+// stored value is a bf16; and the run learns as an fp32 master does.
+TEST(Trainer, Bf16MasterWeightsResumeBitForBitAndTrainLikeFp32) {
+  for (const auto state : {zo::StateFormat::kF32, zo::StateFormat::kQ8}) {
+    SCOPED_TRACE(std::string(zo::state_format_name(state)));
+    TempDir a, b;
+    TrainConfig c = tiny_config(6);
+    c.master_weights = zo::DType::kBF16;
+    c.optimizer_state = state;
+    const auto [full, resumed] = run_and_resume_at_3(c, a.path, b.path);
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(resumed.losses[i], full.losses[3 + i]) << "step " << 4 + i;
+    expect_same_state(a.path / "step_00000006", b.path / "step_00000006", "bf16 master");
+    const auto ckpt = a.path / "step_00000006";
+    EXPECT_EQ(zo::train::read_trainer_state(ckpt).at("master_weights_dtype"), "bf16");
+    const auto file = zo::ckpt::SafetensorsFile::open(ckpt / "model.safetensors");
+    for (const auto& t : file.tensors())
+      EXPECT_EQ(t.dtype_name, "BF16") << t.name;
+    for (const float w : read_master(ckpt))
+      EXPECT_EQ(zo::bf16_to_float(zo::float_to_bf16(w)), w);
+  }
+  TrainConfig f = tiny_config(60), h = f;
+  h.master_weights = zo::DType::kBF16;
+  h.optimizer_state = zo::StateFormat::kQ8;
+  const auto fp32 = Trainer(f).run(), bf16 = Trainer(h).run();
+  EXPECT_LT(bf16.final_loss, fp32.losses.front() - 0.5) << "bf16 master learns";
+  EXPECT_NEAR(bf16.final_loss, fp32.final_loss, 0.01 * fp32.final_loss);
+}
+
+// Another --master-weights on resume is refused, naming both, unless converted: bf16 widens to
+// fp32 exactly, fp32 rounds to the nearest bf16. Resident mode refuses a bf16 master.
+TEST(Trainer, AnotherMasterFormatOnResumeNeedsTheConversionFlag) {
+  TempDir a;
+  TrainConfig c = tiny_config(3);
+  c.master_weights = zo::DType::kBF16;
+  c.checkpoint_dir = a.path.string();
+  Trainer(c).run();
+  const auto saved = read_master(a.path / "step_00000003");
+  TrainConfig r = tiny_config(4);
+  r.resume = (a.path / "step_00000003").string();
+  r.master_weights = zo::DType::kF32;
+  r.explicit_keys.insert("master_weights");
+  const std::string e = error_of([&] { Trainer t(r); });
+  EXPECT_NE(e.find("holds bf16 master weights, but this run asks for --master-weights fp32"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--convert-optimizer-state"), std::string::npos) << e;
+  r.convert_optimizer_state = true;
+  r.checkpoint_dir = a.path.string();
+  r.lr.max_lr = 0.0f;  // the step leaves the weights as loaded
+  r.explicit_keys.insert("lr");
+  r.weight_decay = 0.0f;
+  r.explicit_keys.insert("weight_decay");
+  EXPECT_EQ(Trainer(r).run().steps_done, 1);
+  EXPECT_EQ(zo::train::read_trainer_state(a.path / "step_00000004").at("master_weights_dtype"),
+            "fp32");
+  EXPECT_EQ(read_master(a.path / "step_00000004"), saved);  // widened exactly
+
+  TrainConfig res = tiny_config(2);
+  res.mode = "resident";
+  res.master_weights = zo::DType::kBF16;
+  EXPECT_NE(error_of([&] { Trainer t(res); }).find("--mode offload"), std::string::npos);
+}
+
 // On the host backend both modes run the same fp32 CPU Adam kernel, once through the device's
 // adamw op over device-resident state and once through the host optimizer: identical bits.
 TEST(Trainer, ResidentModeEqualsOffloadModeOnTheHost) {

@@ -148,6 +148,8 @@ TEST_F(TrainerState, SectionsAreCheckedByKey) {
   EXPECT_HAS(error_after([](Json& s) { s["rng"]["seed"] = -1; }), "\"rng.seed\" is -1");
   EXPECT_HAS(error_after([](Json& s) { s["optimizer_state_dtype"] = "fp64"; }),
              "\"optimizer_state_dtype\" is \"fp64\"");
+  EXPECT_HAS(error_after([](Json& s) { s["master_weights_dtype"] = "fp16"; }),
+             "\"master_weights_dtype\" is \"fp16\"; expected \"fp32\" or \"bf16\"");
 }
 
 TEST_F(TrainerState, DeepOrRepeatedJsonIsRefused) {
@@ -207,7 +209,8 @@ TEST_F(TrainerState, TensorsNothingReadsAreRefused) {
 // offload engine's bucket shards do; master[i] = f(i). Returns each rank's error ("" if none).
 std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layout,
                                           const fs::path& parent,
-                                          zo::StateFormat format = zo::StateFormat::kF32) {
+                                          zo::StateFormat format = zo::StateFormat::kF32,
+                                          zo::DType master = zo::DType::kF32) {
   const std::size_t L = layout.size(), step = 4099;  // pieces cut tensors anywhere
   std::vector<std::vector<zo::optim::OwnedRange>> parts(3);
   std::vector<std::size_t> local(3, 0);
@@ -224,10 +227,14 @@ std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layo
       zo::test::ThreadComm comm(hub, r);
       zo::optim::OptimizerConfig oc;
       oc.state_format = format;
+      oc.master_dtype = master;
       zo::optim::HostOptimizer opt(layout, oc, parts[std::size_t(r)]);
-      for (const auto& o : parts[std::size_t(r)])
+      for (const auto& o : parts[std::size_t(r)]) {
+        std::vector<float> w(o.end - o.begin);
         for (std::size_t i = o.begin; i < o.end; ++i)
-          opt.master()[o.local + i - o.begin] = std::sin(float(i)) * float(i % 97);
+          w[i - o.begin] = std::sin(float(i)) * float(i % 97);
+        opt.write_master(o.local, w);
+      }
       for (const auto& seg : opt.segments()) {  // moments m[i] = f(i) / 100, v = |m|
         for (int k = 0; k < 2; ++k) {
           std::vector<float> v(seg.end - seg.begin);
@@ -253,25 +260,67 @@ std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layo
   return errors;
 }
 
+// q8 state's block maxima are bytes of optimizer.safetensors like any other: one flipped is
+// caught by the manifest's checksum before anything is read; a NaN maximum written with a
+// matching checksum (a damaged writer) reads as NaN moments, which the resume refuses naming the
+// tensor.
+TEST(Q8Checkpoint, DamagedScalesAreCaughtByTheChecksumOrTheCheck) {
+  Scratch tmp;
+  zo::train::TrainConfig c = tiny(2);
+  c.optimizer_state = zo::StateFormat::kQ8;
+  c.checkpoint_dir = tmp.path.string();
+  zo::train::Trainer(c).run();
+  const fs::path dir = tmp.path / "step_00000002", file = dir / "optimizer.safetensors";
+  const auto f = zo::ckpt::SafetensorsFile::open(file);
+  const zo::ckpt::TensorInfo* scale = nullptr;
+  for (const auto& t : f.tensors())
+    if (t.name == "exp_avg_absmax.wte.weight") scale = &t;
+  ASSERT_NE(scale, nullptr);
+  const std::uint64_t at = 8 + f.header_size() + scale->data_begin;
+  const std::string good = file_bytes(file);
+  std::string bad = good;
+  bad[at] = static_cast<char>(bad[at] ^ 0x10);
+  std::ofstream(file, std::ios::binary) << bad;
+  zo::train::TrainConfig r = tiny(3);
+  r.resume = dir.string();
+  r.checkpoint_dir = tmp.path.string();
+  std::string e = error_of([&] { zo::train::Trainer t(r); });
+  EXPECT_HAS(e, "'optimizer.safetensors' is corrupted: CRC-32C");
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  bad = good;
+  std::memcpy(bad.data() + at, &nan, 4);
+  reseal(dir, "optimizer.safetensors", bad);
+  e = error_of([&] { zo::train::Trainer t(r); });
+  EXPECT_HAS(e, "Adam m of wte.weight [0]: nan");
+  EXPECT_HAS(e, "cannot be trained from");
+}
+
 // No rank holds the model whole: rank 0 writes model.safetensors as every rank all-gathers it
 // piece by piece. The file is byte for byte that of one process holding the same master, for
-// GPT-2 (transposed tensors) and a Llama.
+// GPT-2 (transposed tensors) and a Llama, with an fp32 and a bf16 master.
 TEST(ShardedSave, TheGatheredModelFileIsTheWholeModels) {
-  for (const char* name : {"tiny", "tiny-llama"}) {
-    Scratch tmp;
-    const zo::model::ParameterLayout layout(zo::model::load_model_spec(name));
-    for (const std::string& e : save_three_ranks(layout, tmp.path / "three"))
-      EXPECT_EQ(e, "(no error)");
-    zo::optim::HostOptimizer whole(layout, {});
-    for (std::size_t i = 0; i < layout.size(); ++i)
-      whole.master()[i] = std::sin(float(i)) * float(i % 97);
-    const Json state = {
-        {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
-    zo::train::save_checkpoint(tmp.path / "one", layout, whole, state, 0);
-    EXPECT_EQ(file_bytes(tmp.path / "three/step_00000001/model.safetensors"),
-              file_bytes(tmp.path / "one/step_00000001/model.safetensors"))
-        << name;
-  }
+  for (const auto master : {zo::DType::kF32, zo::DType::kBF16})
+    for (const char* name : {"tiny", "tiny-llama"}) {
+      Scratch tmp;
+      const zo::model::ParameterLayout layout(zo::model::load_model_spec(name));
+      for (const std::string& e :
+           save_three_ranks(layout, tmp.path / "three", zo::StateFormat::kF32, master))
+        EXPECT_EQ(e, "(no error)");
+      zo::optim::OptimizerConfig oc;
+      oc.master_dtype = master;
+      zo::optim::HostOptimizer whole(layout, oc);
+      std::vector<float> w(layout.size());
+      for (std::size_t i = 0; i < layout.size(); ++i)
+        w[i] = std::sin(float(i)) * float(i % 97);
+      whole.write_master(0, w);
+      const Json state = {
+          {"step", 1}, {"tokens", 64}, {"data", Json::object()}, {"config", Json::object()}};
+      zo::train::save_checkpoint(tmp.path / "one", layout, whole, state, 0);
+      EXPECT_EQ(file_bytes(tmp.path / "three/step_00000001/model.safetensors"),
+                file_bytes(tmp.path / "one/step_00000001/model.safetensors"))
+          << name;
+    }
 }
 
 // q8 state saved by three ranks (their blocks start where their ranges cut tensors) reads into

@@ -171,7 +171,7 @@ phase_offload() {
   # The host's memory roofline (a triad on every core) and CPU Adam alone on every core: the
   # yardsticks for CPU Adam inside the offloaded step (summarize.py's targets).
   step cpu_adam_roofline 180 "$here/bin/bench_cpu_adam" --sizes 256M --grad-dtype bf16 \
-    --state-dtype fp32,bf16 --json
+    --state-dtype fp32,bf16,q8 --json
   local model
   for model in gpt2-350m gpt2-774m gpt2-1558m; do
     local m=(--model "$model" -b 8 --seq-len 1024 --steps 12 --device cuda --precision bf16)
@@ -179,6 +179,13 @@ phase_offload() {
     train "offload_${model#gpt2-}" 150 "${m[@]}" --mode offload
     train "offload_dpu_${model#gpt2-}" 150 "${m[@]}" --mode offload --dpu --dpu-warmup 3
   done
+  # The smaller host formats at the size where CPU Adam limits the step: 8-bit state, and with it
+  # a bf16 master (6 host bytes per parameter; uploads straight from the master).
+  local big=(--model gpt2-1558m -b 8 --seq-len 1024 --steps 12 --device cuda --precision bf16)
+  train offload_dpu_q8_1558m 150 "${big[@]}" --mode offload --dpu --dpu-warmup 3 \
+    --optimizer-state q8
+  train offload_dpu_q8_bf16master_1558m 150 "${big[@]}" --mode offload --dpu --dpu-warmup 3 \
+    --optimizer-state q8 --master-weights bf16
   train trace_350m 120 --model gpt2-350m -b 8 --seq-len 1024 --steps 6 --device cuda \
     --precision bf16 --mode offload --trace "$out/trace.json"
 }

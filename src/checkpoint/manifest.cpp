@@ -29,7 +29,8 @@ constexpr const char* kZeroDigits = "00000000";
 
 // How the field's value starts in the text manifest_text writes (nlohmann's dump(2)).
 const std::string& self_checksum_prefix() {
-  static const std::string prefix = "\"" + std::string(kSelfChecksumKey) + "\": \"";
+  // Built by append: GCC 12 warns falsely on "..." + std::string (PR 105329).
+  static const std::string prefix = std::string("\"").append(kSelfChecksumKey).append("\": \"");
   return prefix;
 }
 

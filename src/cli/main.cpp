@@ -12,7 +12,6 @@
 #include "data/token_source.h"
 #include "eval_command.h"
 #include "plan_command.h"
-#include "report/system_info.h"
 #include "sample_command.h"
 #include "tokenize_command.h"
 #include "train/config.h"
@@ -38,9 +37,13 @@ std::string presets_help() {
 
 using zo::cli::ByteSize;
 
-void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& decay,
-                       std::string& state_dtype, ByteSize& devmem, ByteSize& hostmem,
-                       ByteSize& bucket) {
+// train's flags that are parsed after CLI11 has read them.
+struct TrainTexts {
+  std::string decay = "cosine", state_dtype = "fp32", master = "fp32";
+  ByteSize devmem, hostmem, bucket;
+};
+
+void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
   t->add_option("--model", c.model,
                 presets_help() +
                     "; default tiny, the checkpoint's with --resume, or the config.json beside "
@@ -72,7 +75,7 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--warmup", c.lr.warmup_steps, "linear warmup steps")->capture_default_str();
   t->add_option("--lr-schedule-steps", c.lr.total_steps,
                 "steps the lr schedule spans (default: --steps; a resumed run keeps its own)");
-  t->add_option("--lr-decay", decay, "cosine, linear or constant")->capture_default_str();
+  t->add_option("--lr-decay", x.decay, "cosine, linear or constant")->capture_default_str();
   t->add_option("--beta1", c.beta1, "Adam beta1")->capture_default_str();
   t->add_option("--beta2", c.beta2, "Adam beta2")->capture_default_str();
   t->add_option("--adam-eps", c.eps, "Adam epsilon")->capture_default_str();
@@ -86,8 +89,11 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
   t->add_option("--max-nonfinite-steps", c.max_nonfinite_steps,
                 "stop after this many consecutive steps with Inf/NaN gradients; 0 = never")
       ->capture_default_str();
-  t->add_option("--optimizer-state", state_dtype,
+  t->add_option("--optimizer-state", x.state_dtype,
                 "Adam m and v: fp32, bf16 or q8 (8-bit block-wise, 1 byte each)")
+      ->capture_default_str();
+  t->add_option("--master-weights", x.master,
+                "master weights on the host: fp32, or bf16 rounded stochastically (offload)")
       ->capture_default_str();
   t->add_option("--adam-threads", c.adam_threads,
                 "CPU Adam threads; 0 = all cores (this rank's share with mpirun), less two "
@@ -116,13 +122,14 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, std::string& deca
       ->capture_default_str();
   t->add_option("--loss-scale-max", c.loss_scale_max, "largest dynamic scale")
       ->capture_default_str();
-  t->add_option("--device-memory", devmem.text,
+  t->add_option("--device-memory", x.devmem.text,
                 "device memory to plan for and use, e.g. 24GiB (default: what is free less "
                 "max(512MiB, 2%) for NCCL and scratch; unlimited on the host backend)");
-  t->add_option("--host-memory", hostmem.text,
+  t->add_option("--host-memory", x.hostmem.text,
                 "host memory to plan for, e.g. 64GiB (default: what is available, this rank's "
                 "share with mpirun)");
-  t->add_option("--bucket-size", bucket.text, "offload: gradient bytes per bucket (default 32MiB)");
+  t->add_option("--bucket-size", x.bucket.text,
+                "offload: gradient bytes per bucket (default 32MiB)");
   t->add_flag("--dpu", c.dpu,
               "offload: delayed parameter update (the CPU update overlaps the next step)");
   t->add_option("--dpu-warmup", c.dpu_warmup, "ordinary steps before --dpu starts")
@@ -165,18 +172,17 @@ int end_broken_job(const zo::CommError& e) {
   return 1;
 }
 
-int run_train(zo::train::TrainConfig c, const std::string& decay, const std::string& state_dtype,
-              const ByteSize& devmem, const ByteSize& hostmem, const ByteSize& bucket,
-              const CLI::App& cmd) {
+int run_train(zo::train::TrainConfig c, const TrainTexts& x, const CLI::App& cmd) {
   for (const std::string& key : zo::train::restored_keys()) {
     if (cmd.count(zo::train::flag_of(key)) > 0) c.explicit_keys.insert(key);
   }
-  c.lr.decay = zo::train::parse_decay(decay);
+  c.lr.decay = zo::train::parse_decay(x.decay);
   if (cmd.count("--lr-schedule-steps") == 0) c.lr.total_steps = c.steps;
-  c.optimizer_state = zo::parse_state_format(state_dtype);
-  c.device_memory = devmem.bytes();
-  c.host_memory = hostmem.bytes();
-  if (!bucket.text.empty()) c.bucket_size = bucket.bytes();
+  c.optimizer_state = zo::parse_state_format(x.state_dtype);
+  c.master_weights = zo::train::parse_master_weights(x.master);
+  c.device_memory = x.devmem.bytes();
+  c.host_memory = x.hostmem.bytes();
+  if (!x.bucket.text.empty()) c.bucket_size = x.bucket.bytes();
   if (cmd.count("--model") == 0) c.model.clear();  // resume takes the checkpoint's spec
   zo::train::install_stop_signals();
   zo::train::Trainer trainer(c);
@@ -206,10 +212,9 @@ int main(int argc, char** argv) {
 
   // train
   zo::train::TrainConfig tc;
-  std::string decay = "cosine", state_dtype = "fp32";
-  ByteSize devmem, hostmem, bucket;
+  TrainTexts texts;
   auto* train = app.add_subcommand("train", "Train a GPT-2 or Llama-family model");
-  add_train_options(train, tc, decay, state_dtype, devmem, hostmem, bucket);
+  add_train_options(train, tc, texts);
 
   // plan
   zo::cli::PlanCommand pln;
@@ -252,7 +257,8 @@ int main(int argc, char** argv) {
   // info
   auto* info = app.add_subcommand("info",
                                   "Show what this machine offers: CPU Adam ISA paths, "
-                                  "threads, host memory, NUMA nodes, GPUs");
+                                  "threads, host memory, NUMA nodes, GPUs, and the host bytes per "
+                                  "parameter of each optimizer format");
   bool info_json = false;
   info->add_flag("--json", info_json, "print as one JSON object");
 
@@ -270,7 +276,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train->parsed()) {
-      return run_train(tc, decay, state_dtype, devmem, hostmem, bucket, *train);
+      return run_train(tc, texts, *train);
     }
     if (pln.app->parsed()) return zo::cli::run_plan(pln);
     if (exp->parsed()) {
@@ -281,12 +287,7 @@ int main(int argc, char** argv) {
     if (tok.app->parsed()) return zo::cli::run_tokenize(tok);
     if (evl.app->parsed()) return zo::cli::run_eval(evl);
     if (smp.app->parsed()) return zo::cli::run_sample(smp);
-    if (info->parsed()) {
-      const auto j = zo::report::system_info();
-      std::fputs(info_json ? (j.dump(2) + "\n").c_str() : zo::report::format_system_info(j).c_str(),
-                 stdout);
-      return 0;
-    }
+    if (info->parsed()) return zo::cli::run_info(info_json);
   } catch (const zo::CommError& e) {
     return end_broken_job(e);
   } catch (const std::exception& e) {

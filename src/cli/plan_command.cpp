@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "core/bytes.h"
 #include "model/spec.h"
 #include "pinned_memory/host_buffer.h"
+#include "report/system_info.h"
 #include "train/config.h"
 #include "train/plan.h"
 
@@ -22,6 +24,8 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_option("--precision", cmd.precision, "device dtype: fp32 (host backend), bf16, fp16")
       ->capture_default_str();
   p->add_option("--optimizer-state", cmd.optimizer_state, "fp32, bf16 or q8")
+      ->capture_default_str();
+  p->add_option("--master-weights", cmd.master_weights, "fp32, or bf16 rounded stochastically")
       ->capture_default_str();
   p->add_option("--mode", cmd.mode, "auto (both modes and the choice), resident or offload")
       ->capture_default_str();
@@ -49,6 +53,7 @@ int run_plan(const PlanCommand& cmd) {
   c.recompute = cmd.recompute;
   c.precision = cmd.precision;
   c.optimizer_state = parse_state_format(cmd.optimizer_state);
+  c.master_weights = train::parse_master_weights(cmd.master_weights);
   c.mode = cmd.mode;
   c.grad_accum = cmd.grad_accum;
   c.grad_accum_on = cmd.grad_accum_on;
@@ -80,6 +85,7 @@ int run_plan(const PlanCommand& cmd) {
   pi.grad_accum_on = train::parse_accum_placement(c.grad_accum_on);
   pi.engine.dpu = c.dpu;
   pi.engine.bucket_bytes = c.bucket_size;
+  pi.engine.master = c.master_weights;
 
   const bool gpu = pi.act_dtype != DType::kF32;
   const auto choice = train::choose_mode(pi, gpu);
@@ -97,6 +103,27 @@ int run_plan(const PlanCommand& cmd) {
     const bool chosen = mode == "auto" ? choice.choose_resident == resident : true;
     if (chosen) fits = p.device_fits && p.host_fits;
   }
+  // Offload mode's host bytes per parameter of every combination, and what each admits.
+  if (mode != "resident") {
+    pi.resident = false;
+    const auto costs = train::host_costs(pi);
+    const std::size_t device_limit = train::largest_on_device(pi, choice.offload);
+    if (cmd.json) {
+      j["host_costs"] = train::host_costs_json(costs, pi.host_available);
+      if (device_limit) j["host_costs"]["largest_on_device"] = device_limit;
+    } else {
+      const std::string budget =
+          format_bytes(pi.host_available) +
+          (cmd.host_memory.text.empty() ? " (available here)" : " (--host-memory)");
+      std::fputs(train::format_host_costs(costs, pi.host_available, budget).c_str(), stdout);
+      if (device_limit) {
+        std::printf(
+            "  device: offload mode keeps every 16-bit weight there: up to %.2f billion "
+            "parameters in %s with these activations\n",
+            double(device_limit) / 1e9, format_bytes(pi.device_capacity).c_str());
+      }
+    }
+  }
   if (mode == "auto") {
     const char* pick = choice.choose_resident ? "resident" : "offload";
     if (cmd.json) {
@@ -107,6 +134,28 @@ int run_plan(const PlanCommand& cmd) {
   }
   if (cmd.json) std::printf("%s\n", j.dump(2).c_str());
   return fits ? 0 : 3;
+}
+
+int run_info(bool json) {
+  nlohmann::json j = report::system_info();
+  train::PlanInput pi;
+  pi.spec = model::load_model_spec("llama3.1-8b");
+  pi.shape = {1, 4096, false};
+  pi.act_dtype = DType::kBF16;
+  pi.host_available = pinned::host_available_bytes();
+  const auto costs = train::host_costs(pi);
+  if (json) {
+    j["host_costs"] = train::host_costs_json(costs, pi.host_available);
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::fputs(report::format_system_info(j).c_str(), stdout);
+    std::fputs(train::format_host_costs(costs, pi.host_available,
+                                        format_bytes(pi.host_available) + " available")
+                   .c_str(),
+               stdout);
+    std::printf("  (bf16 on a GPU; see `offload_train plan` for a given model and run)\n");
+  }
+  return 0;
 }
 
 }  // namespace zo::cli

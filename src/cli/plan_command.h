@@ -11,7 +11,7 @@ namespace zo::cli {
 struct PlanCommand {
   CLI::App* app = nullptr;
   std::string model = "tiny", optimizer_state = "fp32", precision = "fp32", mode = "auto";
-  std::string grad_accum_on = "auto";
+  std::string grad_accum_on = "auto", master_weights = "fp32";
   int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1;
   bool recompute = false, dpu = false, json = false;
   ByteSize device_memory, host_memory, bucket;
@@ -23,5 +23,10 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
 // Checks the flags as `train` does, prints the plan of each mode asked for (and, for auto, the
 // recommended one); 0 when it fits, 3 when it does not.
 int run_plan(const PlanCommand& cmd);
+
+// `info`: the machine's report, and the host bytes per parameter of each master-weight and
+// optimizer-state combination with the parameters each admits in the memory available here
+// (reckoned for Llama 3.1 8B's shapes in bf16 on a GPU, offload mode, 1 x 4096 tokens).
+int run_info(bool json);
 
 }  // namespace zo::cli

@@ -26,6 +26,7 @@ struct EngineConfig {
   int host_slots = 4;           // pinned ring for host accumulation
   bool dpu = false;             // allocate for delayed updates (begin_step(true) delays a step)
   int ranks = 1, rank = 0;      // data parallel: the job's ranks and this one
+  DType master = DType::kF32;   // the host optimizer's master weights (uploads read them)
   double comm_timeout = 300.0;  // seconds a collective may wait for the other ranks
 };
 
@@ -44,7 +45,7 @@ struct EngineFootprint {
   std::size_t host_grads = 0;    // pinned landing buffer(s), act dtype (one bucket per step)
   std::size_t host_ring = 0;     // pinned accumulation ring (accumulating on the host)
   std::size_t host_accum = 0;    // fp32 accumulators (accumulating on the host)
-  std::size_t host_upload = 0;   // pinned 16-bit upload buffer (16-bit act dtypes)
+  std::size_t host_upload = 0;   // pinned upload buffer (act dtype other than the master's)
 };
 EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act,
                                  const EngineConfig& config);

@@ -33,7 +33,10 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
     gather_out_ = dev_.alloc(std::size_t(config.ranks) * count * esize_, "all-gathered parameters");
     dev_.fill_zero(gather_in_.data(), gather_in_.bytes(), *h2d_);  // the padding is never garbage
   }
-  if (act_ != DType::kF32) {
+  if (config.master != opt_.master_dtype()) {
+    throw std::logic_error("offload engine: EngineConfig::master is not the optimizer's");
+  }
+  if (act_ != opt_.master_dtype()) {
     upload_ =
         pinned::PinnedBuffer(opt_.size() * esize_, dev::staging_pin_options(dev_, config.pin));
   }
@@ -60,8 +63,7 @@ bool UploadPipeline::any_pending() const {
 
 void UploadPipeline::upload_all() {
   drain();
-  if (act_ != DType::kF32)
-    convert_from_float(opt_.master().data(), upload_.data(), act_, opt_.size());
+  if (act_ != opt_.master_dtype()) opt_.copy_master_as(0, layout_.size(), act_, upload_.data());
   for (std::size_t g = 0; g < groups_.size(); ++g)
     enqueue_upload(g);
   sync_(*h2d_, "the parameter all-gather");
@@ -87,15 +89,20 @@ void UploadPipeline::start(cpu_adam::ConstArrayView grads, std::int64_t t, float
 
 void UploadPipeline::run_update(cpu_adam::ConstArrayView grads, std::int64_t t, float lr,
                                 float mult) {
+  // The kernels write 16-bit copies as they update; an fp32 copy of a bf16 master (the host
+  // backend) is widened group by group after.
   cpu_adam::ArrayView out;
-  if (act_ != DType::kF32) out = {upload_.data(), opt_.size(), act_};
+  const bool widen = act_ == DType::kF32 && opt_.master_dtype() != DType::kF32;
+  if (act_ != opt_.master_dtype() && !widen) out = {upload_.data(), opt_.size(), act_};
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       report::ScopedSpan span(trace_, "adam", "adam " + layout_.group_name(g));
       // The previous upload of this group reads the memory this update writes.
       groups_[g].up_end->synchronize();
-      opt_.update_range(groups_[g].range.begin, groups_[g].range.end, grads, t, lr, mult, out);
+      const model::Range& r = groups_[g].range;
+      opt_.update_range(r.begin, r.end, grads, t, lr, mult, out);
+      if (widen) opt_.copy_master_as(r.begin, r.end, act_, upload_.data());
       {
         std::lock_guard lock(mu_);
         adam_done_[g] = 1;
@@ -139,9 +146,9 @@ void UploadPipeline::enqueue(std::size_t g) {
 
 void UploadPipeline::enqueue_upload(std::size_t g) {
   const model::Range& gr = groups_[g].range;
-  // The new parameters in local order: master itself (fp32) or its 16-bit copy.
-  const char* src = act_ == DType::kF32 ? reinterpret_cast<const char*>(opt_.master().data())
-                                        : static_cast<const char*>(upload_.data());
+  // The new parameters in local order: the master itself (in the act dtype) or its copy.
+  const char* src = act_ == opt_.master_dtype() ? static_cast<const char*>(opt_.master_data())
+                                                : static_cast<const char*>(upload_.data());
   char* params = static_cast<char*>(params_.data());
   dev_.record(*groups_[g].up_begin, *h2d_);
   if (gather_ == nullptr) {  // local order is the layout

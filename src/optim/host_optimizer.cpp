@@ -36,6 +36,9 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
       owned_(std::move(owned)),
       config_(config),
       adam_(config.adam, adam_options(config.threads)) {
+  if (config.master_dtype != DType::kF32 && config.master_dtype != DType::kBF16) {
+    throw std::invalid_argument("HostOptimizer: master weights are fp32 or bf16");
+  }
   if (owned_.empty()) owned_.push_back({0, layout_n_, 0});
   std::size_t prev_end = 0;
   for (const OwnedRange& o : owned_) {
@@ -60,7 +63,11 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
   const bool q8 = config.state_format == StateFormat::kQ8;
   // First touch in the optimizer's own threads so pages sit on the updating thread's node.
   adam_.execute([&] {
-    master_ = pinned::HostBuffer::allocate_array<float>(n_, {}, cpu_adam::kChunkElements);
+    const std::size_t mb = dtype_size(config.master_dtype);
+    pinned::PinOptions pin = config.master_pin;
+    pin.placement = {};
+    pin.first_touch_chunk_bytes = cpu_adam::kChunkElements * mb;
+    master_ = pinned::PinnedBuffer(n_ * mb, pin);
     m_ = pinned::HostBuffer(n_ * state_bytes);
     v_ = pinned::HostBuffer(n_ * state_bytes);
     m_.first_touch(cpu_adam::kChunkElements * state_bytes);
@@ -117,7 +124,7 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
       if (!run.decay) c.weight_decay = 0.0f;
       adam_.set_config(c);
       cpu_adam::AdamBuffers buf;
-      buf.params = master().subspan(b, e - b);
+      set_master(buf, b, e - b, lb);
       buf.exp_avg = slice(exp_avg(), b, e);
       buf.exp_avg_sq = slice(exp_avg_sq(), b, e);
       buf.grads = slice(grads, b, e);
@@ -146,7 +153,7 @@ cpu_adam::StepResult HostOptimizer::update_q8(std::size_t begin, std::size_t end
     if (!s.decay) c.weight_decay = 0.0f;
     adam_.set_config(c);
     cpu_adam::AdamBuffers buf;
-    buf.params = master().subspan(s.begin, len);
+    set_master(buf, s.begin, len, s.layout);
     buf.grads = slice(grads, s.begin, s.end);
     buf.params_out = slice(params_out, s.begin, s.end);
     buf.q8 = {q.m.data() + s.begin, q.v.data() + s.begin, q.m_absmax.data() + s.block,
@@ -155,6 +162,59 @@ cpu_adam::StepResult HostOptimizer::update_q8(std::size_t begin, std::size_t end
     result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
   }
   return result;
+}
+
+void HostOptimizer::set_master(cpu_adam::AdamBuffers& buf, std::size_t b, std::size_t n,
+                               std::size_t layout) {
+  if (config_.master_dtype == DType::kF32) {
+    buf.params = master().subspan(b, n);
+    return;
+  }
+  buf.bf16_master = {static_cast<std::uint16_t*>(master_.data()) + b, config_.seed, layout};
+}
+
+std::span<float> HostOptimizer::master() {
+  if (config_.master_dtype != DType::kF32) {
+    throw std::logic_error("HostOptimizer: master() of bf16 master weights; use read_master");
+  }
+  return master_.span<float>();
+}
+
+void HostOptimizer::read_master(std::size_t begin, std::span<float> out) const {
+  if (begin > n_ || out.size() > n_ - begin) throw std::out_of_range("read_master: bad range");
+  const auto* base = static_cast<const char*>(master_.data());
+  convert_to_float(base + begin * dtype_size(config_.master_dtype), config_.master_dtype,
+                   out.data(), out.size());
+}
+
+void HostOptimizer::write_master(std::size_t begin, std::span<const float> values) {
+  if (begin > n_ || values.size() > n_ - begin) throw std::out_of_range("write_master: bad range");
+  auto* base = static_cast<char*>(master_.data());
+  convert_from_float(values.data(), base + begin * dtype_size(config_.master_dtype),
+                     config_.master_dtype, values.size());
+}
+
+void HostOptimizer::copy_master_as(std::size_t begin, std::size_t end, DType dtype, void* out) {
+  const std::size_t ms = dtype_size(config_.master_dtype), os = dtype_size(dtype);
+  const auto* master = static_cast<const char*>(master_.data());
+  auto* dst = static_cast<char*>(out);
+  // In chunks across the optimizer's threads: the whole model at initialisation and resume.
+  for_owned(begin, end - begin, [&](std::size_t, std::size_t to, std::size_t n) {
+    const std::size_t chunks = (n + cpu_adam::kChunkElements - 1) / cpu_adam::kChunkElements;
+    adam_.execute([&] {
+      tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
+        const std::size_t b = to + c * cpu_adam::kChunkElements;
+        const std::size_t k = std::min(to + n, b + cpu_adam::kChunkElements) - b;
+        if (dtype == config_.master_dtype) {
+          std::copy_n(master + b * ms, k * ms, dst + b * os);
+          return;
+        }
+        float tmp[cpu_adam::kChunkElements];
+        convert_to_float(master + b * ms, config_.master_dtype, tmp, k);
+        convert_from_float(tmp, dst + b * os, dtype, k);
+      });
+    });
+  });
 }
 
 cpu_adam::ArrayView HostOptimizer::moment_view(pinned::HostBuffer& b) {
@@ -278,7 +338,7 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
         const std::size_t e = std::min(n_, b + cpu_adam::kChunkElements);
         std::vector<float> values(e - b);
         if (array == 0) {
-          std::copy_n(master().data() + b, e - b, values.data());
+          read_master(b, values);
         } else {
           read_moment(array - 1, b, values);
         }
@@ -300,7 +360,7 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
     const model::TensorInfo* t = &layout.tensor_at(offset);
     float x = 0.0f;
     if (array == 0) {
-      x = master()[local];
+      read_master(local, {&x, 1});
     } else {
       read_moment(array - 1, local, {&x, 1});
     }

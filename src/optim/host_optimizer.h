@@ -1,4 +1,5 @@
-// The host side of training: fp32 master weights and Adam moments in NUMA-placed host memory,
+// The host side of training: master weights (fp32, or bf16 rounded stochastically) and Adam
+// moments in NUMA-placed host memory,
 // updated by cpu_adam with per-tensor weight decay (decay and no-decay tensors interleave in the
 // forward-order layout, so the update runs over maximal runs of equal decay).
 //
@@ -17,6 +18,7 @@
 #include "cpu_adam/cpu_adam.h"
 #include "model/layout.h"
 #include "pinned_memory/host_buffer.h"
+#include "pinned_memory/pinned_buffer.h"
 
 namespace zo::optim {
 
@@ -24,7 +26,15 @@ struct OptimizerConfig {
   AdamConfig adam;  // lr is set per step from the schedule
   model::WeightDecayPolicy decay_policy;
   StateFormat state_format = StateFormat::kF32;  // m and v: fp32, bf16 or q8
-  int threads = 0;                               // 0: all cores
+  // Master weights: kF32, or kBF16 rounded stochastically by cpu_adam from random bits keyed by
+  // (seed, Adam step, layout index), so a run is reproducible bit for bit across resumes.
+  DType master_dtype = DType::kF32;
+  std::uint64_t seed = 0;
+  // Page-locks the master weights when the offload engine uploads straight from them (the
+  // master is in the device's dtype). Its placement is ignored: pages land where the Adam thread
+  // that updates them first touches them.
+  pinned::PinOptions master_pin = {.enable = false};
+  int threads = 0;  // 0: all cores
 };
 
 // Layout elements [begin, end) stored at [local, local + end - begin) of the rank's arrays.
@@ -67,7 +77,24 @@ class HostOptimizer {
     }
   }
 
-  std::span<float> master() { return master_.span<float>(); }
+  DType master_dtype() const { return config_.master_dtype; }
+  // The master weights (size() elements of master_dtype()).
+  void* master_data() { return master_.data(); }
+  // The fp32 master weights (throws std::logic_error with a bf16 master: see read_master).
+  std::span<float> master();
+  // Master weights of local elements [begin, begin + out.size()) as fp32 (bf16: exact).
+  void read_master(std::size_t begin, std::span<float> out) const;
+  // Sets them from fp32 values (bf16 master: rounded to nearest even).
+  void write_master(std::size_t begin, std::span<const float> values);
+  // Sets the owned part of layout elements [offset, offset + values.size()): an import sink.
+  void put_master(std::size_t offset, std::span<const float> values) {
+    for_owned(offset, values.size(), [&](std::size_t from, std::size_t to, std::size_t n) {
+      write_master(to, values.subspan(from, n));
+    });
+  }
+  // The owned master weights of layout range [begin, end) converted to `dtype`, into out (size()
+  // elements of dtype, written at the same local positions).
+  void copy_master_as(std::size_t begin, std::size_t end, DType dtype, void* out);
   // m and v in fp32 or bf16 (throws std::logic_error for q8 state: see q8()).
   cpu_adam::ArrayView exp_avg() { return moment_view(m_); }
   cpu_adam::ArrayView exp_avg_sq() { return moment_view(v_); }
@@ -126,6 +153,8 @@ class HostOptimizer {
 
  private:
   cpu_adam::ArrayView moment_view(pinned::HostBuffer& b);
+  // The update's master-weight arguments for local elements [b, b + n) at layout index `layout`.
+  void set_master(cpu_adam::AdamBuffers& buf, std::size_t b, std::size_t n, std::size_t layout);
   // The segment holding local element i.
   const Segment& segment_of(std::size_t i) const;
   cpu_adam::StepResult update_q8(std::size_t begin, std::size_t end, cpu_adam::ConstArrayView grads,
@@ -136,7 +165,8 @@ class HostOptimizer {
   std::vector<OwnedRange> owned_;
   OptimizerConfig config_;
   cpu_adam::CpuAdam adam_;
-  pinned::HostBuffer master_, m_, v_, m_absmax_, v_absmax_;
+  pinned::PinnedBuffer master_;
+  pinned::HostBuffer m_, v_, m_absmax_, v_absmax_;
   std::vector<Run> runs_;
   std::vector<Segment> segments_;  // in local order
   std::size_t blocks_ = 0;         // q8 blocks over all segments

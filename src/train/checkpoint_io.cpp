@@ -29,23 +29,34 @@ void load_master(const fs::path& dir, const model::ParameterLayout& layout,
                  optim::HostOptimizer& opt) {
   model::import_hf_weights(dir / "model.safetensors", layout,
                            [&opt](std::size_t offset, std::span<const float> values) {
-                             opt.take_owned(offset, values, opt.master().data());
+                             opt.put_master(offset, values);
                            });
 }
 
-// model.safetensors: the fp32 master in HF names and shapes, and the model spec.
+// model.safetensors: the master weights in HF names and shapes, in their own dtype (fp32 or
+// bf16, so that a resume reads them back exactly), and the model spec.
 void add_model_metadata(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
-                        const model::HfSource& source) {
-  model::add_hf_weights(w, layout, source, DType::kF32);
+                        const model::HfSource& source, DType master) {
+  model::add_hf_weights(w, layout, source, master);
   w.set_metadata("format", "pt");
   // The spec again, beside the weights it shapes: read_trainer_state checks the two agree.
   w.set_metadata(std::string(kSpecMetadataKey), layout.spec().to_json().dump());
 }
 
+// The whole master weights of a single process as a source.
+model::HfSource master_source(optim::HostOptimizer& opt) {
+  if (opt.master_dtype() == DType::kF32) return model::hf_source(opt.master());
+  const auto* bits = static_cast<const std::uint16_t*>(opt.master_data());
+  return [bits](const model::TensorInfo& t, std::uint64_t first, std::span<float> out) {
+    for (std::size_t k = 0; k < out.size(); ++k)
+      out[k] = bf16_to_float(bits[t.offset + model::ours_index(t, first + k)]);
+  };
+}
+
 void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& layout,
-                    std::span<const float> master) {
+                    optim::HostOptimizer& opt) {
   ckpt::SafetensorsWriter w;
-  add_model_metadata(w, layout, model::hf_source(master));
+  add_model_metadata(w, layout, master_source(opt), opt.master_dtype());
   dir.write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
 }
 
@@ -81,6 +92,7 @@ nlohmann::json full_state(const nlohmann::json& trainer_state, const model::Para
   state["format_version"] = kCheckpointFormatVersion;
   state["adam_step"] = opt.state().step;
   state["optimizer_state_dtype"] = state_format_name(opt.state_format());
+  state["master_weights_dtype"] = dtype_name(opt.master_dtype());
   state["model_spec"] = layout.spec().to_json();
   return state;
 }
@@ -116,9 +128,12 @@ class GatheredModelFile {
     if (dir != nullptr) {
       try {
         ckpt::SafetensorsWriter w;
-        add_model_metadata(w, layout_,
-                           [this](const model::TensorInfo& t, std::uint64_t first,
-                                  std::span<float> out) { fill(t, first, out); });
+        add_model_metadata(
+            w, layout_,
+            [this](const model::TensorInfo& t, std::uint64_t first, std::span<float> out) {
+              fill(t, first, out);
+            },
+            opt_.master_dtype());
         dir->write_file("model.safetensors", [&](const ckpt::ByteSink& sink) { w.stream(sink); });
       } catch (const CommError&) {
         throw;
@@ -166,7 +181,7 @@ class GatheredModelFile {
     ++steps_;
     mine_.assign(n, 0.0f);
     opt_.for_owned(begin, n, [&](std::size_t from, std::size_t to, std::size_t k) {
-      std::copy_n(opt_.master().data() + to, k, mine_.data() + from);
+      opt_.read_master(to, {mine_.data() + from, k});
     });
     all_.resize(std::size_t(c_.size()) * n);
     c_.all_gather(mine_.data(), all_.data(), n * sizeof(float));
@@ -201,7 +216,7 @@ fs::path save_checkpoint(const fs::path& parent, const model::ParameterLayout& l
   const std::string run_id = trainer_state.value("run_id", std::string());
   ckpt::AtomicDirectory dir(parent / ckpt::checkpoint_dir_name(kCheckpointPrefix, step),
                             ckpt::IfExists::kReplace, run_id);
-  add_model_file(dir, layout, opt.master());
+  add_model_file(dir, layout, opt);
   {
     // Moments in HF shapes too, in the state format, bit for bit (moments_io.h).
     ckpt::SafetensorsWriter w;

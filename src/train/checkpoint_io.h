@@ -1,11 +1,13 @@
 // Training checkpoints: one directory per save, written atomically with a checksummed manifest.
 //
 //   step_00001000/
-//     model.safetensors      fp32 master weights, Hugging Face GPT-2 names and shapes; the model
-//                            spec in its metadata (kSpecMetadataKey), which must agree with
-//                            trainer_state.json's
-//     optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in the optimizer-state dtype
-//     trainer_state.json     step, Adam step, tokens seen, data cursor, resolved config, spec
+//     model.safetensors      master weights (F32, or BF16 with --master-weights bf16), Hugging
+//                            Face names and shapes; the model spec in its metadata
+//                            (kSpecMetadataKey), which must agree with trainer_state.json's
+//     optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> in the optimizer-state dtype (q8:
+//                            U8 codes, and F32 exp_avg_absmax.<name>, exp_avg_sq_absmax.<name>)
+//     trainer_state.json     step, Adam step, tokens seen, data cursor, resolved config, spec,
+//                            the optimizer-state and master-weight dtypes
 //     MANIFEST.json          size and CRC-32C of every file (written last)
 //
 // A data-parallel job of N ranks (docs/scale_out.md) writes, instead of optimizer.safetensors,

@@ -80,6 +80,13 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--optimizer-state " + std::string(state_format_name(optimizer_state)) +
         " is for --mode offload (host memory); resident mode keeps fp32 state on the device");
   }
+  if (mode == "resident" && master_weights != DType::kF32) {
+    bad("--master-weights bf16 is for --mode offload (host memory); resident mode keeps fp32 "
+        "master weights on the device");
+  }
+  if (master_weights != DType::kF32 && master_weights != DType::kBF16) {
+    bad("--master-weights must be fp32 or bf16");
+  }
   if (eval_interval < 0 || eval_batches < 1 || eval_batches > kMaxEvalBatches) {
     bad("--eval-every must be >= 0 and --eval-batches in 1.." + std::to_string(kMaxEvalBatches));
   }
@@ -119,6 +126,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"decay_biases_and_norms", decay_biases_and_norms},
           {"grad_clip", grad_clip},
           {"optimizer_state", state_format_name(optimizer_state)},
+          {"master_weights", dtype_name(master_weights)},
           {"device", device},
           {"mode", mode},
           {"grad_accum_on", grad_accum_on},
@@ -141,6 +149,13 @@ nlohmann::json TrainConfig::to_json() const {
           {"checkpoint_interval", checkpoint_interval},
           {"keep_last", keep_last},
           {"max_nonfinite_steps", max_nonfinite_steps}};
+}
+
+DType parse_master_weights(std::string_view name) {
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  throw std::invalid_argument("--master-weights must be fp32 or bf16 (got '" + std::string(name) +
+                              "')");
 }
 
 }  // namespace zo::train

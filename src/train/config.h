@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -45,6 +46,7 @@ struct TrainConfig {
   bool decay_biases_and_norms = false;
   float grad_clip = 1.0f;  // global-norm clip; 0 = off
   StateFormat optimizer_state = StateFormat::kF32;
+  DType master_weights = DType::kF32;  // kBF16: rounded stochastically (offload mode)
   int adam_threads = 0;
 
   // device and mode
@@ -95,8 +97,9 @@ struct TrainConfig {
   // Start even where another run's checkpoints (or a fresh run's --metrics file) exist: same-
   // numbered checkpoints and that metrics file are replaced (train/run_lineage.h).
   bool overwrite = false;
-  // Resume a checkpoint whose optimizer state is in another format (--optimizer-state): q8 is
-  // dequantized, fp32 or bf16 quantized or rounded. Without it a different format is refused.
+  // Resume a checkpoint whose optimizer state is in another format (--optimizer-state: q8 is
+  // dequantized, fp32 or bf16 quantized or rounded; --master-weights: bf16 widened, fp32 rounded
+  // to nearest even). Without it a different format is refused.
   bool convert_optimizer_state = false;
   // Stop the run (non-zero exit) after this many consecutive steps with non-finite gradients;
   // 0 = never. Dynamic fp16 loss scaling skips a few while it finds its scale.
@@ -116,5 +119,8 @@ struct TrainConfig {
   void validate(const model::ModelSpec& spec) const;
   nlohmann::json to_json() const;
 };
+
+// --master-weights: "fp32" or "bf16"; throws std::invalid_argument naming the flag otherwise.
+DType parse_master_weights(std::string_view name);
 
 }  // namespace zo::train

@@ -1,5 +1,6 @@
 #include "train/plan.h"
 
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 
@@ -39,8 +40,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
-                      model::activation_bytes(in.spec, in.shape, esize)});
-  if (in.resident) p.device.push_back({"norm scratch", 64});
+                      model::activation_bytes(in.spec, in.shape, esize), false});
+  if (in.resident) p.device.push_back({"norm scratch", 64, false});
   const std::size_t sb = state_element_bytes(in.optimizer_state);
   std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)
   state.append(state_format_name(in.optimizer_state)).append(")");
@@ -56,7 +57,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
       owned += o.end - o.begin;
     const std::string part =
         in.engine.ranks > 1 ? " (1/" + std::to_string(in.engine.ranks) + ")" : "";
-    p.host.push_back({"fp32 master weights" + part, owned * 4});
+    p.host.push_back({std::string(dtype_name(in.engine.master)) + " master weights" + part,
+                      owned * dtype_size(in.engine.master)});
     // q8: each block of 2048 of a tensor's owned part carries an fp32 maximum.
     const std::size_t scales =
         in.optimizer_state == StateFormat::kQ8
@@ -71,13 +73,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (f.host_ring) p.host.push_back({"accumulation ring", f.host_ring});
     if (f.host_upload) p.host.push_back({"16-bit upload buffer", f.host_upload});
   }
-  p.host.push_back(
-      {"checkpoint, import and init buffers", checkpoint_buffer_bytes(layout, in.engine.ranks)});
+  p.host.push_back({"checkpoint, import and init buffers",
+                    checkpoint_buffer_bytes(layout, in.engine.ranks), false});
   // The step's losses (every micro-batch), evaluation's (at most 16 batches in flight) and the
   // tokens' two staging slots: page-locked on a GPU.
   const std::size_t BT = std::size_t(in.shape.B) * std::size_t(in.shape.T);
-  p.host.push_back(
-      {"loss and token staging", BT * 4 * (std::size_t(in.engine.grad_accum) + kEvalWindow + 4)});
+  p.host.push_back({"loss and token staging",
+                    BT * 4 * (std::size_t(in.engine.grad_accum) + kEvalWindow + 4), false});
   for (const auto& l : p.device)
     p.device_total += l.bytes;
   for (const auto& l : p.host)
@@ -106,6 +108,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
       advice << "use --optimizer-state "
              << (in.optimizer_state == StateFormat::kF32 ? "bf16 or q8, " : "q8, ");
     }
+    if (!in.resident && in.engine.master == DType::kF32) advice << "--master-weights bf16, ";
     advice << "or a smaller model";
   }
   p.advice = advice.str();
@@ -161,6 +164,8 @@ ModeChoice choose_mode(PlanInput in, bool gpu) {
   } else if (in.optimizer_state != StateFormat::kF32) {
     c.reason =
         std::string(state_format_name(in.optimizer_state)) + " optimizer state lives on the host";
+  } else if (in.engine.master != DType::kF32) {
+    c.reason = "bf16 master weights live on the host";
   } else if (!c.resident.device_fits) {
     c.reason = "the whole training state (" + format_bytes(c.resident.device_total) +
                ") does not fit on the device (" + format_bytes(in.device_capacity) + ")";
@@ -216,6 +221,83 @@ nlohmann::json MemoryPlan::to_json(const PlanInput& in) const {
   if (!in.resident && !accumulation.empty()) j["gradient_accumulation"] = accumulation;
   if (!advice.empty()) j["advice"] = advice;
   return j;
+}
+
+std::size_t HostCost::largest_parameters(std::size_t budget) const {
+  if (budget <= fixed_bytes) return 0;
+  return static_cast<std::size_t>(double(budget - fixed_bytes) / bytes_per_parameter);
+}
+
+std::vector<HostCost> host_costs(const PlanInput& in) {
+  std::vector<HostCost> out;
+  const double n = double(in.spec.num_parameters());
+  for (const DType master : {DType::kF32, DType::kBF16}) {
+    for (const StateFormat state : {StateFormat::kF32, StateFormat::kBF16, StateFormat::kQ8}) {
+      PlanInput c = in;
+      c.resident = false;
+      c.engine.master = master;
+      c.optimizer_state = state;
+      const MemoryPlan p = plan_memory(c);
+      std::size_t grows = 0, fixed = 0;
+      for (const PlanLine& l : p.host)
+        (l.grows ? grows : fixed) += l.bytes;
+      out.push_back({master, state, double(grows) / n, fixed});
+    }
+  }
+  return out;
+}
+
+std::size_t largest_on_device(const PlanInput& in, const MemoryPlan& offload) {
+  if (in.device_capacity == 0) return 0;
+  std::size_t others = 0;
+  for (const PlanLine& l : offload.device)
+    if (!l.what.starts_with("parameters")) others += l.bytes;
+  if (others >= in.device_capacity) return 0;
+  return (in.device_capacity - others) / dtype_size(in.act_dtype);
+}
+
+namespace {
+
+// "1.23 billion", "456.7 million": parameter counts as people say them.
+std::string format_count(std::size_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000) {
+    std::snprintf(buf, sizeof buf, "%.2f billion", double(n) / 1e9);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f million", double(n) / 1e6);
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::string format_host_costs(const std::vector<HostCost>& costs, std::size_t budget,
+                              const std::string& budget_name) {
+  std::ostringstream os;
+  os << "  host bytes per parameter (offload), and the parameters each admits in " << budget_name
+     << ":\n";
+  for (const HostCost& c : costs) {
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "    --master-weights %-4s --optimizer-state %-4s %6.2f bytes  up to %s\n",
+                  std::string(dtype_name(c.master)).c_str(),
+                  std::string(state_format_name(c.state)).c_str(), c.bytes_per_parameter,
+                  format_count(c.largest_parameters(budget)).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+nlohmann::json host_costs_json(const std::vector<HostCost>& costs, std::size_t budget) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const HostCost& c : costs) {
+    rows.push_back({{"master_weights", dtype_name(c.master)},
+                    {"optimizer_state", state_format_name(c.state)},
+                    {"bytes_per_parameter", c.bytes_per_parameter},
+                    {"fixed_bytes", c.fixed_bytes},
+                    {"largest_parameters", c.largest_parameters(budget)}});
+  }
+  return {{"budget", budget}, {"combinations", rows}};
 }
 
 }  // namespace zo::train

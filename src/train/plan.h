@@ -37,6 +37,7 @@ struct PlanInput {
 struct PlanLine {
   std::string what;
   std::size_t bytes;
+  bool grows = true;  // grows with the parameters (not a fixed buffer or the activations)
 };
 
 struct MemoryPlan {
@@ -67,5 +68,24 @@ struct ModeChoice {
   std::string reason;
 };
 ModeChoice choose_mode(PlanInput in, bool gpu);
+
+// What the host holds per parameter with each combination of master weights (fp32, bf16) and
+// optimizer state (fp32, bf16, q8), the other settings as in a plan's input (offload mode), and
+// the largest model each admits: (budget - fixed terms) / bytes per parameter.
+struct HostCost {
+  DType master;
+  StateFormat state;
+  double bytes_per_parameter;  // the host terms that grow with the model, over its parameters
+  std::size_t fixed_bytes;     // those that do not (checkpoint buffers, loss and token staging)
+  std::size_t largest_parameters(std::size_t budget) const;
+};
+std::vector<HostCost> host_costs(const PlanInput& in);
+// The parameters whose 16-bit copy fits on the device beside the plan's other device terms
+// (offload mode keeps every 16-bit weight there); 0 when the device capacity is unknown.
+std::size_t largest_on_device(const PlanInput& in, const MemoryPlan& offload);
+// The table `plan` and `info` print: one line per combination, the budget named.
+std::string format_host_costs(const std::vector<HostCost>& costs, std::size_t budget,
+                              const std::string& budget_name);
+nlohmann::json host_costs_json(const std::vector<HostCost>& costs, std::size_t budget);
 
 }  // namespace zo::train

@@ -48,6 +48,10 @@ const std::map<std::string, Setter>& setters() {
        [](TrainConfig& c, const nlohmann::json& v) {
          c.optimizer_state = parse_state_format(v.get<std::string>());
        }},
+      {"master_weights",
+       [](TrainConfig& c, const nlohmann::json& v) {
+         c.master_weights = parse_master_weights(v.get<std::string>());
+       }},
       {"loss_scale", set(&TrainConfig::loss_scale)},
       {"loss_scale_window", set(&TrainConfig::loss_scale_window)},
       {"loss_scale_backoff", set(&TrainConfig::loss_scale_backoff)},

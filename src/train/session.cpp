@@ -103,21 +103,30 @@ void Session::join_job() {
   }
 }
 
-// A checkpoint's optimizer state is resumed in its own format unless a conversion is asked for:
-// q8 read as fp32 (or the reverse) would silently change what the run trains with.
+// A checkpoint's optimizer state and master weights are resumed in their own formats unless a
+// conversion is asked for: q8 read as fp32 (or the reverse) would silently change what the run
+// trains with.
 void Session::check_state_format() {
-  const std::string saved = resume_state->value("optimizer_state_dtype", std::string("fp32"));
-  const std::string_view wanted = state_format_name(cfg.optimizer_state);
-  if (saved == wanted) return;
-  if (!cfg.convert_optimizer_state) {
-    throw std::invalid_argument(
-        "checkpoint '" + resume_dir.string() + "' holds " + saved +
-        " optimizer state, but this run asks for --optimizer-state " + std::string(wanted) +
-        ": pass --convert-optimizer-state to convert it, or drop --optimizer-state to keep " +
-        saved);
+  struct Format {
+    const char *key, *flag, *what;
+    std::string wanted;
+  };
+  const Format formats[] = {{"optimizer_state_dtype", "--optimizer-state", "optimizer state",
+                             std::string(state_format_name(cfg.optimizer_state))},
+                            {"master_weights_dtype", "--master-weights", "master weights",
+                             std::string(dtype_name(cfg.master_weights))}};
+  for (const Format& f : formats) {
+    const std::string saved = resume_state->value(f.key, std::string("fp32"));
+    if (saved == f.wanted) continue;
+    if (!cfg.convert_optimizer_state) {
+      throw std::invalid_argument("checkpoint '" + resume_dir.string() + "' holds " + saved + " " +
+                                  f.what + ", but this run asks for " + f.flag + " " + f.wanted +
+                                  ": pass --convert-optimizer-state to convert them, "
+                                  "or drop " +
+                                  f.flag + " to keep " + saved);
+    }
+    notes.push_back("converted the checkpoint's " + saved + " " + f.what + " to " + f.wanted);
   }
-  notes.push_back("the checkpoint's " + saved + " optimizer state is converted to " +
-                  std::string(wanted));
 }
 
 // The model: from the checkpoint when resuming without --model.
@@ -267,6 +276,13 @@ void Session::make_optimizer_state() {
   oc.decay_policy.embeddings = cfg.decay_embeddings;
   oc.decay_policy.biases_and_norms = cfg.decay_biases_and_norms;
   oc.state_format = cfg.optimizer_state;
+  oc.master_dtype = cfg.master_weights;
+  oc.seed = cfg.seed;
+  if (!resident && act == cfg.master_weights) {  // the engine uploads from the master itself
+    const pinned::PinOptions staging = dev::staging_pin_options(*dev, cfg.pin);
+    oc.master_pin.enable = staging.enable;
+    oc.master_pin.locker = staging.locker;
+  }
   oc.threads = cfg.adam_threads != 0 ? cfg.adam_threads : adam_threads_default();
   if (ranks > 1) {  // every rank's partition (checkpoints gather by them); this rank's own
     for (int r = 0; r < ranks; ++r) {
@@ -300,6 +316,23 @@ void Session::make_updater_and_model() {
   }
 }
 
+// Our own initial weights of the owned ranges: straight into an fp32 master, through pieces of
+// kImportPieceElements (counted in the plan) into a bf16 one.
+void Session::init_master() {
+  for (const optim::OwnedRange& o : opt->owned()) {
+    if (opt->master_dtype() == DType::kF32) {
+      model::init_weights(*layout, cfg.seed, o.begin, o.end, opt->master().data() + o.local);
+      continue;
+    }
+    std::vector<float> piece(std::min(model::kImportPieceElements, o.end - o.begin));
+    for (std::size_t b = o.begin; b < o.end; b += piece.size()) {
+      const std::size_t e = std::min(o.end, b + piece.size());
+      model::init_weights(*layout, cfg.seed, b, e, piece.data());
+      opt->write_master(o.local + (b - o.begin), {piece.data(), e - b});
+    }
+  }
+}
+
 // The initial or resumed weights and optimizer state, on the host.
 void Session::init_weights() {
   if (resume_state) {
@@ -310,15 +343,13 @@ void Session::init_weights() {
     if (st.contains("loss_scaler")) scaler.restore(st.at("loss_scaler"));
   } else {
     // Every rank makes (or reads) only the parts of the initial model it owns.
-    float* master = opt->master().data();
     if (!cfg.init_from.empty()) {
       model::import_hf_weights(cfg.init_from, *layout,
                                [&](std::size_t offset, std::span<const float> values) {
-                                 opt->take_owned(offset, values, master);
+                                 opt->put_master(offset, values);
                                });
     } else {
-      for (const optim::OwnedRange& o : opt->owned())
-        model::init_weights(*layout, cfg.seed, o.begin, o.end, master + o.local);
+      init_master();
     }
   }
   if (!resume_state && cfg.init_from.empty()) return;  // our own initialisation is finite
@@ -388,6 +419,7 @@ offload::EngineConfig Session::engine_config() const {
   e.pin = cfg.pin;
   e.dpu = cfg.dpu;
   e.ranks = ranks;
+  e.master = cfg.master_weights;
   e.rank = rank;
   e.comm_timeout = cfg.comm_timeout;
   return e;

@@ -77,6 +77,7 @@ struct Session {
   void open_data();
   void open_device_and_plan();
   void make_optimizer_state();
+  void init_master();
   void make_updater_and_model();
   void init_weights();
   void claim_outputs();

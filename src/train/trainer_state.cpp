@@ -111,6 +111,11 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
       refuse(dir, "optimizer_state_dtype",
              "is " + brief(d) + "; expected \"fp32\", \"bf16\" or \"q8\"");
   }
+  if (state.contains("master_weights_dtype")) {
+    const Json& d = state["master_weights_dtype"];
+    if (d != "fp32" && d != "bf16")
+      refuse(dir, "master_weights_dtype", "is " + brief(d) + "; expected \"fp32\" or \"bf16\"");
+  }
   // The loader checks its own state against this run's data when it restores it.
   object_member(state, "", "data", dir);
   if (state.contains("loss_scaler")) check_loss_scaler(state["loss_scaler"], dir);

@@ -1,0 +1,113 @@
+// The planner's host bytes per parameter of every master-weight and optimizer-state combination
+// against the formula written out term by term, and the largest model each admits against the
+// plan of a model that size.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <string>
+
+#include "cpu_adam/cpu_adam.h"
+#include "model/layout.h"
+#include "model/spec.h"
+#include "train/plan.h"
+
+namespace {
+
+using zo::DType;
+using zo::StateFormat;
+
+zo::train::PlanInput gpt2_input(DType act) {
+  zo::train::PlanInput in;
+  in.spec = zo::model::load_model_spec("gpt2-124m");
+  in.shape = {2, 512, false};
+  in.act_dtype = act;
+  return in;
+}
+
+// q8's block maxima: 4 bytes for each of m and v per block of 2048 of every tensor.
+double q8_scale_bytes(const zo::model::ModelSpec& spec) {
+  std::size_t blocks = 0;
+  for (const auto& t : zo::model::ParameterLayout(spec).tensors())
+    blocks += (t.numel + 2047) / 2048;
+  return 8.0 * double(blocks) / double(spec.num_parameters());
+}
+
+// Master, m, v, the gradient landing buffer (act dtype) and the upload buffer (act dtype, none
+// when the master is already in it).
+double expected_bytes(DType act, DType master, StateFormat state, double scales) {
+  const double moment = state == StateFormat::kF32 ? 4 : state == StateFormat::kBF16 ? 2 : 1;
+  const double a = double(zo::dtype_size(act));
+  return double(zo::dtype_size(master)) + 2 * moment + (state == StateFormat::kQ8 ? scales : 0) +
+         a + (act == master ? 0 : a);
+}
+
+TEST(PlanCosts, HostBytesPerParameterOfEachCombination) {
+  for (const DType act : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const auto in = gpt2_input(act);
+    const auto costs = zo::train::host_costs(in);
+    ASSERT_EQ(costs.size(), 6u);
+    const double scales = q8_scale_bytes(in.spec);
+    for (const auto& c : costs) {
+      SCOPED_TRACE(std::string(zo::dtype_name(act)) + " " + std::string(zo::dtype_name(c.master)) +
+                   " " + std::string(zo::state_format_name(c.state)));
+      EXPECT_NEAR(c.bytes_per_parameter, expected_bytes(act, c.master, c.state, scales), 1e-9);
+      EXPECT_GT(c.fixed_bytes, 0u);
+    }
+  }
+  // The headline: bf16 on the GPU, bf16 master and q8 state hold 6 bytes per parameter.
+  const auto costs = zo::train::host_costs(gpt2_input(DType::kBF16));
+  EXPECT_NEAR(costs.front().bytes_per_parameter, 16.0, 1e-9);
+  EXPECT_NEAR(costs.back().bytes_per_parameter, 6.0, 0.01);
+}
+
+// A budget equal to a combination's plan admits that model (and not a larger one); a byte less
+// does not admit it.
+TEST(PlanCosts, TheLargestModelAdmittedIsTheOneThatFillsTheBudget) {
+  for (const char* model : {"gpt2-124m", "llama3.1-8b"}) {
+    auto in = gpt2_input(DType::kBF16);
+    in.spec = zo::model::load_model_spec(model);
+    const std::size_t n = in.spec.num_parameters();
+    for (const auto& c : zo::train::host_costs(in)) {
+      auto one = in;
+      one.engine.master = c.master;
+      one.optimizer_state = c.state;
+      const std::size_t total = zo::train::plan_memory(one).host_total;
+      const std::size_t admitted = c.largest_parameters(total);
+      EXPECT_LE(admitted, n) << model;
+      EXPECT_GE(admitted + 1, n) << model;
+      EXPECT_LT(c.largest_parameters(total - 64), n) << model;
+      EXPECT_EQ(c.largest_parameters(c.fixed_bytes), 0u);
+    }
+  }
+}
+
+TEST(PlanCosts, TheDeviceLimitCountsEverythingButTheWeights) {
+  auto in = gpt2_input(DType::kBF16);
+  in.device_capacity = std::size_t(80) << 30;
+  const auto p = zo::train::plan_memory(in);
+  const std::size_t limit = zo::train::largest_on_device(in, p);
+  const std::size_t weights = p.device.front().bytes;
+  EXPECT_EQ(limit, (in.device_capacity - (p.device_total - weights)) / 2);
+  in.device_capacity = 0;
+  EXPECT_EQ(zo::train::largest_on_device(in, p), 0u);
+}
+
+TEST(PlanCosts, TheTableNamesEveryCombinationAndTheBudget) {
+  const auto costs = zo::train::host_costs(gpt2_input(DType::kBF16));
+  const std::string text =
+      zo::train::format_host_costs(costs, std::size_t(128) << 30, "128.00 GiB (--host-memory)");
+  EXPECT_NE(text.find("128.00 GiB (--host-memory)"), std::string::npos) << text;
+  for (const char* master : {"fp32", "bf16"})
+    for (const char* state : {"fp32 ", "bf16 ", "q8  "})
+      EXPECT_NE(
+          text.find(std::string("--master-weights ") + master + " --optimizer-state " + state),
+          std::string::npos)
+          << text;
+  const auto j = zo::train::host_costs_json(costs, std::size_t(128) << 30);
+  ASSERT_EQ(j.at("combinations").size(), 6u);
+  EXPECT_EQ(j.at("budget").get<std::size_t>(), std::size_t(128) << 30);
+  EXPECT_EQ(j.at("combinations").back().at("largest_parameters").get<std::size_t>(),
+            costs.back().largest_parameters(std::size_t(128) << 30));
+}
+
+}  // namespace
