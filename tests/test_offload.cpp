@@ -124,6 +124,7 @@ TEST(BucketPlan, ShardsSplitEveryBucketAmongTheRanks) {
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -252,58 +253,115 @@ INSTANTIATE_TEST_SUITE_P(BucketSizes, EngineTest,
                                            std::size_t{30011}, std::size_t{1} << 30));
 
 // A rank's optimizer over its partition updates exactly what the whole optimizer updates there,
-// bit for bit (fp32 and bf16 state), group range by group range as the engine calls it.
+// bit for bit (fp32 and bf16 state; fp32 and bf16 master, whose random rounding bits follow the
+// layout index), group range by group range as the engine calls it.
 TEST(HostOptimizer, PartitionsUpdateLikeTheWhole) {
   const zo::model::ParameterLayout layout(odd_spec());
   const std::size_t n = layout.size();
   const zo::offload::BucketPlan plan(layout, {4108, 4, true});
-  for (const zo::DType sd : {zo::DType::kF32, zo::DType::kBF16}) {
-    auto c = opt_config();
-    c.state_format = sd == zo::DType::kF32 ? zo::StateFormat::kF32 : zo::StateFormat::kBF16;
-    HostOptimizer whole(layout, c);
-    zo::model::init_weights(layout, 7, whole.master().data());
-    std::vector<std::unique_ptr<HostOptimizer>> parts;
-    for (int r = 0; r < 3; ++r) {
-      parts.push_back(
-          std::make_unique<HostOptimizer>(layout, c, zo::offload::owned_ranges(plan.shards(r, 3))));
-      parts.back()->take_owned(whole.master().data(), parts.back()->master().data());
-    }
-    std::mt19937 rng(11);
-    std::normal_distribution<float> g(0.0f, 1e-2f);
-    std::vector<float> grads(n), local;
-    for (std::int64_t t = 1; t <= 3; ++t) {
-      for (auto& x : grads)
-        x = g(rng);
-      whole.step({grads.data(), n, zo::DType::kF32}, 1e-3f, 0.5f);
-      for (auto& p : parts) {
-        local.resize(p->size());
-        p->take_owned(grads.data(), local.data());
-        for (const zo::model::Range& r : layout.groups()) {  // embeddings, blocks, ln_f
-          p->update_range(r.begin, r.end, {local.data(), local.size(), zo::DType::kF32}, t, 1e-3f,
-                          0.5f);
+  std::vector<float> init(n);
+  zo::model::init_weights(layout, 7, init.data());
+  for (const zo::DType master : {zo::DType::kF32, zo::DType::kBF16})
+    for (const zo::DType sd : {zo::DType::kF32, zo::DType::kBF16}) {
+      SCOPED_TRACE(std::string(zo::dtype_name(master)) + " master");
+      auto c = opt_config();
+      c.state_format = sd == zo::DType::kF32 ? zo::StateFormat::kF32 : zo::StateFormat::kBF16;
+      c.master_dtype = master;
+      c.seed = 5;
+      HostOptimizer whole(layout, c);
+      whole.put_master(0, init);
+      std::vector<std::unique_ptr<HostOptimizer>> parts;
+      for (int r = 0; r < 3; ++r) {
+        parts.push_back(std::make_unique<HostOptimizer>(
+            layout, c, zo::offload::owned_ranges(plan.shards(r, 3))));
+        parts.back()->put_master(0, init);
+      }
+      std::mt19937 rng(11);
+      std::normal_distribution<float> g(0.0f, 1e-2f);
+      std::vector<float> grads(n), local;
+      for (std::int64_t t = 1; t <= 3; ++t) {
+        for (auto& x : grads)
+          x = g(rng);
+        whole.step({grads.data(), n, zo::DType::kF32}, 1e-3f, 0.5f);
+        for (auto& p : parts) {
+          local.resize(p->size());
+          p->take_owned(grads.data(), local.data());
+          for (const zo::model::Range& r : layout.groups()) {  // embeddings, blocks, ln_f
+            p->update_range(r.begin, r.end, {local.data(), local.size(), zo::DType::kF32}, t, 1e-3f,
+                            0.5f);
+          }
         }
       }
+      std::vector<float> all(n);
+      whole.read_master(0, all);
+      EXPECT_NE(all, init);
+      std::size_t total = 0;
+      for (auto& p : parts) {
+        std::vector<float> expect(p->size()), got(p->size());
+        p->take_owned(all.data(), expect.data());
+        p->read_master(0, got);
+        ASSERT_EQ(got, expect);
+        const std::size_t es = zo::dtype_size(sd);
+        std::vector<char> m(p->size() * es);
+        for (const auto& o : p->owned())
+          std::memcpy(m.data() + o.local * es,
+                      static_cast<const char*>(whole.exp_avg().data) + o.begin * es,
+                      (o.end - o.begin) * es);
+        EXPECT_EQ(std::memcmp(m.data(), p->exp_avg().data, m.size()), 0);
+        total += p->size();
+      }
+      EXPECT_EQ(total, n);
     }
-    std::size_t total = 0;
-    for (auto& p : parts) {
-      std::vector<float> expect(p->size());
-      p->take_owned(whole.master().data(), expect.data());
-      for (std::size_t i = 0; i < p->size(); ++i)
-        ASSERT_EQ(p->master()[i], expect[i]) << i;
-      const std::size_t es = zo::dtype_size(sd);
-      std::vector<char> m(p->size() * es);
-      for (const auto& o : p->owned())
-        std::memcpy(m.data() + o.local * es,
-                    static_cast<const char*>(whole.exp_avg().data) + o.begin * es,
-                    (o.end - o.begin) * es);
-      EXPECT_EQ(std::memcmp(m.data(), p->exp_avg().data, m.size()), 0);
-      total += p->size();
-    }
-    EXPECT_EQ(total, n);
-  }
   EXPECT_THROW(HostOptimizer(layout, opt_config(), {{5, 3, 0}}), std::invalid_argument);
   EXPECT_THROW(HostOptimizer(layout, opt_config(), {{0, 4, 0}, {2, 8, 4}}), std::invalid_argument);
   EXPECT_THROW(HostOptimizer(layout, opt_config(), {{0, 4, 1}}), std::invalid_argument);
+}
+
+// q8 moments set from fp32 values: each block's absmax is its largest magnitude, every value
+// reads back within half a step of the map at that magnitude (the map's steps are at most 0.9/64
+// of a decade's top), a value read back and written again keeps its codes, and a block whose
+// largest value is below FLT_MIN is flushed to zero as the kernels do (its reciprocal would
+// overflow).
+TEST(HostOptimizer, Q8MomentsWrittenFromFloatsReadBackWithinAStep) {
+  const zo::model::ParameterLayout layout(odd_spec());
+  auto c = opt_config();
+  c.state_format = zo::StateFormat::kQ8;
+  HostOptimizer opt(layout, c);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.0f, 1e-3f);
+  for (const auto& seg : opt.segments()) {
+    std::vector<float> v(seg.end - seg.begin), back(v.size());
+    for (auto& x : v)
+      x = g(rng);
+    if (v.size() > 2048)
+      for (std::size_t i = 0; i < 2048; ++i)
+        v[i] = 1e-39f * float(i % 7);  // subnormal: the first block flushes
+    opt.write_moment(0, seg.begin, v);
+    opt.read_moment(0, seg.begin, back);
+    for (std::size_t b = 0; b < v.size(); b += 2048) {
+      const std::size_t e = std::min(v.size(), b + 2048);
+      float absmax = 0.0f;
+      for (std::size_t i = b; i < e; ++i)
+        absmax = std::max(absmax, std::fabs(v[i]));
+      for (std::size_t i = b; i < e; ++i) {
+        if (absmax < std::numeric_limits<float>::min()) {
+          ASSERT_EQ(back[i], 0.0f) << i;
+          continue;
+        }
+        // The decade of |v| below the top: its step is 10^-E * 0.9 / 2^(6-E) of absmax.
+        const double r = std::fabs(double(v[i])) / double(absmax);
+        int E = 0;
+        while (E < 6 && r < std::pow(10.0, -E - 1))
+          ++E;
+        const double step = std::pow(10.0, -E) * 0.9 / std::pow(2.0, 6 - E) * absmax;
+        ASSERT_NEAR(back[i], v[i], 0.5 * step + 1e-7 * absmax) << i;
+      }
+    }
+    std::vector<float> again(v.size());
+    opt.write_moment(0, seg.begin, back);
+    opt.read_moment(0, seg.begin, again);
+    ASSERT_EQ(again, back);
+  }
 }
 
 // Data parallel through the engine (reduce-scatter on the gradient stream, partitioned CPU

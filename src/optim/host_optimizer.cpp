@@ -301,6 +301,7 @@ void HostOptimizer::write_moment(int k, std::size_t begin, std::span<const float
       const float x = std::fabs(values[i - begin]);
       a = x > a || x != x ? x : a;  // NaN sticks
     }
+    if (a < std::numeric_limits<float>::min()) a = 0.0f;  // as the kernels: 1/a could overflow
     absmax[s.block + (b - s.begin) / cpu_adam::kQ8Block] = a;
     const float inv = a > 0.0f ? 1.0f / a : 0.0f;
     for (std::size_t i = b; i < e; ++i)
