@@ -30,6 +30,7 @@ unset label 1
 
 set ylabel "val loss vs fp32 (%)"
 set yrange [* < -2 : 2 < *]  # at least ±2%, more if a config strays further
+set key tmargin center horizontal  # above the panel: the curves can be anywhere in it
 if (has_fp32) {
   plot 1 with lines lc rgb "#999999" dt 3 title "±1%", -1 with lines lc rgb "#999999" dt 3 notitle, \
        for [i=1:n] csv using 1:(100 * (column(word(cfgs, i)."_val") / column("fp32_val") - 1)) \
