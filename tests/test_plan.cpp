@@ -27,7 +27,8 @@ zo::train::PlanInput gpt2_input(DType act) {
 // q8's block maxima: 4 bytes for each of m and v per block of 2048 of every tensor.
 double q8_scale_bytes(const zo::model::ModelSpec& spec) {
   std::size_t blocks = 0;
-  for (const auto& t : zo::model::ParameterLayout(spec).tensors())
+  const zo::model::ParameterLayout layout(spec);
+  for (const auto& t : layout.tensors())
     blocks += (t.numel + 2047) / 2048;
   return 8.0 * double(blocks) / double(spec.num_parameters());
 }
