@@ -28,6 +28,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "file_size_limit.h"
 
 namespace fs = std::filesystem;
 using namespace zo::ckpt;
@@ -651,19 +652,13 @@ TEST(AtomicFile, WriteErrorMidwayLeavesOldFile) {
   TempDir tmp;
   const fs::path p = tmp / "model.safetensors";
   write_file_atomic(p, std::string_view("precious"));
-  rlimit old_limit{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  if (old_limit.rlim_max != RLIM_INFINITY && old_limit.rlim_max < (1u << 20)) {
-    GTEST_SKIP() << "hard RLIMIT_FSIZE too low to run this test";
+  std::string msg;
+  {
+    const zo::test::FileSizeLimit limit(64u << 10);
+    if (!limit.active()) GTEST_SKIP() << "cannot lower RLIMIT_FSIZE here";
+    const std::string big(1u << 20, 'y');
+    msg = error_of([&] { write_file_atomic(p, bytes_of(big)); });
   }
-  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  rlimit lim = old_limit;
-  lim.rlim_cur = 64u << 10;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  const std::string big(1u << 20, 'y');
-  const std::string msg = error_of([&] { write_file_atomic(p, bytes_of(big)); });
-  ::setrlimit(RLIMIT_FSIZE, &old_limit);
-  ::signal(SIGXFSZ, old_handler);
   EXPECT_HAS(msg, p.string());
   EXPECT_HAS(msg, "File too large");
   EXPECT_HAS(msg, "ulimit -f");

@@ -20,6 +20,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
+#include "file_size_limit.h"
 #include "input_test.h"
 #include "optim/host_optimizer.h"
 #include "thread_comm.h"
@@ -365,19 +366,13 @@ TEST(ShardedSave, Q8StateResumesWithAnotherRankCountRequantized) {
 TEST(ShardedSave, AFailedModelFileOnRankZeroFailsEveryRank) {
   Scratch tmp;
   const zo::model::ParameterLayout layout(zo::model::load_model_spec("tiny"));
-  rlimit old_limit{};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  if (old_limit.rlim_max != RLIM_INFINITY && old_limit.rlim_max < (1u << 20)) {
-    GTEST_SKIP() << "hard RLIMIT_FSIZE too low to run this test";
+  std::vector<std::string> errors;
+  {
+    // Each rank's shard holds 2 x 4 B x L / 3, the model file 4 B x L: the limit is between.
+    const zo::test::FileSizeLimit limit(layout.size() * 10 / 3);
+    if (!limit.active()) GTEST_SKIP() << "cannot lower RLIMIT_FSIZE here";
+    errors = save_three_ranks(layout, tmp.path);
   }
-  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  rlimit lim = old_limit;
-  // Each rank's shard holds 2 x 4 B x L / 3, the model file 4 B x L: the limit is between.
-  lim.rlim_cur = layout.size() * 10 / 3;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  const std::vector<std::string> errors = save_three_ranks(layout, tmp.path);
-  ::setrlimit(RLIMIT_FSIZE, &old_limit);
-  ::signal(SIGXFSZ, old_handler);
   EXPECT_HAS(errors[0], "File too large");
   for (int r : {1, 2})
     EXPECT_HAS(errors[std::size_t(r)], "other rank(s) could not write their checkpoint shard");
