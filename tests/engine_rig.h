@@ -75,6 +75,7 @@ class CorruptOneGradient final : public model::ParameterStore {
   CorruptOneGradient(offload::Engine& e, dev::Device& d, dev::Stream& s, std::size_t offset,
                      std::vector<char> value, int micro)
       : e_(e), d_(d), s_(s), offset_(offset), value_(std::move(value)), micro_(micro) {}
+  const void* param(std::size_t offset) override { return e_.param(offset); }
   const void* params() override { return e_.params(); }
   void before_read(std::size_t group) override { e_.before_read(group); }
   void* grad(std::size_t offset) override { return e_.grad(offset); }

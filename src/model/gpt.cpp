@@ -64,28 +64,42 @@ Gpt::Gpt(dev::Device& device, const ParameterLayout& layout, const ModelShape& s
   losses_ = a.next_f32();
   dres_ = a.next(), dfch_ = a.next(), dln2_ = a.next(), datty_ = a.next(), dqkv_ = a.next();
   dln1_ = a.next();
+  dlnf_ = dln1_;  // the LM head's input gradient, before the blocks need dln1_
+}
+
+void Gpt::embed_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  const int C = layout_.spec().n_embd;
+  // A decode step's row is at position row0: wpe's row of that position.
+  device_.embedding_forward(
+      at(residuals_[0], std::size_t(r.row0) * C), tokens() + r.row0, store.param(layout_.wte()),
+      at(store.param(layout_.wpe()), std::size_t(r.row0) * C), r.B, r.T, C, s);
 }
 
 // Block l from its first LayerNorm to the MLP's projection into fcproj_, over the rows of r. In
-// forward, the LayerNorm comes from the residual add that ends the previous block (run() fuses
-// the two); recomputing for backward, the block computes it itself and stops after the GELU:
-// backward reads nothing later, and residuals_[l + 1] still holds the block's output (and
-// acts(l + 1), shared with this block under recompute, must not be written). A decode step
-// writes its qkv row into the cache (a.qkv) and attends to the cached rows.
-void Gpt::block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
+// forward, the LayerNorm comes with the residual add that ends the previous block (fused; the
+// last block's add comes with the final LayerNorm); recomputing for backward, the block computes
+// the LayerNorm from residuals_[l] and stops after the GELU: backward reads nothing later, and
+// residuals_[l + 1] still holds the block's output (and acts(l + 1), shared with this block under
+// recompute, must not be written). A decode step writes its qkv row into the cache (a.qkv) and
+// attends to the cached rows.
+void Gpt::block_forward(ParameterStore& store, int l, const RowSpan& r, bool recomputing,
                         dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const int N = r.rows(), C = spec.n_embd;
   const BlockParams& bp = layout_.block(l);
-  auto p = [&](std::size_t off) { return at(params, off); };
+  auto p = [&](std::size_t off) { return store.param(off); };
   auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   LayerActs& a = acts(l);
-  const void* in = row(residuals_[static_cast<std::size_t>(l)], C);
+  void* in = row(residuals_[static_cast<std::size_t>(l)], C);
   void *ln1 = row(a.ln1, C), *atty = row(a.atty, C), *res2 = row(a.res2, C), *ln2 = row(a.ln2, C);
   void *fch = row(a.fch, 4 * C), *fch_gelu = row(a.fch_gelu, 4 * C);
-  if (recomputing) {
+  if (recomputing || l == 0) {
     device_.layernorm_forward(ln1, a.ln1_mean + r.row0, a.ln1_rstd + r.row0, in, p(bp.ln1_w),
                               p(bp.ln1_b), N, C, s);
+  } else {  // in = the previous block's res2 + fcproj_
+    device_.residual_layernorm_forward(in, ln1, a.ln1_mean + r.row0, a.ln1_rstd + r.row0,
+                                       row(acts(l - 1).res2, C), fcproj_, p(bp.ln1_w), p(bp.ln1_b),
+                                       N, C, s);
   }
   device_.matmul_forward(row(a.qkv, 3 * C), ln1, p(bp.qkv_w), p(bp.qkv_b), {N, C, 3 * C}, s);
   if (r.decode()) {
@@ -101,91 +115,59 @@ void Gpt::block_forward(const void* params, int l, const RowSpan& r, bool recomp
   device_.matmul_forward(fcproj_, fch_gelu, p(bp.fcproj_w), p(bp.fcproj_b), {N, 4 * C, C}, s);
 }
 
-void Gpt::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+void Gpt::final_norm_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
-  const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
-  const void* params = store.params();
-  auto p = [&](std::size_t off) { return at(params, off); };
-  auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
-  const int f = r.row0;  // the rows' offset into the per-row statistics
-  store.before_read(0);
-  // A decode step's row is at position row0: wpe's row of that position.
-  device_.embedding_forward(row(residuals_[0], C), tokens() + f, p(layout_.wte()),
-                            row(p(layout_.wpe()), C), r.B, r.T, C, s);
-  store.before_read(1);
-  const BlockParams& first = layout_.block(0);
-  device_.layernorm_forward(row(acts(0).ln1, C), acts(0).ln1_mean + f, acts(0).ln1_rstd + f,
-                            row(residuals_[0], C), p(first.ln1_w), p(first.ln1_b), N, C, s);
-  for (int l = 0; l < L; ++l) {
-    block_forward(params, l, r, false, s);
-    // The residual add that ends block l, fused with the LayerNorm that reads its output: block
-    // l + 1's first, or the final one.
-    store.before_read(std::size_t(l) + 2);
-    void* out = row(residuals_[std::size_t(l) + 1], C);
-    const void* res2 = row(acts(l).res2, C);
-    if (l + 1 < L) {
-      LayerActs& next = acts(l + 1);
-      const BlockParams& bp = layout_.block(l + 1);
-      device_.residual_layernorm_forward(out, row(next.ln1, C), next.ln1_mean + f,
-                                         next.ln1_rstd + f, res2, fcproj_, p(bp.ln1_w), p(bp.ln1_b),
-                                         N, C, s);
-    } else {
-      device_.residual_layernorm_forward(out, row(lnf_, C), lnf_mean_ + f, lnf_rstd_ + f, res2,
-                                         fcproj_, p(layout_.lnf_w()), p(layout_.lnf_b()), N, C, s);
-    }
-  }
-  // The LM head; logits rows Vp_ apart (the device's GEMM stride), only the first V columns used.
-  device_.matmul_forward(row(logits_, Vp_), row(lnf_, C), p(layout_.wte()), nullptr, {N, C, V, Vp_},
-                         s);
+  const int N = r.rows(), C = spec.n_embd, f = r.row0;
+  auto row = [&](const void* buf, int width) { return at(buf, std::size_t(f) * width); };
+  // The last block's residual add, fused with the final LayerNorm.
+  device_.residual_layernorm_forward(row(residuals_.back(), C), row(lnf_, C), lnf_mean_ + f,
+                                     lnf_rstd_ + f, row(acts(spec.n_layer - 1).res2, C), fcproj_,
+                                     store.param(layout_.lnf_w()), store.param(layout_.lnf_b()), N,
+                                     C, s);
 }
 
-void Gpt::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
+void Gpt::final_norm_backward(ParameterStore& store, int t, dev::Stream& s) {
+  const int N = shape_.B * t, C = layout_.spec().n_embd;
+  device_.layernorm_backward(dres_, nullptr, store.grad(layout_.lnf_w()),
+                             store.grad(layout_.lnf_b()), dlnf_, residuals_.back(),
+                             store.param(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, s);
+}
+
+// dres_ carries dL/d(residual stream) down through the blocks: each LayerNorm backward adds its
+// input gradient to it in place.
+void Gpt::block_backward(ParameterStore& store, int l, int t, dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
-  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size;
-  const void* params = store.params();
-  auto p = [&](std::size_t off) { return at(params, off); };
+  const int N = shape_.B * t, C = spec.n_embd;
+  auto p = [&](std::size_t off) { return store.param(off); };
   auto g = [&](std::size_t off) { return store.grad(off); };
   auto done = [&](std::size_t off) { store.complete_from(off); };
+  const BlockParams& bp = layout_.block(l);
+  LayerActs& a = acts(l);
+  const void* in = residuals_[static_cast<std::size_t>(l)];
+  device_.matmul_dgelu_backward(dfch_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
+                                p(bp.fcproj_w), a.fch, {N, 4 * C, C}, s);
+  done(bp.fcproj_w);
+  device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w), {N, C, 4 * C},
+                          s);
+  done(bp.fc_w);
+  device_.layernorm_backward(dres_, dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
+                             a.ln2_mean, a.ln2_rstd, N, C, s);
+  done(bp.ln2_w);
+  device_.matmul_backward(datty_, g(bp.attproj_w), g(bp.attproj_b), dres_, a.atty, p(bp.attproj_w),
+                          {N, C, C}, s);
+  done(bp.attproj_w);
+  device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, {shape_.B, t, C, spec.n_head}, s);
+  device_.matmul_backward(dln1_, g(bp.qkv_w), g(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w), {N, C, 3 * C},
+                          s);
+  done(bp.qkv_w);
+  device_.layernorm_backward(dres_, dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w),
+                             a.ln1_mean, a.ln1_rstd, N, C, s);
+  done(bp.ln1_w);
+}
 
-  // LM head (tied to wte) and final LayerNorm; dln1_ doubles as d(lnf). Activation gradients
-  // are written, not accumulated into zeroed buffers (device.h).
-  device_.matmul_backward(dln1_, g(layout_.wte()), nullptr, logits_, lnf_, p(layout_.wte()),
-                          {N, C, V, Vp_}, s);
-  device_.layernorm_backward(dres_, nullptr, g(layout_.lnf_w()), g(layout_.lnf_b()), dln1_,
-                             residuals_.back(), p(layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C, s);
-  done(layout_.lnf_w());
-
-  // dres_ carries dL/d(residual stream) down through the blocks: each LayerNorm backward adds its
-  // input gradient to it in place.
-  for (int l = spec.n_layer - 1; l >= 0; --l) {
-    if (shape_.recompute) block_forward(params, l, RowSpan::whole(shape_.B, t), true, s);
-    const BlockParams& bp = layout_.block(l);
-    LayerActs& a = acts(l);
-    const void* in = residuals_[static_cast<std::size_t>(l)];
-    device_.matmul_dgelu_backward(dfch_, g(bp.fcproj_w), g(bp.fcproj_b), dres_, a.fch_gelu,
-                                  p(bp.fcproj_w), a.fch, {N, 4 * C, C}, s);
-    done(bp.fcproj_w);
-    device_.matmul_backward(dln2_, g(bp.fc_w), g(bp.fc_b), dfch_, a.ln2, p(bp.fc_w), {N, C, 4 * C},
-                            s);
-    done(bp.fc_w);
-    device_.layernorm_backward(dres_, dres_, g(bp.ln2_w), g(bp.ln2_b), dln2_, a.res2, p(bp.ln2_w),
-                               a.ln2_mean, a.ln2_rstd, N, C, s);
-    done(bp.ln2_w);
-    device_.matmul_backward(datty_, g(bp.attproj_w), g(bp.attproj_b), dres_, a.atty,
-                            p(bp.attproj_w), {N, C, C}, s);
-    done(bp.attproj_w);
-    device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, {shape_.B, t, C, spec.n_head},
-                               s);
-    device_.matmul_backward(dln1_, g(bp.qkv_w), g(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
-                            {N, C, 3 * C}, s);
-    done(bp.qkv_w);
-    device_.layernorm_backward(dres_, dres_, g(bp.ln1_w), g(bp.ln1_b), dln1_, in, p(bp.ln1_w),
-                               a.ln1_mean, a.ln1_rstd, N, C, s);
-    done(bp.ln1_w);
-  }
-  device_.embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_, tokens(), shape_.B, t, C,
-                             s);
-  done(0);
+void Gpt::embed_backward(ParameterStore& store, int t, dev::Stream& s) {
+  device_.embedding_backward(store.grad(layout_.wte()), store.grad(layout_.wpe()), dres_, tokens(),
+                             shape_.B, t, layout_.spec().n_embd, s);
 }
 
 }  // namespace zo::model

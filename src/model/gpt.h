@@ -42,8 +42,13 @@ class Gpt final : public Model {
   Gpt(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
 
  protected:
-  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
-  void backward_pass(ParameterStore& store, int t, dev::Stream& s) override;
+  void embed_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
+  void block_forward(ParameterStore& store, int l, const RowSpan& r, bool recomputing,
+                     dev::Stream& s) override;
+  void final_norm_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
+  void final_norm_backward(ParameterStore& store, int t, dev::Stream& s) override;
+  void block_backward(ParameterStore& store, int l, int t, dev::Stream& s) override;
+  void embed_backward(ParameterStore& store, int t, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -51,11 +56,9 @@ class Gpt final : public Model {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
   };
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
-  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing, dev::Stream& s);
 
   std::vector<LayerActs> layers_;                // L entries, or 1 with recompute
   void *attproj_ = nullptr, *fcproj_ = nullptr;  // (B,T,C) scratch
-  void* lnf_ = nullptr;                          // (B,T,C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   // Backward scratch, reused by every block.
   void *dres_ = nullptr, *dfch_ = nullptr, *dln2_ = nullptr, *datty_ = nullptr, *dqkv_ = nullptr,

@@ -76,8 +76,9 @@ class ParameterLayout {
 
   // The parameter groups in the order forward reads them: [0] the embeddings (wte, wpe), [1 + l]
   // block l, [n_layer + 1] the final norm (with an untied LM head). They tile the buffer. Forward
-  // announces each group before reading it (ParameterStore::before_read); the offload engine
-  // uploads new parameters group by group, and data parallelism cuts buckets at group boundaries.
+  // and backward announce each group before reading it (ParameterStore::before_read); the
+  // offload engine uploads new parameters group by group, and data parallelism cuts buckets at
+  // group boundaries.
   const std::vector<Range>& groups() const { return groups_; }
   std::size_t group_of(std::size_t offset) const;  // the group holding element `offset`
   std::string group_name(std::size_t g) const;     // "embeddings", "block 3", "ln_f" / "head"

@@ -71,6 +71,7 @@ Llama::Llama(dev::Device& device, const ParameterLayout& layout, const ModelShap
   logits_ = a.next();
   losses_ = a.next_f32();
   dres_ = a.next(), dh_ = a.next(), dln_ = a.next(), datty_ = a.next(), dqkv_ = a.next();
+  dlnf_ = dln_;
   // RoPE's table: computed once on the host in double (model/rope.h), kept on the device.
   const std::vector<float> inv_freq =
       rope_inv_freq({spec.head_dim, spec.rope_theta, spec.rope_scaling});
@@ -85,13 +86,13 @@ dev::AttentionArgs Llama::attention(int B, int T, int pos0) const {
   return {B, T, s.n_embd, s.n_head, s.n_kv_head, s.head_dim, pos0};
 }
 
-void Llama::block_forward(const void* params, int l, const RowSpan& r, bool recomputing,
+void Llama::block_forward(ParameterStore& store, int l, const RowSpan& r, bool recomputing,
                           dev::Stream& s) {
   const ModelSpec& spec = layout_.spec();
   const Widths w(spec);
   const int N = r.rows(), C = int(w.C), Q = int(w.Q), QKV = int(w.QKV), I = int(w.I);
   const LlamaBlockParams& bp = layout_.llama_block(l);
-  auto p = [&](std::size_t off) { return at(params, off); };
+  auto p = [&](std::size_t off) { return store.param(off); };
   auto bias = [&](std::size_t off) { return off == LlamaBlockParams::kNone ? nullptr : p(off); };
   auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
   LayerActs& a = acts(l);
@@ -114,80 +115,68 @@ void Llama::block_forward(const void* params, int l, const RowSpan& r, bool reco
   device_.swiglu_forward(h, gate_up, N, I, s);
   if (recomputing) return;  // backward reads nothing later
   device_.matmul_forward(mlp_out_, h, p(bp.down_w), nullptr, {N, I, C}, s);
+  device_.residual_forward(row(residuals_[std::size_t(l) + 1], C), res2, mlp_out_,
+                           std::size_t(N) * C, s);
 }
 
-void Llama::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
-  const ModelSpec& spec = layout_.spec();
-  const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
-  const void* params = store.params();
-  auto p = [&](std::size_t off) { return at(params, off); };
+void Llama::embed_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  const int C = layout_.spec().n_embd;
+  device_.embedding_forward(at(residuals_[0], std::size_t(r.row0) * C), tokens() + r.row0,
+                            store.param(layout_.wte()), nullptr, r.B, r.T, C, s);
+}
+
+void Llama::final_norm_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  const int N = r.rows(), C = layout_.spec().n_embd;
   auto row = [&](const void* buf, int width) { return at(buf, std::size_t(r.row0) * width); };
-  store.before_read(0);
-  device_.embedding_forward(row(residuals_[0], C), tokens() + r.row0, p(layout_.wte()), nullptr,
-                            r.B, r.T, C, s);
-  for (int l = 0; l < L; ++l) {
-    store.before_read(std::size_t(l) + 1);
-    block_forward(params, l, r, false, s);
-    device_.residual_forward(row(residuals_[std::size_t(l) + 1], C), row(acts(l).res2, C), mlp_out_,
-                             std::size_t(N) * C, s);
-  }
-  store.before_read(std::size_t(L) + 1);
   device_.rmsnorm_forward(row(lnf_, C), lnf_rstd_ + r.row0, row(residuals_.back(), C),
-                          p(layout_.lnf_w()), N, C, eps_, s);
-  device_.matmul_forward(row(logits_, Vp_), row(lnf_, C), p(layout_.lm_head()), nullptr,
-                         {N, C, V, Vp_}, s);
+                          store.param(layout_.lnf_w()), N, C, eps_, s);
 }
 
-void Llama::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
-  const ModelSpec& spec = layout_.spec();
-  const Widths w(spec);
-  const int N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV);
-  const int I = int(w.I), V = spec.vocab_size;
-  const void* params = store.params();
-  auto p = [&](std::size_t off) { return at(params, off); };
+// dres_ carries dL/d(residual stream) down through the blocks, each RMSNorm backward adding its
+// input gradient to it in place.
+void Llama::final_norm_backward(ParameterStore& store, int t, dev::Stream& s) {
+  const int N = shape_.B * t, C = layout_.spec().n_embd;
+  device_.rmsnorm_backward(dres_, nullptr, store.grad(layout_.lnf_w()), dlnf_, residuals_.back(),
+                           store.param(layout_.lnf_w()), lnf_rstd_, N, C, s);
+}
+
+void Llama::block_backward(ParameterStore& store, int l, int t, dev::Stream& s) {
+  const Widths w(layout_.spec());
+  const int N = shape_.B * t, C = int(w.C), Q = int(w.Q), QKV = int(w.QKV), I = int(w.I);
+  auto p = [&](std::size_t off) { return store.param(off); };
   auto g = [&](std::size_t off) { return store.grad(off); };
   auto gbias = [&](std::size_t off) { return off == LlamaBlockParams::kNone ? nullptr : g(off); };
   auto done = [&](std::size_t off) { store.complete_from(off); };
   const dev::AttentionArgs att = attention(shape_.B, t);
+  const LlamaBlockParams& bp = layout_.llama_block(l);
+  LayerActs& a = acts(l);
+  // MLP. SwiGLU's gradient overwrites gate_up in place (nothing reads gate_up after it).
+  device_.matmul_backward(dh_, g(bp.down_w), nullptr, dres_, a.h, p(bp.down_w), {N, I, C}, s);
+  done(bp.down_w);
+  device_.swiglu_backward(a.gate_up, dh_, a.gate_up, N, I, s);
+  device_.matmul_backward(dln_, g(bp.gate_up_w), nullptr, a.gate_up, a.ln2, p(bp.gate_up_w),
+                          {N, C, 2 * I}, s);
+  done(bp.gate_up_w);
+  device_.rmsnorm_backward(dres_, dres_, g(bp.mlp_norm), dln_, a.res2, p(bp.mlp_norm), a.rstd2, N,
+                           C, s);
+  done(bp.mlp_norm);
+  // Attention: the transpose rotation turns the rotated q, k's gradient into the projection's.
+  device_.matmul_backward(datty_, g(bp.o_w), gbias(bp.o_b), dres_, a.atty, p(bp.o_w), {N, Q, C}, s);
+  done(bp.o_w);
+  device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, att, s);
+  device_.rope_backward(dqkv_, inv_freq_.as<float>(), att, s);
+  device_.matmul_backward(dln_, g(bp.qkv_w), gbias(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
+                          {N, C, QKV}, s);
+  done(bp.qkv_w);
+  device_.rmsnorm_backward(dres_, dres_, g(bp.attn_norm), dln_,
+                           residuals_[static_cast<std::size_t>(l)], p(bp.attn_norm), a.rstd1, N, C,
+                           s);
+  done(bp.attn_norm);
+}
 
-  // LM head and final RMSNorm; dln_ holds d(lnf). dres_ then carries dL/d(residual stream) down
-  // through the blocks, each RMSNorm backward adding its input gradient to it in place.
-  device_.matmul_backward(dln_, g(layout_.lm_head()), nullptr, logits_, lnf_, p(layout_.lm_head()),
-                          {N, C, V, Vp_}, s);
-  device_.rmsnorm_backward(dres_, nullptr, g(layout_.lnf_w()), dln_, residuals_.back(),
-                           p(layout_.lnf_w()), lnf_rstd_, N, C, s);
-  done(layout_.lnf_w());
-
-  for (int l = spec.n_layer - 1; l >= 0; --l) {
-    if (shape_.recompute) block_forward(params, l, RowSpan::whole(shape_.B, t), true, s);
-    const LlamaBlockParams& bp = layout_.llama_block(l);
-    LayerActs& a = acts(l);
-    // MLP. SwiGLU's gradient overwrites gate_up in place (nothing reads gate_up after it).
-    device_.matmul_backward(dh_, g(bp.down_w), nullptr, dres_, a.h, p(bp.down_w), {N, I, C}, s);
-    done(bp.down_w);
-    device_.swiglu_backward(a.gate_up, dh_, a.gate_up, N, I, s);
-    device_.matmul_backward(dln_, g(bp.gate_up_w), nullptr, a.gate_up, a.ln2, p(bp.gate_up_w),
-                            {N, C, 2 * I}, s);
-    done(bp.gate_up_w);
-    device_.rmsnorm_backward(dres_, dres_, g(bp.mlp_norm), dln_, a.res2, p(bp.mlp_norm), a.rstd2, N,
-                             C, s);
-    done(bp.mlp_norm);
-    // Attention: the transpose rotation turns the rotated q, k's gradient into the projection's.
-    device_.matmul_backward(datty_, g(bp.o_w), gbias(bp.o_b), dres_, a.atty, p(bp.o_w), {N, Q, C},
-                            s);
-    done(bp.o_w);
-    device_.attention_backward(dqkv_, datty_, a.qkv, a.atty, a.lse, att, s);
-    device_.rope_backward(dqkv_, inv_freq_.as<float>(), att, s);
-    device_.matmul_backward(dln_, g(bp.qkv_w), gbias(bp.qkv_b), dqkv_, a.ln1, p(bp.qkv_w),
-                            {N, C, QKV}, s);
-    done(bp.qkv_w);
-    device_.rmsnorm_backward(dres_, dres_, g(bp.attn_norm), dln_,
-                             residuals_[static_cast<std::size_t>(l)], p(bp.attn_norm), a.rstd1, N,
-                             C, s);
-    done(bp.attn_norm);
-  }
-  device_.embedding_backward(g(layout_.wte()), nullptr, dres_, tokens(), shape_.B, t, C, s);
-  done(0);
+void Llama::embed_backward(ParameterStore& store, int t, dev::Stream& s) {
+  device_.embedding_backward(store.grad(layout_.wte()), nullptr, dres_, tokens(), shape_.B, t,
+                             layout_.spec().n_embd, s);
 }
 
 }  // namespace zo::model

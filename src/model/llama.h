@@ -30,8 +30,15 @@ class Llama final : public Model {
   Llama(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
 
  protected:
-  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
-  void backward_pass(ParameterStore& store, int t, dev::Stream& s) override;
+  void embed_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
+  // Up to the block's output in residuals_[l + 1]; recomputing, up to the SwiGLU. A decode step
+  // writes its qkv row into the cache and attends to the cached rows.
+  void block_forward(ParameterStore& store, int l, const RowSpan& r, bool recomputing,
+                     dev::Stream& s) override;
+  void final_norm_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) override;
+  void final_norm_backward(ParameterStore& store, int t, dev::Stream& s) override;
+  void block_backward(ParameterStore& store, int l, int t, dev::Stream& s) override;
+  void embed_backward(ParameterStore& store, int t, dev::Stream& s) override;
 
  private:
   struct LayerActs {
@@ -39,9 +46,6 @@ class Llama final : public Model {
     float *rstd1, *rstd2, *lse;                         // (B,T), (B,T), (B,NH,T)
   };
   LayerActs& acts(int l) { return layers_[shape_.recompute ? 0 : static_cast<std::size_t>(l)]; }
-  // Block l over the rows of r up to its MLP output in mlp_out_; recomputing (backward), up to
-  // the SwiGLU. A decode step writes its qkv row into the cache and attends to the cached rows.
-  void block_forward(const void* params, int l, const RowSpan& r, bool recomputing, dev::Stream& s);
   // Attention's shapes for B sequences of T rows whose first row is at position pos0.
   dev::AttentionArgs attention(int B, int T, int pos0 = 0) const;
 
@@ -50,7 +54,6 @@ class Llama final : public Model {
 
   std::vector<LayerActs> layers_;                  // L entries, or 1 with recompute
   void *attn_out_ = nullptr, *mlp_out_ = nullptr;  // (B,T,C) projections before the adds
-  void* lnf_ = nullptr;                            // (B,T,C)
   float* lnf_rstd_ = nullptr;                      // (B,T)
   // Backward scratch, reused by every block.
   void *dres_ = nullptr, *dh_ = nullptr, *dln_ = nullptr, *datty_ = nullptr, *dqkv_ = nullptr;

@@ -9,6 +9,10 @@
 
 namespace zo::model {
 
+const void* FlatParameters::param(std::size_t offset) {
+  return params_ + offset * esize_;
+}
+
 void* FlatParameters::grad(std::size_t offset) {
   return grads_ + offset * esize_;
 }
@@ -43,6 +47,45 @@ Model::Model(dev::Device& device, const ParameterLayout& layout, const ModelShap
 
 void* Model::at(const void* base, std::size_t elements) const {
   return const_cast<char*>(static_cast<const char*>(base)) + elements * esize_;
+}
+
+void Model::run(ParameterStore& store, const RowSpan& r, dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  const int N = r.rows(), C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
+  const std::size_t final_group = std::size_t(L) + 1;
+  store.before_read(0);
+  embed_forward(store, r, s);
+  for (int l = 0; l < L; ++l) {
+    store.before_read(std::size_t(l) + 1);
+    block_forward(store, l, r, false, s);
+  }
+  store.before_read(final_group);
+  final_norm_forward(store, r, s);
+  // The LM head; logits rows Vp_ apart (the device's GEMM stride), only the first V columns used.
+  const std::size_t head = layout_.lm_head(), head_group = layout_.group_of(head);
+  if (head_group != final_group) store.before_read(head_group);  // tied to the embedding
+  device_.matmul_forward(at(logits_, std::size_t(r.row0) * Vp_), at(lnf_, std::size_t(r.row0) * C),
+                         store.param(head), nullptr, {N, C, V, Vp_}, s);
+}
+
+void Model::backward_pass(ParameterStore& store, int t, dev::Stream& s) {
+  const ModelSpec& spec = layout_.spec();
+  const int N = shape_.B * t, C = spec.n_embd, V = spec.vocab_size, L = spec.n_layer;
+  const std::size_t head = layout_.lm_head(), head_group = layout_.group_of(head);
+  // Activation gradients are written, not accumulated into zeroed buffers (device.h).
+  store.before_read(head_group);
+  device_.matmul_backward(dlnf_, store.grad(head), nullptr, logits_, lnf_, store.param(head),
+                          {N, C, V, Vp_}, s);
+  if (head_group != std::size_t(L) + 1) store.before_read(std::size_t(L) + 1);
+  final_norm_backward(store, t, s);
+  store.complete_from(layout_.lnf_w());
+  for (int l = L - 1; l >= 0; --l) {
+    store.before_read(std::size_t(l) + 1);
+    if (shape_.recompute) block_forward(store, l, RowSpan::whole(shape_.B, t), true, s);
+    block_backward(store, l, t, s);
+  }
+  embed_backward(store, t, s);
+  store.complete_from(0);
 }
 
 void Model::set_batch(const std::vector<std::int32_t>& tokens,

@@ -84,11 +84,25 @@ class Model {
   // Checks the shape; the subclass then carves its activations (carve) and its own buffers.
   Model(dev::Device& device, const ParameterLayout& layout, const ModelShape& shape);
 
-  // Embedding, blocks and LM head (logits_) over the rows of r: a forward's whole batch, or
-  // decode's step.
-  virtual void run(ParameterStore& store, const RowSpan& r, dev::Stream& s) = 0;
-  // The backward of a training forward over t positions, from dlogits (in logits_) down.
-  virtual void backward_pass(ParameterStore& store, int t, dev::Stream& s) = 0;
+  // One pass, parameter group by group (ParameterLayout::groups()): run() and backward_pass()
+  // announce each group to the store (ParameterStore::before_read) and call the hook that reads
+  // it; a hook reads parameters through store.param() and only those of its own group. The LM
+  // head (logits_ from lnf_, and its backward into dlnf_) is the same for every model and is
+  // run here.
+  //
+  // Group 0: the embedding of r's tokens into residuals_[0].
+  virtual void embed_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) = 0;
+  // Group l + 1: block l over the rows of r, from residuals_[l]. Recomputing (in backward, with
+  // recompute on), only what block_backward reads.
+  virtual void block_forward(ParameterStore& store, int l, const RowSpan& r, bool recomputing,
+                             dev::Stream& s) = 0;
+  // Group n_layer + 1: the end of the last block and the final norm into lnf_.
+  virtual void final_norm_forward(ParameterStore& store, const RowSpan& r, dev::Stream& s) = 0;
+  // The backward of a training forward over t positions: the final norm's from dlnf_ (its
+  // gradients are final after it), block l's, then the embedding's (which reads no parameter).
+  virtual void final_norm_backward(ParameterStore& store, int t, dev::Stream& s) = 0;
+  virtual void block_backward(ParameterStore& store, int l, int t, dev::Stream& s) = 0;
+  virtual void embed_backward(ParameterStore& store, int t, dev::Stream& s) = 0;
 
   // Allocates the activations the walk describes (activation_arena.h), whose first buffers must
   // be the (B*T) int32 tokens and targets, handed to batch_, and the n_layer + 1 points of the
@@ -113,10 +127,18 @@ class Model {
   const std::size_t esize_;       // bytes per activation element, of parameters and gradients too
   const int Vp_;                  // the logits' row stride (gemm_row_stride(V))
   std::vector<void*> residuals_;  // L+1 x (B,T,C): [0] embeddings, [l+1] block l out
+  void* lnf_ = nullptr;           // (B,T,C) the final norm's output, the LM head's input
+  void* dlnf_ = nullptr;          // (B,T,C) its gradient (backward scratch)
   void* logits_ = nullptr;        // (B,T) rows of Vp_; dlogits after a training forward
   float* losses_ = nullptr;       // (B,T)
 
  private:
+  // Embedding, blocks and LM head (logits_) over the rows of r: a forward's whole batch, or
+  // decode's step.
+  void run(ParameterStore& store, const RowSpan& r, dev::Stream& s);
+  // The backward of a training forward over t positions, from dlogits (in logits_) down.
+  void backward_pass(ParameterStore& store, int t, dev::Stream& s);
+
   std::unique_ptr<CarvedArena> arena_;
   std::unique_ptr<DeviceBatch> batch_;
   int t_ = 0;                 // positions used by the last forward

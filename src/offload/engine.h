@@ -26,8 +26,8 @@
 #include "comm/stream_comm.h"
 #include "device/device.h"
 #include "device/event_clock.h"
-#include "model/parameter_store.h"
 #include "model/layout.h"
+#include "model/parameter_store.h"
 #include "offload/bounded_sync.h"
 #include "offload/bucket_plan.h"
 #include "offload/engine_config.h"
@@ -74,6 +74,7 @@ class Engine final : public model::ParameterStore {
   // Before micro-batch a's backward is enqueued (a = 0 .. grad_accum-1).
   void begin_micro_batch(int a);
   // model::ParameterStore: what the model's forward and backward read and write.
+  const void* param(std::size_t offset) override { return uploads_->param(offset); }
   const void* params() override { return uploads_->params(); }
   void before_read(std::size_t group) override { uploads_->before_read(group); }
   void* grad(std::size_t offset) override { return grads_->grad(offset); }

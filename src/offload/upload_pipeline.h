@@ -49,6 +49,9 @@ class UploadPipeline {
   UploadPipeline& operator=(const UploadPipeline&) = delete;
 
   const void* params() const { return params_.data(); }  // (n) act dtype, device
+  const void* param(std::size_t offset) const {
+    return static_cast<const char*>(params_.data()) + offset * esize_;
+  }
   dev::Stream& stream() { return *h2d_; }
   void rethrow_if_failed() { adam_->rethrow_if_failed(); }
 
