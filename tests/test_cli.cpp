@@ -312,6 +312,18 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
       << r.out;
   EXPECT_NE(r.out.find("device: offload mode keeps every 16-bit weight there"), std::string::npos)
       << r.out;
+  // A device too small for every weight: auto shows stream mode's plan and picks it.
+  r =
+      run("plan --model llama3.1-8b --precision bf16 -b 1 --seq-len 4096 --recompute "
+          "--host-memory 128GiB --device-memory 16GiB --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto s = nlohmann::json::parse(r.out);
+  EXPECT_EQ(s["recommended"]["mode"], "stream") << r.out;
+  EXPECT_FALSE(s["offload"]["device"]["fits"].get<bool>()) << r.out;
+  EXPECT_TRUE(s["stream"]["device"]["fits"].get<bool>()) << r.out;
+  EXPECT_NE(s["stream"]["parameter_window"].get<std::string>().find("3 slots of 416.02 MiB"),
+            std::string::npos)
+      << r.out;
   r = run("plan --model gpt2-124m --precision bf16 --host-memory 128GiB --json");
   EXPECT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
@@ -349,14 +361,18 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   r = run("plan --model gpt2-124m --precision bf16 --ranks 4");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("fp32 master weights (1/4)"), std::string::npos) << r.out;
-  r = run("plan --ranks 2 --mode resident");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("--mode offload"), std::string::npos) << r.out;
+  for (const char* m : {"resident", "stream"}) {
+    r = run(std::string("plan --ranks 2 --mode ") + m);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("--mode offload"), std::string::npos) << r.out;
+  }
   // plan checks its flags with train's own code: what it plans, train runs.
   for (const char* flags :
        {"--bucket-size 1", "-b 0", "--grad-accum 0", "--seq-len 100000", "--mode resident --dpu",
         "--precision fp8", "--grad-accum-on nowhere", "--master-weights fp16",
-        "--mode resident --master-weights bf16", "--mode resident --optimizer-state q8"}) {
+        "--mode resident --master-weights bf16", "--mode resident --optimizer-state q8",
+        "--mode stream --dpu", "--param-window 2", "--mode stream --param-window 9",
+        "--mode stream --grad-accum 2 --grad-accum-on device"}) {
     const Result p = run(std::string("plan ") + flags);
     const Result t = run(std::string("train --steps 1 ") + flags);
     EXPECT_EQ(p.code, 1) << flags << "\n" << p.out;

@@ -95,36 +95,20 @@ struct Case {
   nlohmann::json spec;
 };
 
-// Small, with odd widths; the GPT-2 head is tied, the Llama one tied and untied.
+// A Hugging Face config of a small Llama-family model with odd widths.
+nlohmann::json llama(const char* type, int layers, bool tie) {
+  return {{"model_type", type},       {"hidden_size", 12},        {"num_hidden_layers", layers},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 6},
+          {"intermediate_size", 10},  {"vocab_size", 13},         {"max_position_embeddings", 7},
+          {"rms_norm_eps", 1e-5},     {"rope_theta", 100.0},      {"tie_word_embeddings", tie}};
+}
+
+// The GPT-2 head is tied, the Llama one untied, Qwen2's (with q/k/v biases) tied.
 const Case kCases[] = {
     {"gpt2",
      {{"n_layer", 3}, {"n_head", 2}, {"n_embd", 10}, {"vocab_size", 13}, {"block_size", 7}}},
-    {"llama_untied",
-     {{"model_type", "llama"},
-      {"hidden_size", 12},
-      {"num_hidden_layers", 3},
-      {"num_attention_heads", 4},
-      {"num_key_value_heads", 2},
-      {"head_dim", 6},
-      {"intermediate_size", 10},
-      {"vocab_size", 13},
-      {"max_position_embeddings", 7},
-      {"rms_norm_eps", 1e-5},
-      {"rope_theta", 100.0},
-      {"tie_word_embeddings", false}}},
-    {"qwen2_tied_biases",
-     {{"model_type", "qwen2"},
-      {"hidden_size", 12},
-      {"num_hidden_layers", 2},
-      {"num_attention_heads", 4},
-      {"num_key_value_heads", 2},
-      {"head_dim", 6},
-      {"intermediate_size", 10},
-      {"vocab_size", 13},
-      {"max_position_embeddings", 7},
-      {"rms_norm_eps", 1e-5},
-      {"rope_theta", 100.0},
-      {"tie_word_embeddings", true}}},
+    {"llama_untied", llama("llama", 3, false)},
+    {"qwen2_tied_biases", llama("qwen2", 2, true)},
 };
 
 struct Rig {
@@ -230,6 +214,6 @@ TEST_P(ParameterGroups, DecodeReadsOnlyTheGroupAnnouncedLast) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ParameterGroups, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         [](const auto& c) { return std::string(c.param.name); });
 
 }  // namespace

@@ -561,6 +561,62 @@ TEST(Trainer, OffloadTrainsWhatDoesNotFitResident) {
   EXPECT_EQ(Trainer(c).run().steps_done, 2) << "the engine allocates what the planner counted";
 }
 
+// Stream mode (a window of blocks on the device, offload/param_window.h) trains exactly like
+// offload mode: losses and checkpoints bit for bit, with recompute and accumulation. The plan is
+// exact: --device-memory at the stream plan's total trains and one byte less is refused with the
+// plan before any step. auto picks stream mode when only the window fits the device.
+TEST(Trainer, StreamModeEqualsOffloadAndTrainsWithinItsPlan) {
+  TempDir a, b, d;
+  const fs::path spec = d.path / "five_blocks.json";
+  std::ofstream(spec) << R"({"n_layer": 5, "n_head": 2, "n_embd": 32, "vocab_size": 256,
+                             "block_size": 32})";
+  TrainConfig off = tiny_config(4);
+  off.model = spec.string();
+  off.mode = "offload";
+  off.grad_accum = 2;
+  off.grad_accum_on = "host";  // as stream mode sums (a device sum's norm differs in its last bits)
+  off.recompute = true;
+  off.checkpoint_dir = a.path.string();
+  TrainConfig st = off;
+  st.mode = "stream";
+  st.param_window = 2;
+  st.checkpoint_dir = b.path.string();
+  EXPECT_EQ(Trainer(st).run().losses, Trainer(off).run().losses);
+  expect_same_state(a.path / "step_00000004", b.path / "step_00000004");
+
+  zo::train::PlanInput in;
+  in.spec = zo::model::load_model_spec(spec.string());
+  in.shape = {st.micro_batch, st.seq_len, true};
+  in.engine.grad_accum = st.grad_accum;
+  for (const int window : {2, 3}) {
+    in.engine.param_window = window;
+    const auto choice = zo::train::choose_mode(in, true);
+    ASSERT_LT(choice.stream.device_total, choice.offload.device_total);
+    EXPECT_FALSE(choice.stream_engine.accumulate_on_device) << "stream mode sums on the host";
+    TrainConfig fit = st;
+    fit.checkpoint_dir.clear();
+    fit.steps = fit.lr.total_steps = 2;
+    fit.param_window = window;
+    fit.device_memory = choice.stream.device_total;
+    EXPECT_EQ(Trainer(fit).run().steps_done, 2) << "window " << window;
+    fit.device_memory -= 1;
+    const std::string e = error_of([&] { Trainer t(fit); });
+    EXPECT_NE(e.find("DOES NOT FIT"), std::string::npos) << e;
+    EXPECT_NE(e.find("stream mode"), std::string::npos) << e;
+    if (window == 3) {
+      EXPECT_NE(e.find("--param-window 2 fits the device"), std::string::npos)
+          << e;  // the default window: auto takes stream mode where offload does not fit
+      fit.mode = "auto";
+      fit.param_window = 0;
+      fit.device_memory = choice.stream.device_total;
+      fit.quiet = false;
+      std::string out;
+      EXPECT_EQ(Trainer(fit).run([&](const std::string& l) { out += l + "\n"; }).steps_done, 2);
+      EXPECT_NE(out.find("stream mode: AdamW on the CPU"), std::string::npos) << out;
+    }
+  }
+}
+
 // --trace writes a Chrome trace with a track per stream / thread and spans of every stage.
 TEST(Trainer, TraceHasEveryPipelineStage) {
   TempDir d;
@@ -935,12 +991,31 @@ TEST(TrainerErrors, FlagsAndDataProblems) {
   c = tiny_config();
   c.init_from = (d.path / "big.bin").string();  // not a safetensors file
   EXPECT_NE(error_of([&] { Trainer t(c); }).find("big.bin"), std::string::npos);
-  // Count flags far out of range are refused by their bounds before anything is sized by them.
+  // Count flags far out of range are refused by their bounds before anything is sized by them,
+  // and settings stream mode cannot run by name.
   const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> counts = {
       {[](TrainConfig& x) { x.grad_accum = 1 << 30; }, "--grad-accum must be in 1..4096"},
       {[](TrainConfig& x) { x.eval_batches = 1 << 30; }, "--eval-batches in 1..1048576"},
       {[](TrainConfig& x) { x.micro_batch = 1 << 30; }, "--micro-batch must be in 1..65536"},
       {[](TrainConfig& x) { x.steps = std::int64_t{1} << 60; }, "--steps must be in 1.."},
+      // And stream mode's settings.
+      {[](TrainConfig& x) { x.param_window = 2; }, "--param-window is the window of --mode stream"},
+      {[](TrainConfig& x) {
+         x.mode = "stream";
+         x.param_window = 3;
+       },
+       "--param-window must be in 2..2"},
+      {[](TrainConfig& x) {
+         x.mode = "stream";
+         x.dpu = true;
+       },
+       "--dpu is not available in --mode stream"},
+      {[](TrainConfig& x) {
+         x.mode = "stream";
+         x.grad_accum = 2;
+         x.grad_accum_on = "device";
+       },
+       "which stream mode does not hold"},
   };
   for (const auto& [set, want] : counts) {
     c = tiny_config();

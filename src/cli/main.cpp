@@ -100,8 +100,12 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
                 "with a GPU");
   zo::cli::add_device_options(t, c.device, c.precision);
   t->add_option("--mode", c.mode,
-                "resident (optimizer state on the device), offload (on the host, CPU Adam) or "
-                "auto (resident when it fits on a GPU)")
+                "resident (optimizer state on the device), offload (on the host, CPU Adam), "
+                "stream (offload with a window of blocks on the device) or auto (resident when "
+                "it fits on a GPU, else offload, else stream)")
+      ->capture_default_str();
+  t->add_option("--param-window", c.param_window,
+                "stream: blocks on the device at a time, >= 2; 0 = 3 (2 for a 2-block model)")
       ->capture_default_str();
   t->add_option("--grad-accum-on", c.grad_accum_on,
                 "offload, --grad-accum > 1: sum micro-batches in fp32 on the device (one bucket "

@@ -27,7 +27,9 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
       ->capture_default_str();
   p->add_option("--master-weights", cmd.master_weights, "fp32, or bf16 rounded stochastically")
       ->capture_default_str();
-  p->add_option("--mode", cmd.mode, "auto (both modes and the choice), resident or offload")
+  p->add_option("--mode", cmd.mode, "auto (every mode and the choice), resident, offload or stream")
+      ->capture_default_str();
+  p->add_option("--param-window", cmd.param_window, "stream: blocks on the device; 0 = default")
       ->capture_default_str();
   p->add_option("--grad-accum", cmd.grad_accum, "micro-batches per step")->capture_default_str();
   p->add_option("--grad-accum-on", cmd.grad_accum_on,
@@ -55,6 +57,7 @@ int run_plan(const PlanCommand& cmd) {
   c.optimizer_state = parse_state_format(cmd.optimizer_state);
   c.master_weights = train::parse_master_weights(cmd.master_weights);
   c.mode = cmd.mode;
+  c.param_window = cmd.param_window;
   c.grad_accum = cmd.grad_accum;
   c.grad_accum_on = cmd.grad_accum_on;
   if (!cmd.bucket.text.empty()) c.bucket_size = cmd.bucket.bytes();
@@ -67,7 +70,7 @@ int run_plan(const PlanCommand& cmd) {
   if (cmd.ranks < 1) throw std::invalid_argument("--ranks must be >= 1");
   std::string mode = c.mode;
   if (cmd.ranks > 1) {  // as train under mpirun: offload, rank 0's partition
-    if (mode == "resident") {
+    if (mode == "resident" || mode == "stream") {
       throw std::invalid_argument(
           "--ranks > 1 plans data-parallel training, which uses --mode offload (the optimizer "
           "state is partitioned)");
@@ -86,23 +89,38 @@ int run_plan(const PlanCommand& cmd) {
   pi.engine.dpu = c.dpu;
   pi.engine.bucket_bytes = c.bucket_size;
   pi.engine.master = c.master_weights;
+  // Stream mode where train would offer it (Session::open_device_and_plan).
+  const bool may_stream = mode == "stream" || (mode == "auto" && cmd.ranks == 1 && !c.dpu &&
+                                               c.grad_accum_on != "device" && pi.spec.n_layer >= 2);
+  if (may_stream) {
+    pi.engine.param_window = c.param_window ? c.param_window : train::default_param_window(pi.spec);
+  }
+  const int window = pi.engine.param_window;
 
   const bool gpu = pi.act_dtype != DType::kF32;
   const auto choice = train::choose_mode(pi, gpu);
+  const std::string pick = choice.choose_resident ? "resident"
+                           : choice.choose_stream ? "stream"
+                                                  : "offload";
   bool fits = false;
   nlohmann::json j = nlohmann::json::object();
-  for (const bool resident : {true, false}) {
-    if (mode != "auto" && (mode == "resident") != resident) continue;
-    pi.resident = resident;
-    const auto& p = resident ? choice.resident : choice.offload;
+  for (const std::string m : {"resident", "offload", "stream"}) {
+    // auto: the stream plan when it matters, i.e. offload mode does not fit the device.
+    if (mode != "auto" ? mode != m : m == "stream" && (window == 0 || choice.offload.device_fits))
+      continue;
+    pi.resident = m == "resident";
+    pi.engine.param_window = m == "stream" ? window : 0;
+    const auto& p = m == "resident" ? choice.resident
+                    : m == "stream" ? choice.stream
+                                    : choice.offload;
     if (cmd.json) {
-      j[resident ? "resident" : "offload"] = p.to_json(pi);
+      j[m] = p.to_json(pi);
     } else {
       std::fputs(p.format(pi).c_str(), stdout);
     }
-    const bool chosen = mode == "auto" ? choice.choose_resident == resident : true;
-    if (chosen) fits = p.device_fits && p.host_fits;
+    if (mode != "auto" || pick == m) fits = p.device_fits && p.host_fits;
   }
+  pi.engine.param_window = 0;
   // Offload mode's host bytes per parameter of every combination, and what each admits.
   if (mode != "resident") {
     pi.resident = false;
@@ -125,11 +143,10 @@ int run_plan(const PlanCommand& cmd) {
     }
   }
   if (mode == "auto") {
-    const char* pick = choice.choose_resident ? "resident" : "offload";
     if (cmd.json) {
       j["recommended"] = {{"mode", pick}, {"reason", choice.reason}};
     } else {
-      std::printf("recommended: --mode %s (%s)\n", pick, choice.reason.c_str());
+      std::printf("recommended: --mode %s (%s)\n", pick.c_str(), choice.reason.c_str());
     }
   }
   if (cmd.json) std::printf("%s\n", j.dump(2).c_str());

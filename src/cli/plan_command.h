@@ -12,7 +12,7 @@ struct PlanCommand {
   CLI::App* app = nullptr;
   std::string model = "tiny", optimizer_state = "fp32", precision = "fp32", mode = "auto";
   std::string grad_accum_on = "auto", master_weights = "fp32";
-  int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1;
+  int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1, param_window = 0;
   bool recompute = false, dpu = false, json = false;
   ByteSize device_memory, host_memory, bucket;
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "offload/param_window.h"
+
 namespace zo::offload {
 
 std::size_t local_elements(const std::vector<BucketShard>& shards) {
@@ -47,6 +49,8 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
   const std::vector<BucketShard> shards = plan.shards(c.rank, c.ranks);
   const std::size_t n = local_elements(shards);
   EngineFootprint f;
+  f.device_params = c.param_window > 0 ? ParamWindow::device_bytes(layout, es, c.param_window)
+                                       : layout.size() * es;
   const std::size_t slots = std::size_t(c.device_slots);
   const std::size_t ring = max_ring_bucket(plan, shards, c.ranks);
   for (const Bucket& b : plan.buckets()) {

@@ -21,12 +21,17 @@ struct EngineConfig {
   // and send the sum, rounded once to the act dtype, at the last micro-batch: one bucket per step
   // crosses PCIe. Off: every micro-batch's buckets go to the host and are summed there in fp32.
   bool accumulate_on_device = false;
-  bool pin = true;              // page-lock host staging buffers (off: pageable, copies not async)
-  int device_slots = 3;         // device ring of bucket-sized gradient slots (>= 2)
-  int host_slots = 4;           // pinned ring for host accumulation
-  bool dpu = false;             // allocate for delayed updates (begin_step(true) delays a step)
-  int ranks = 1, rank = 0;      // data parallel: the job's ranks and this one
-  DType master = DType::kF32;   // the host optimizer's master weights (uploads read them)
+  bool pin = true;             // page-lock host staging buffers (off: pageable, copies not async)
+  int device_slots = 3;        // device ring of bucket-sized gradient slots (>= 2)
+  int host_slots = 4;          // pinned ring for host accumulation
+  bool dpu = false;            // allocate for delayed updates (begin_step(true) delays a step)
+  int ranks = 1, rank = 0;     // data parallel: the job's ranks and this one
+  DType master = DType::kF32;  // the host optimizer's master weights (uploads read them)
+  // Stream mode (param_window.h): > 0 keeps only the embeddings, the final group and this many
+  // slots (>= 2) of blocks on the device; one rank, no DPU. poison_window fills each slot with
+  // NaN before it takes a new group (a test and debug switch).
+  int param_window = 0;
+  bool poison_window = false;
   double comm_timeout = 300.0;  // seconds a collective may wait for the other ranks
 };
 
@@ -39,6 +44,7 @@ std::vector<optim::OwnedRange> engine_partition(const model::ParameterLayout& la
 
 // Device and host bytes the engine allocates (equal to what it allocates).
 struct EngineFootprint {
+  std::size_t device_params = 0;  // every parameter, or (stream mode) the window
   std::size_t device_grad_slots = 0, device_stats = 0;  // parameters: n x act dtype
   std::size_t device_comm = 0;   // data parallel: shard slots and the all-gather buffers
   std::size_t device_accum = 0;  // fp32 sum of this rank's shards (accumulating on the device)

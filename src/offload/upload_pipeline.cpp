@@ -26,7 +26,19 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
       act_(device.act_dtype()),
       esize_(dtype_size(act_)),
       h2d_(device.create_stream(/*high_priority=*/true)) {
-  params_ = dev_.alloc(layout.size() * esize_, "parameters");
+  if (config.param_window > 0) {
+    if (gather_ != nullptr || config.dpu) {
+      throw std::invalid_argument(
+          "stream mode (a parameter window) runs one rank without DPU: data parallelism would "
+          "need a per-group all-gather into the window, and a delayed update a second host copy "
+          "of the parameters (the next step reads the old ones while Adam writes the new)");
+    }
+    window_ = std::make_unique<ParamWindow>(dev_, compute_, *h2d_, layout, config.param_window,
+                                            config.poison_window);
+    window_slots_ = config.param_window;
+  } else {
+    params_ = dev_.alloc(layout.size() * esize_, "parameters");
+  }
   if (gather_ != nullptr) {
     const std::size_t count = max_shard(shards_);
     gather_in_ = dev_.alloc(count * esize_, "parameter shard for the all-gather");
@@ -146,10 +158,13 @@ void UploadPipeline::enqueue(std::size_t g) {
 
 void UploadPipeline::enqueue_upload(std::size_t g) {
   const model::Range& gr = groups_[g].range;
-  // The new parameters in local order: the master itself (in the act dtype) or its copy.
-  const char* src = act_ == opt_.master_dtype() ? static_cast<const char*>(opt_.master_data())
-                                                : static_cast<const char*>(upload_.data());
-  char* params = static_cast<char*>(params_.data());
+  const char* src = static_cast<const char*>(upload_source());
+  if (window_ && !ParamWindow::resident(layout_, g)) {  // copied when the pass needs it
+    window_->invalidate(g);
+    return;
+  }
+  char* params = window_ ? static_cast<char*>(window_->resident_base(g)) - gr.begin * esize_
+                         : static_cast<char*>(params_.data());
   dev_.record(*groups_[g].up_begin, *h2d_);
   if (gather_ == nullptr) {  // local order is the layout
     dev_.copy_to_device(params + gr.begin * esize_, src + gr.begin * esize_, gr.size() * esize_,
@@ -169,9 +184,49 @@ void UploadPipeline::enqueue_upload(std::size_t g) {
   dev_.record(*groups_[g].up_end, *h2d_);
 }
 
+const void* UploadPipeline::upload_source() const {
+  // The new parameters in local order: the master itself (in the act dtype) or its copy.
+  return act_ == opt_.master_dtype() ? opt_.master_data() : upload_.data();
+}
+
+bool UploadPipeline::adam_finished(std::size_t g) {
+  if (!groups_[g].pending) return true;
+  std::lock_guard lock(mu_);
+  return adam_done_[g] != 0;
+}
+
+void UploadPipeline::stream_in(std::size_t g) {
+  window_->release();
+  Group& gr = groups_[g];
+  dev_.record(*gr.stall_begin, compute_);
+  if (ParamWindow::resident(layout_, g)) {
+    if (gr.enqueued) dev_.wait(compute_, *gr.up_end);
+  } else if (!window_->held(g)) {
+    window_->fill(g, upload_source(), {g}, *gr.up_begin, *gr.up_end);
+  }
+  window_->acquire(g);
+  dev_.record(*gr.stall_end, compute_);
+  gr.enqueued = false;
+  // Prefetch what the pass reads next, as far as the window and the running update allow: a
+  // group Adam has not written yet is filled when it is needed.
+  std::vector<std::size_t> keep = window_->ahead(g, std::size_t(window_slots_) - 1);
+  keep.push_back(g);
+  for (std::size_t i = 0; i + 1 < keep.size(); ++i) {
+    const std::size_t h = keep[i];
+    if (window_->held(h)) continue;
+    if (!adam_finished(h)) break;
+    enqueue(h);
+    window_->fill(h, upload_source(), keep, *groups_[h].up_begin, *groups_[h].up_end);
+  }
+}
+
 void UploadPipeline::before_read(std::size_t g) {
   if (g >= groups_.size()) throw std::out_of_range("offload engine: no parameter group");
   if (!delayed_) enqueue(g);
+  if (window_) {
+    stream_in(g);
+    return;
+  }
   Group& gr = groups_[g];
   if (!gr.enqueued) return;
   dev_.record(*gr.stall_begin, compute_);

@@ -30,6 +30,7 @@
 #include "offload/bounded_sync.h"
 #include "offload/bucket_plan.h"
 #include "offload/engine_config.h"
+#include "offload/param_window.h"
 #include "optim/host_optimizer.h"
 #include "pinned_memory/pinned_buffer.h"
 #include "report/trace.h"
@@ -48,8 +49,10 @@ class UploadPipeline {
   UploadPipeline(const UploadPipeline&) = delete;
   UploadPipeline& operator=(const UploadPipeline&) = delete;
 
-  const void* params() const { return params_.data(); }  // (n) act dtype, device
+  // (n) act dtype, device; null in stream mode (EngineConfig::param_window).
+  const void* params() const { return params_.data(); }
   const void* param(std::size_t offset) const {
+    if (window_) return window_->param(offset);
     return static_cast<const char*>(params_.data()) + offset * esize_;
   }
   dev::Stream& stream() { return *h2d_; }
@@ -88,6 +91,11 @@ class UploadPipeline {
   };
   void enqueue(std::size_t g);         // the update's upload of group g, once Adam is done
   void enqueue_upload(std::size_t g);  // copies (and gathers) group g on the H2D stream
+  // Stream mode's before_read: group g into the window (filled now if no prefetch did it), the
+  // compute stream waiting for it, and the next groups of the pass prefetched.
+  void stream_in(std::size_t g);
+  bool adam_finished(std::size_t g);  // update in flight has written group g (or none in flight)
+  const void* upload_source() const;  // what uploads copy: the master or its 16-bit copy
   void run_update(cpu_adam::ConstArrayView grads, std::int64_t t, float lr, float mult);
   bool any_pending() const;
 
@@ -103,9 +111,11 @@ class UploadPipeline {
   DType act_;
   std::size_t esize_;
   std::unique_ptr<dev::Stream> h2d_;
-  dev::Buffer params_;                  // (n) act dtype
-  dev::Buffer gather_in_, gather_out_;  // (count), (ranks, count): one bucket's all-gather
-  pinned::PinnedBuffer upload_;         // 16-bit params in local order (fp32 uploads read master)
+  dev::Buffer params_;                   // (n) act dtype
+  dev::Buffer gather_in_, gather_out_;   // (count), (ranks, count): one bucket's all-gather
+  pinned::PinnedBuffer upload_;          // 16-bit params in local order (fp32 uploads read master)
+  std::unique_ptr<ParamWindow> window_;  // stream mode: instead of params_
+  int window_slots_ = 0;
   std::vector<Group> groups_;
 
   // The update in flight. adam_done_, failed_ and adam_ms_ are shared with the Adam thread.

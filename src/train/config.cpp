@@ -62,8 +62,29 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (device != "auto" && device != "host" && device != "cuda") {
     bad("--device must be auto, host or cuda");
   }
-  if (mode != "auto" && mode != "resident" && mode != "offload") {
-    bad("--mode must be auto, resident or offload");
+  if (mode != "auto" && mode != "resident" && mode != "offload" && mode != "stream") {
+    bad("--mode must be auto, resident, offload or stream");
+  }
+  if (param_window != 0 && mode != "stream") {
+    bad("--param-window is the window of --mode stream; add --mode stream or drop it");
+  }
+  if (mode == "stream") {
+    if (param_window != 0 && (param_window < 2 || param_window > spec.n_layer)) {
+      bad("--param-window must be in 2.." + std::to_string(spec.n_layer) +
+          " (the model's blocks; a window of all of them is --mode offload)");
+    }
+    if (spec.n_layer < 2) {
+      bad("--mode stream passes the blocks through a window of at least 2; this model has " +
+          std::to_string(spec.n_layer) + " block: use --mode offload");
+    }
+    if (dpu) {
+      bad("--dpu is not available in --mode stream: the next step would read a block while CPU "
+          "Adam writes its new values into the same host copy; drop --dpu or use --mode offload");
+    }
+    if (grad_accum_on == "device") {
+      bad("--grad-accum-on device needs an fp32 gradient of every parameter on the device, which "
+          "stream mode does not hold; use --grad-accum-on host or auto");
+    }
   }
   if (grad_accum_on != "auto" && grad_accum_on != "device" && grad_accum_on != "host") {
     bad("--grad-accum-on must be auto, device or host");
@@ -129,6 +150,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"master_weights", dtype_name(master_weights)},
           {"device", device},
           {"mode", mode},
+          {"param_window", param_window},
           {"grad_accum_on", grad_accum_on},
           {"precision", precision},
           {"loss_scale", loss_scale},

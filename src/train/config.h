@@ -53,8 +53,11 @@ struct TrainConfig {
   std::string device = "auto";  // auto (cuda if a usable GPU is present, else host) | host | cuda
   // Where the optimizer state lives: resident (on the device, AdamW on the device), offload
   // (fp32 master, m, v on the host, CPU Adam), or auto (resident when it fits on a GPU; offload
-  // on the host backend or when the GPU is too small).
+  // on the host backend or when the GPU is too small), or stream (offload with a window of
+  // param_window blocks on the device instead of every parameter; auto picks it when offload
+  // does not fit the device and the window does).
   std::string mode = "auto";
+  int param_window = 0;  // stream mode's slots (>= 2, <= n_layer); 0 = default_param_window
   // Offload mode with grad_accum > 1: where the micro-batches are summed in fp32: device (one
   // bucket per step to the host), host (every micro-batch's buckets), or auto (the device when
   // the plan fits with the fp32 sum there). Resident mode always sums on the device.

@@ -16,6 +16,7 @@ class OffloadUpdater final : public Updater {
       : state_(state),
         grad_accum_(config.grad_accum),
         on_device_(config.accumulate_on_device),
+        window_(config.param_window),
         engine_(device, stream, layout, state, config, trace, comm) {}
 
   model::ParameterStore& parameters() override { return engine_; }
@@ -45,13 +46,18 @@ class OffloadUpdater final : public Updater {
     m.exposed_ms = {{"d2h", p.d2h_exposed}, {"adam", p.adam_exposed}, {"h2d", p.h2d_exposed}};
   }
   std::string describe() const override {
-    std::string s = "offload mode: AdamW on the CPU (" +
+    std::string s = std::string(window_ > 0 ? "stream" : "offload") + " mode: AdamW on the CPU (" +
                     std::string(cpu_adam::isa_name(cpu_adam::default_isa())) + ") with " +
                     std::string(state_format_name(state_.state_format())) + " state";
     if (grad_accum_ > 1) {
       s += on_device_ ? "; micro-batches summed in fp32 on the device, one bucket per step to "
                         "the host"
                       : "; every micro-batch's buckets to the host, summed there in fp32";
+    }
+    if (window_ > 0) {
+      s += "; " + std::to_string(window_) +
+           " blocks on the device at a time, copied in ahead of "
+           "each pass";
     }
     return s;
   }
@@ -60,6 +66,7 @@ class OffloadUpdater final : public Updater {
   optim::HostOptimizer& state_;
   int grad_accum_;
   bool on_device_;
+  int window_;
   offload::Engine engine_;
 };
 

@@ -1,5 +1,6 @@
 #include "train/plan.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -26,7 +27,15 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const std::size_t esize = dtype_size(in.act_dtype);
   const model::ParameterLayout layout(in.spec);
   const offload::EngineFootprint f = offload::engine_footprint(layout, in.act_dtype, in.engine);
-  p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ")", n * esize});
+  const int window = in.resident ? 0 : in.engine.param_window;
+  if (window > 0) {
+    p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ", " +
+                            std::to_string(window) + " of " + std::to_string(in.spec.n_layer) +
+                            " blocks)",
+                        f.device_params});
+  } else {
+    p.device.push_back({"parameters (" + std::string(dtype_name(in.act_dtype)) + ")", n * esize});
+  }
   if (in.resident) {
     p.device.push_back({"gradients", n * esize});
     if (resident_accumulates_in_f32(in.act_dtype, in.engine.grad_accum))
@@ -95,6 +104,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
       advice << "use a smaller --micro-batch (with --grad-accum to keep the batch), ";
     advice << "shorten --seq-len, ";
     if (in.resident) advice << "use --mode offload (optimizer state on the host), ";
+    if (!in.resident && window == 0 && in.engine.ranks == 1 && !in.engine.dpu) {
+      advice << "use --mode stream (a window of blocks on the device), ";
+    }
     if (f.device_accum && !in.resident) {
       advice << "use --grad-accum-on host (micro-batches summed on the host), ";
     }
@@ -112,7 +124,33 @@ MemoryPlan plan_memory(const PlanInput& in) {
     advice << "or a smaller model";
   }
   p.advice = advice.str();
+  if (window > 0) {
+    // Every block a pass reads that the window does not hold is copied: after an update every
+    // block (the first forward of a step), then per pass all but the `window` the last one left.
+    const std::size_t L = std::size_t(in.spec.n_layer), K = std::size_t(window);
+    const std::size_t A = std::size_t(in.engine.grad_accum);
+    const std::size_t copies = L + (2 * A - 1) * (L - std::min(K, L));
+    const std::size_t block = layout.groups()[1].size() * esize;
+    p.streaming = "the embeddings and the final group stay, the blocks pass through " +
+                  std::to_string(window) + " slots of " + format_bytes(block) +
+                  "; parameters copied to the device per step: " + format_bytes(copies * block) +
+                  " (" + std::to_string(copies) + " block copies)";
+  }
   return p;
+}
+
+const char* mode_name(const PlanInput& in) {
+  if (in.resident) return "resident";
+  return in.engine.param_window > 0 ? "stream" : "offload";
+}
+
+int default_param_window(const model::ModelSpec& spec) {
+  if (spec.n_layer < 2) {
+    throw std::invalid_argument("stream mode passes the blocks through a window of at least 2; " +
+                                spec.name + " has " + std::to_string(spec.n_layer) +
+                                " block: use --mode offload");
+  }
+  return std::min(3, spec.n_layer);
 }
 
 namespace {
@@ -129,6 +167,12 @@ MemoryPlan plan_offload(PlanInput in, offload::EngineConfig& engine) {
   const std::string accum = "--grad-accum " + std::to_string(in.engine.grad_accum) + ": ";
   const std::string on_device = "summed in fp32 on the device, one bucket per step to the host";
   const std::string on_host = "every micro-batch's buckets to the host, summed there in fp32";
+  if (in.engine.param_window > 0) {  // a device sum would hold a gradient of every parameter
+    engine = in.engine;
+    MemoryPlan p = plan_memory(in);
+    p.accumulation = accum + on_host + " (stream mode)";
+    return p;
+  }
   in.engine.accumulate_on_device = in.grad_accum_on != AccumPlacement::kHost;
   engine = in.engine;
   MemoryPlan p = plan_memory(in);
@@ -155,10 +199,27 @@ MemoryPlan plan_offload(PlanInput in, offload::EngineConfig& engine) {
 
 ModeChoice choose_mode(PlanInput in, bool gpu) {
   ModeChoice c;
+  const int window = in.engine.param_window;
+  in.engine.param_window = 0;
   in.resident = true;
   c.resident = plan_memory(in);
   c.offload = plan_offload(in, c.offload_engine);
   in.resident = false;
+  if (window > 0) {
+    in.engine.param_window = window;
+    c.stream = plan_offload(in, c.stream_engine);
+    for (int k = 2; k < window && !c.stream.device_fits; ++k) {  // the smallest window that fits
+      in.engine.param_window = k;
+      offload::EngineConfig e;
+      const MemoryPlan smaller = plan_offload(in, e);
+      if (smaller.device_fits) {
+        c.stream.advice = "--param-window " + std::to_string(k) + " fits the device (" +
+                          format_bytes(smaller.device_total) + "); or " + c.stream.advice;
+        break;
+      }
+    }
+    in.engine.param_window = 0;
+  }
   if (!gpu) {
     c.reason = "the host backend runs the offload engine (resident mode is for a GPU)";
   } else if (in.optimizer_state != StateFormat::kF32) {
@@ -173,6 +234,11 @@ ModeChoice choose_mode(PlanInput in, bool gpu) {
     c.choose_resident = true;
     c.reason = "everything fits on the device, so nothing needs to cross PCIe";
   }
+  if (!c.choose_resident && window > 0 && !c.offload.device_fits && c.stream.device_fits) {
+    c.choose_stream = true;
+    c.reason += "; every 16-bit parameter (offload mode, " + format_bytes(c.offload.device_total) +
+                ") does not fit either, a window of " + std::to_string(window) + " blocks does";
+  }
   return c;
 }
 
@@ -183,7 +249,7 @@ std::string MemoryPlan::format(const PlanInput& in) const {
        << format_bytes(l.bytes) << "\n";
   };
   os << "memory plan for " << in.spec.name << " (" << in.spec.num_parameters() << " parameters, "
-     << (in.resident ? "resident" : "offload") << " mode)\n";
+     << mode_name(in) << " mode)\n";
   os << "  device:\n";
   for (const auto& l : device)
     line(l);
@@ -200,6 +266,7 @@ std::string MemoryPlan::format(const PlanInput& in) const {
      << (host_fits ? "  fits" : "  DOES NOT FIT") << "\n";
   if (!in.resident && !accumulation.empty())
     os << "  gradient accumulation: " << accumulation << "\n";
+  if (!streaming.empty()) os << "  parameter window: " << streaming << "\n";
   if (!advice.empty()) os << "  advice: " << advice << "\n";
   return os.str();
 }
@@ -215,10 +282,11 @@ nlohmann::json MemoryPlan::to_json(const PlanInput& in) const {
   };
   nlohmann::json j = {{"model", in.spec.name},
                       {"parameters", in.spec.num_parameters()},
-                      {"mode", in.resident ? "resident" : "offload"},
+                      {"mode", mode_name(in)},
                       {"device", side(device, device_total, in.device_capacity, device_fits)},
                       {"host", side(host, host_total, in.host_available, host_fits)}};
   if (!in.resident && !accumulation.empty()) j["gradient_accumulation"] = accumulation;
+  if (!streaming.empty()) j["parameter_window"] = streaming;
   if (!advice.empty()) j["advice"] = advice;
   return j;
 }

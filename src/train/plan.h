@@ -29,7 +29,9 @@ struct PlanInput {
   std::size_t device_capacity = 0;                  // 0 = unlimited / unknown
   std::size_t host_available = 0;                   // 0 = unknown
   bool resident = false;  // fp32 master, m, v on the device (AdamW there) instead of the host
-  offload::EngineConfig engine;  // offload mode: buckets, accumulation, DPU
+  // Offload mode: buckets, accumulation, DPU; param_window > 0: stream mode (a window of blocks
+  // on the device).
+  offload::EngineConfig engine;
   // Offload, grad_accum > 1: where to sum (choose_mode resolves it into engine's setting).
   AccumPlacement grad_accum_on = AccumPlacement::kAuto;
 };
@@ -46,6 +48,7 @@ struct MemoryPlan {
   bool device_fits = true, host_fits = true;
   std::string advice;        // what to change when something does not fit
   std::string accumulation;  // offload, grad_accum > 1: where micro-batches are summed, and why
+  std::string streaming;     // stream mode: the window, and the parameter bytes a step copies
 
   std::string format(const PlanInput& in) const;
   // The same as an object: every line and total in bytes, the capacities, fits, advice.
@@ -58,16 +61,23 @@ struct MemoryPlan {
 // the host keeps a staging copy of them for initialisation and checkpoints.
 MemoryPlan plan_memory(const PlanInput& in);
 
-// Both modes, the one `--mode auto` picks, and why: resident when the whole training state fits
-// on a GPU (and the optimizer state is fp32), offload otherwise. The offload plan is that of
-// in.grad_accum_on resolved: `offload_engine` is in.engine with accumulate_on_device set.
+// "resident", "offload" or "stream": the mode a plan's input describes.
+const char* mode_name(const PlanInput& in);
+
+// The modes, the one `--mode auto` picks, and why: resident when the whole training state fits
+// on a GPU (and the optimizer state is fp32), else offload, else (when in.engine.param_window >
+// 0 offers it) stream mode if offload does not fit the device but the window does. The offload
+// plan is that of in.grad_accum_on resolved: `offload_engine` is in.engine with
+// accumulate_on_device set (and param_window 0); the stream plan sums on the host.
 struct ModeChoice {
-  MemoryPlan resident, offload;
-  offload::EngineConfig offload_engine;
-  bool choose_resident = false;
+  MemoryPlan resident, offload, stream;
+  offload::EngineConfig offload_engine, stream_engine;
+  bool choose_resident = false, choose_stream = false;
   std::string reason;
 };
 ModeChoice choose_mode(PlanInput in, bool gpu);
+// Stream mode's default window: 3 slots (2 for a model of 2 blocks); needs n_layer >= 2.
+int default_param_window(const model::ModelSpec& spec);
 
 // What the host holds per parameter with each combination of master weights (fp32, bf16) and
 // optimizer state (fp32, bf16, q8), the other settings as in a plan's input (offload mode), and

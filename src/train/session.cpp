@@ -253,13 +253,31 @@ void Session::open_device_and_plan() {
       false,
       engine_config(),
       parse_accum_placement(cfg.grad_accum_on)};
-  // auto: resident on a GPU when everything fits there (and the state is fp32), else offload.
+  // Stream mode's window, offered to auto where stream mode can run: one rank, no DPU, the
+  // micro-batches not summed on the device.
+  const bool may_stream =
+      cfg.mode == "stream" || (cfg.mode == "auto" && ranks == 1 && !cfg.dpu &&
+                               cfg.grad_accum_on != "device" && spec.n_layer >= 2);
+  if (may_stream) {
+    pi.engine.param_window = cfg.param_window != 0 ? cfg.param_window : default_param_window(spec);
+  }
+  if (cfg.mode == "stream" && ranks > 1) {
+    throw std::invalid_argument(
+        "--mode stream runs one rank: data parallelism would need a per-group all-gather into "
+        "the window; use --mode offload with mpirun");
+  }
+  // auto: resident on a GPU when everything fits there (and the state is fp32), else offload,
+  // else stream when only the window fits the device.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
   resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
+  const bool stream = cfg.mode == "stream" || (cfg.mode == "auto" && choice.choose_stream);
+  param_window = stream ? pi.engine.param_window : 0;
   pi.resident = resident;
+  pi.engine.param_window = param_window;
   // Each rank decides by its own device: the collectives are the same either way.
-  accumulate_on_device = !resident && choice.offload_engine.accumulate_on_device;
-  const MemoryPlan& plan = resident ? choice.resident : choice.offload;
+  accumulate_on_device = !resident && !stream && choice.offload_engine.accumulate_on_device;
+  const MemoryPlan& plan = resident ? choice.resident : stream ? choice.stream : choice.offload;
+  if (cfg.mode == "auto" && stream) notes.push_back("--mode auto: stream (" + choice.reason + ")");
   if (!plan.device_fits || !plan.host_fits) {
     throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
   }
@@ -420,6 +438,7 @@ offload::EngineConfig Session::engine_config() const {
   e.dpu = cfg.dpu;
   e.ranks = ranks;
   e.master = cfg.master_weights;
+  e.param_window = param_window;
   e.rank = rank;
   e.comm_timeout = cfg.comm_timeout;
   return e;

@@ -56,6 +56,7 @@ struct Session {
   bool resident = false;  // optimizer state on the device (TrainConfig::mode)
   // Offload, grad_accum > 1: micro-batches summed on the device (TrainConfig::grad_accum_on).
   bool accumulate_on_device = false;
+  int param_window = 0;  // > 0: stream mode's window (TrainConfig::mode)
   report::Trace trace;
   std::unique_ptr<Updater> updater;
   std::unique_ptr<model::Model> model;
