@@ -1,7 +1,7 @@
 // Damaged checkpoints and bad numbers for the trainer's readers: trainer_state.json values of the
 // wrong type, out of range or inconsistent, optimizer shard ranges that overlap, wrap or leave the
 // layout, tensors nothing reads, FIFOs in a checkpoint; non-finite flags; sampling edge cases;
-// weights whose logits are not finite in sample and eval.
+// weights that are not finite, or whose logits are not, in sample and eval.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -510,11 +510,13 @@ void set_weights(const fs::path& dir, const std::string& name, float v) {
   reseal(dir, "model.safetensors", bytes);
 }
 
-// NaN weights, and finite weights that overflow fp32 in use (3e38 in an MLP), give logits with
+// NaN or Inf weights are refused by sample and eval before they run, naming the first, as
+// train refuses them. Finite weights that overflow fp32 in use (3e38 in an MLP) give logits with
 // no distribution to sample from: sample and eval stop with an error naming the token or batch,
 // where sample used to reach std::discrete_distribution with NaN weights.
-TEST(Sample, NonFiniteLogitsAreAnErrorNamingTheToken) {
-  for (const float v : {std::nanf(""), 3e38f}) {
+TEST(Sample, NonFiniteWeightsOrLogitsAreAnErrorNamingTheTensorOrToken) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float v : {std::nanf(""), inf, 3e38f}) {
     Scratch tmp;
     const fs::path dir = tmp.path / "step_00000002";
     fs::copy(trained_checkpoint(), dir, fs::copy_options::recursive);
@@ -523,18 +525,27 @@ TEST(Sample, NonFiniteLogitsAreAnErrorNamingTheToken) {
     s.weights.checkpoint = dir.string();
     s.prompt = {1, 2, 3};
     s.new_tokens = 4;
-    for (const float temperature : {1.0f, 0.0f}) {
-      s.temperature = temperature;
-      const std::string e = error_of([&] { zo::train::generate(s); });
-      EXPECT_HAS(e, "new token 1 (position 2): the model's logits hold 256 non-finite values");
-      EXPECT_HAS(e, "weights hold Inf or NaN, or overflow in fp32");
-    }
     zo::train::EvalConfig c;
     c.weights.checkpoint = dir.string();
     c.data = "synthetic";
     c.micro_batch = 2;
     c.seq_len = 16;
     c.batches = 3;
+    if (v != 3e38f) {
+      const std::string named = "checkpoint '" + dir.string() +
+                                "' holds weights that are not finite in fp32: "
+                                "h.0.attn.c_attn.bias [0] = " +
+                                (std::isnan(v) ? "nan" : "inf");
+      EXPECT_HAS(error_of([&] { zo::train::generate(s); }), named);
+      EXPECT_HAS(error_of([&] { zo::train::evaluate(c); }), named);
+      continue;
+    }
+    for (const float temperature : {1.0f, 0.0f}) {
+      s.temperature = temperature;
+      const std::string e = error_of([&] { zo::train::generate(s); });
+      EXPECT_HAS(e, "new token 1 (position 2): the model's logits hold 256 non-finite values");
+      EXPECT_HAS(e, "weights hold Inf or NaN, or overflow in fp32");
+    }
     const std::string e = error_of([&] { zo::train::evaluate(c); });
     EXPECT_HAS(e, "batch 1 of 3, sequence 1 token 1, has a non-finite loss");
   }

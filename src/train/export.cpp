@@ -1,6 +1,5 @@
 #include "train/export.h"
 
-#include <cmath>
 #include <filesystem>
 #include <span>
 #include <stdexcept>
@@ -12,6 +11,7 @@
 #include "model/hf_weights.h"
 #include "model/layout.h"
 #include "train/checkpoint_io.h"
+#include "train/finite_weights.h"
 #include "train/run_outputs.h"
 
 namespace zo::train {
@@ -38,18 +38,6 @@ void check_directory_output(const fs::path& dir, bool force) {
   }
 }
 
-// The value x becomes once stored as `dtype`.
-float stored(float x, DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return half_to_float(float_to_half(x));
-    case DType::kBF16:
-      return bf16_to_float(float_to_bf16(x));
-    default:
-      return x;
-  }
-}
-
 // Reads the checkpoint's weights once, checking their names and shapes against the layout:
 // the first weight that is not finite, or would not be once stored in `dtype` (fp16 overflows
 // above 65504), as "<tensor> [i] = <value>"; "" when all are.
@@ -57,14 +45,7 @@ std::string find_unexportable(const fs::path& weights, const model::ParameterLay
                               DType dtype) {
   std::string found;
   model::import_hf_weights(weights, layout, [&](std::size_t offset, std::span<const float> v) {
-    if (!found.empty()) return;
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (std::isfinite(stored(v[i], dtype))) continue;
-      const model::TensorInfo& t = layout.tensor_at(offset + i);
-      found = t.name + " [" + std::to_string(offset + i - t.offset) + "] = " + std::to_string(v[i]);
-      if (std::isfinite(v[i])) found += ", beyond " + std::string(dtype_name(dtype)) + "'s range";
-      return;
-    }
+    if (found.empty()) found = first_nonfinite_weight(layout, offset, v, dtype);
   });
   return found;
 }

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/hf_weights.h"
 #include "train/checkpoint_io.h"
+#include "train/finite_weights.h"
 
 namespace zo::train {
 
@@ -33,13 +34,15 @@ LoadedWeights load_weights(const WeightsSource& s) {
 }
 
 LoadedWeights load_weights(const WeightsSource& s, const model::ModelSpec& spec) {
-  LoadedWeights w{spec, {}};
+  LoadedWeights w{spec, {}, {}};
   const model::ParameterLayout layout(w.spec);
   w.weights.resize(layout.size());
+  const std::filesystem::path dir =
+      s.checkpoint.empty() ? "" : resolve_checkpoint(s.checkpoint, s.checkpoint_dir);
   const std::filesystem::path file =
-      !s.checkpoint.empty()
-          ? resolve_checkpoint(s.checkpoint, s.checkpoint_dir) / "model.safetensors"
-          : std::filesystem::path(s.init_from);
+      s.checkpoint.empty() ? std::filesystem::path(s.init_from) : dir / "model.safetensors";
+  w.source = s.checkpoint.empty() ? "--init-from '" + s.init_from + "'"
+                                  : "checkpoint '" + dir.string() + "'";
   model::import_hf_weights(file, layout, w.weights);
   return w;
 }
@@ -47,7 +50,14 @@ LoadedWeights load_weights(const WeightsSource& s, const model::ModelSpec& spec)
 InferenceModel::InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
                                const model::ModelShape& shape, const std::string& smaller)
     : layout_(w.spec), dev_(dev::make_device(request)), stream_(dev_->create_stream()) {
-  const std::size_t bytes = w.weights.size() * dtype_size(dev_->act_dtype());
+  const DType act = dev_->act_dtype();
+  if (const std::string bad = first_nonfinite_weight(layout_, 0, w.weights, act); !bad.empty()) {
+    throw std::invalid_argument(w.source + " holds weights that are not finite in " +
+                                std::string(dtype_name(act)) + ": " + bad +
+                                "; what they compute would be NaN. Use an earlier checkpoint "
+                                "(or, for a value beyond fp16's range, --precision bf16)");
+  }
+  const std::size_t bytes = w.weights.size() * dtype_size(act);
   std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
   convert_from_float(w.weights.data(), staged.data(), dev_->act_dtype(), w.weights.size());
   try {

@@ -30,6 +30,7 @@ model::ModelSpec load_spec(const WeightsSource& source);
 struct LoadedWeights {
   model::ModelSpec spec;
   std::vector<float> weights;  // the layout's order, fp32
+  std::string source;          // "checkpoint '<dir>'" or "--init-from '<file>'", for messages
 };
 LoadedWeights load_weights(const WeightsSource& source);
 // The same for a spec load_spec(source) gave already (a checkpoint's files are checksummed
@@ -42,7 +43,8 @@ std::string nonfinite_logits_advice(DType act);
 
 class InferenceModel {
  public:
-  // `smaller` names the flags that shrink `shape`, for the out-of-memory message.
+  // `smaller` names the flags that shrink `shape`, for the out-of-memory message. Weights that
+  // are not finite in the device's dtype are refused, naming the first.
   InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
                  const model::ModelShape& shape, const std::string& smaller);
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out.
