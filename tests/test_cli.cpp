@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/layout.h"
+#include "model/spec.h"
 #include "run_binary.h"
 
 namespace {
@@ -444,6 +446,50 @@ TEST(Cli, EvalGivesTheRunsValidationLoss) {
 }
 
 // Numbers a user can get wrong exit 1 naming the flag; sampling no tokens is not an error.
+// eval and sample keep the weights in host memory and stream the blocks through a window of
+// device slots when asked (--param-window) or when every weight would not fit --device-memory:
+// the same loss and the same tokens as with every weight on the device.
+TEST(Cli, EvalAndSampleStreamTheBlocksWhenAskedOrShortOfMemory) {
+  TempDir d;
+  const fs::path spec = d.path / "six_blocks.json";
+  std::ofstream(spec) << R"({"n_layer": 6, "n_head": 2, "n_embd": 128, "vocab_size": 256,
+                             "block_size": 32})";
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --model " + spec.string() + " --steps 2 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::size_t weight_bytes =
+      zo::model::ParameterLayout(zo::model::load_model_spec(spec.string())).size() * 4;
+  const std::string from = " --checkpoint latest --checkpoint-dir " + ckpt;
+  const std::string sample = "sample --ids -n 12 --temperature 0 --prompt-tokens 1,2,3" + from;
+  const std::string eval = "eval --data synthetic -b 1 --seq-len 16 --batches 3 --json" + from;
+  const Result want_tokens = run(sample), want_loss = run(eval);
+  ASSERT_EQ(want_tokens.code, 0) << want_tokens.out;
+  ASSERT_EQ(want_loss.code, 0) << want_loss.out;
+  for (const std::string flags :
+       {std::string(" --param-window 2"), std::string(" --param-window 6"),
+        " --device-memory " + std::to_string(weight_bytes) + "B"}) {
+    r = run(sample + flags);
+    EXPECT_EQ(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_EQ(r.out, want_tokens.out) << flags;
+    r = run(eval + flags);
+    EXPECT_EQ(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("loss"),
+              nlohmann::json::parse(want_loss.out).at("loss"))
+        << flags;
+  }
+  r = run(sample + " --timing --device-memory " + std::to_string(weight_bytes) + "B");
+  EXPECT_NE(r.out.find("3-block window"), std::string::npos) << r.out;
+  for (const char* bad : {" --param-window 1", " --param-window 7"}) {
+    r = run(sample + bad);
+    EXPECT_EQ(r.code, 1) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find("--param-window must be in 2..6"), std::string::npos) << r.out;
+  }
+  r = run(sample + " --device-memory 1MiB");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("out of device memory for a window of 3 blocks"), std::string::npos)
+      << r.out;
+}
+
 TEST(Cli, SampleEdgesAndNonFiniteFlags) {
   TempDir d;
   const std::string ckpt = (d.path / "ckpt").string();

@@ -1,6 +1,7 @@
 // Sampling with the KV cache on the host backend: every decode step's logits against the full
 // forward's at that position (GPT-2 and the Llama family), greedy generation with the cache
-// against the old path (a forward over the whole context for every token), bad input; and the
+// against the old path (a forward over the whole context for every token) and through a window of
+// streamed blocks, bad input; and the
 // token sampler (temperature, top-k, top-p) against the renormalised probabilities.
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "model/layout.h"
 #include "model/model.h"
 #include "model/spec.h"
+#include "offload/windowed_parameters.h"
 #include "train/sample.h"
 
 namespace {
@@ -114,11 +116,19 @@ TEST_P(SampleCache, GreedyEqualsTheFullWindowPath) {
   for (const std::size_t prompt_len : {std::size_t{3}, std::size_t{T + 5}}) {
     SCOPED_TRACE("prompt of " + std::to_string(prompt_len));
     const auto prompt = su.tokens(prompt_len, 5);
-    const auto got = zo::train::generate_with(*cached, su.params.data(), *su.dev, *su.stream,
-                                              prompt, 30, argmax);
+    zo::model::FlatParameters flat(su.params.data(), nullptr, su.dev->act_dtype());
+    const auto got =
+        zo::train::generate_with(*cached, flat, *su.dev, *su.stream, prompt, 30, argmax);
     const auto want =
         generate_full_window(*full, su.params.data(), *su.dev, *su.stream, prompt, 30);
     EXPECT_EQ(got, want);
+    // The weights in host memory, the blocks streamed through a window of 2 slots: the same.
+    std::vector<float> host(su.layout.size());
+    su.dev->copy_to_host(host.data(), su.params.data(), host.size() * 4, *su.stream);
+    su.stream->synchronize();
+    zo::offload::WindowedParameters window(*su.dev, *su.stream, su.layout, host.data(), 2);
+    EXPECT_EQ(zo::train::generate_with(*cached, window, *su.dev, *su.stream, prompt, 30, argmax),
+              got);
     ASSERT_EQ(got.size(), prompt_len + 30);
     // Not one token repeated: the comparison sees distinct picks.
     EXPECT_GT(std::set<std::int32_t>(got.begin() + std::ptrdiff_t(prompt_len), got.end()).size(),

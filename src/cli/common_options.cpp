@@ -19,4 +19,14 @@ void add_device_options(CLI::App* app, std::string& device, std::string& precisi
       ->capture_default_str();
 }
 
+void add_inference_memory_options(CLI::App* app, ByteSize& device_memory, int& param_window) {
+  app->add_option("--device-memory", device_memory.text,
+                  "device memory to use, e.g. 24GiB (default: what is free; unlimited on the "
+                  "host backend)");
+  app->add_option("--param-window", param_window,
+                  "keep the weights in host memory and stream the blocks through this many "
+                  "device slots (>= 2); 0 = only when they do not fit the device")
+      ->capture_default_str();
+}
+
 }  // namespace zo::cli

@@ -23,4 +23,7 @@ void add_weights_options(CLI::App* app, train::WeightsSource& weights,
 // --device and --precision.
 void add_device_options(CLI::App* app, std::string& device, std::string& precision);
 
+// --device-memory and --param-window of eval and sample (train::InferenceModel).
+void add_inference_memory_options(CLI::App* app, ByteSize& device_memory, int& param_window);
+
 }  // namespace zo::cli

@@ -29,11 +29,14 @@ void add_eval_command(CLI::App& app, EvalCommand& cmd, const std::string& model_
   ev->add_option("--batches", c.batches, "batches to score; 0 = one pass over the scored tokens")
       ->capture_default_str();
   add_device_options(ev, c.device, c.precision);
+  add_inference_memory_options(ev, cmd.device_memory, c.param_window);
   ev->add_flag("--json", cmd.json, "print one JSON object");
 }
 
 int run_eval(const EvalCommand& cmd) {
-  const train::EvalResult r = train::evaluate(cmd.config);
+  train::EvalConfig c = cmd.config;
+  c.device_memory = cmd.device_memory.bytes();
+  const train::EvalResult r = train::evaluate(c);
   const double ppl = std::exp(r.loss);  // inf past a loss of about 709.8
   if (cmd.json) {
     // JSON has no infinity: a perplexity that overflows a double is null.

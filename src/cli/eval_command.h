@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "common_options.h"
 #include "train/evaluate.h"
 
 namespace zo::cli {
@@ -11,6 +12,7 @@ namespace zo::cli {
 struct EvalCommand {
   CLI::App* app = nullptr;
   train::EvalConfig config;
+  ByteSize device_memory;
   bool json = false;
 };
 

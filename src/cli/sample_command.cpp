@@ -57,6 +57,7 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd, const std::string& mo
       ->capture_default_str();
   smp->add_option("--seed", sc.seed, "sampling seed")->capture_default_str();
   add_device_options(smp, sc.device, sc.precision);
+  add_inference_memory_options(smp, cmd.device_memory, sc.param_window);
   smp->add_option("--context", sc.context,
                   "positions kept (activations and KV cache); 0 = the model's block_size, at "
                   "most 2048")
@@ -70,6 +71,7 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd, const std::string& mo
 
 int run_sample(SampleCommand& cmd) {
   train::SampleConfig& sc = cmd.config;
+  sc.device_memory = cmd.device_memory.bytes();
   std::unique_ptr<tokenize::Tokenizer> tokenizer;
   if (!cmd.tokenizer.empty()) tokenizer = tokenize::Tokenizer::load(cmd.tokenizer);
   if (!cmd.prompt_tokens.empty()) {

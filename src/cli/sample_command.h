@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "common_options.h"
 #include "train/sample.h"
 
 namespace zo::cli {
@@ -11,6 +12,7 @@ namespace zo::cli {
 struct SampleCommand {
   CLI::App* app = nullptr;
   train::SampleConfig config;  // the prompt is filled in by run_sample
+  ByteSize device_memory;
   std::string prompt = "\n", prompt_tokens, tokenizer;
   bool print_ids = false, timing = false;
 };

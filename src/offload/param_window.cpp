@@ -35,12 +35,15 @@ std::size_t ParamWindow::device_bytes(const model::ParameterLayout& layout, std:
 }
 
 ParamWindow::ParamWindow(dev::Device& device, dev::Stream& compute, dev::Stream& h2d,
-                         const model::ParameterLayout& layout, int slots, bool poison)
+                         const model::ParameterLayout& layout, int slots, bool poison,
+                         bool forward_only)
     : dev_(device),
       compute_(compute),
       h2d_(h2d),
       layout_(layout),
-      esize_(dtype_size(device.act_dtype())) {
+      esize_(dtype_size(device.act_dtype())),
+      slot_count_(slots),
+      forward_only_(forward_only) {
   if (slots < 2) {
     throw std::invalid_argument("a parameter window needs at least 2 slots, not " +
                                 std::to_string(slots));
@@ -108,6 +111,26 @@ bool ParamWindow::held(std::size_t g) const {
 
 void ParamWindow::invalidate(std::size_t g) {
   if (Slot* s = slot_of(g)) s->current = false;
+}
+
+void ParamWindow::enter(std::size_t g, const void* host,
+                        const std::function<bool(std::size_t)>& ready,
+                        const std::function<FillEvents(std::size_t)>& events) {
+  release();
+  if (res_offset_[g] == kNone && !held(g)) {
+    const FillEvents e = events(g);
+    fill(g, host, {g}, e.begin, e.end);
+  }
+  acquire(g);
+  std::vector<std::size_t> keep = ahead(g, std::size_t(slot_count_) - 1);
+  keep.push_back(g);
+  for (std::size_t i = 0; i + 1 < keep.size(); ++i) {
+    const std::size_t h = keep[i];
+    if (held(h)) continue;
+    if (!ready(h)) break;
+    const FillEvents e = events(h);
+    fill(h, host, keep, e.begin, e.end);
+  }
 }
 
 void ParamWindow::release() {
@@ -182,6 +205,9 @@ std::vector<std::size_t> ParamWindow::ahead(std::size_t g, std::size_t count) co
   } else if (phase_ == Phase::kDescending) {
     for (std::size_t h = std::min(g, top); h > 1 && next.size() < count; --h)
       next.push_back(h - 1);
+  } else if (forward_only_) {  // after the head: the next forward's first blocks
+    for (std::size_t h = 1; h < top && next.size() < count; ++h)
+      next.push_back(h);
   }
   return next;
 }

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,8 +25,11 @@ class ParamWindow {
  public:
   // `slots` >= 2. poison: every slot is filled with NaN before it takes a new group (a read the
   // protocol did not announce, or a fill that overtook a kernel, then reaches the losses).
+  // forward_only: no backward follows a forward (eval, sample), so the end of one forward
+  // prefetches the first blocks of the next.
   ParamWindow(dev::Device& device, dev::Stream& compute, dev::Stream& h2d,
-              const model::ParameterLayout& layout, int slots, bool poison);
+              const model::ParameterLayout& layout, int slots, bool poison,
+              bool forward_only = false);
   ParamWindow(const ParamWindow&) = delete;
   ParamWindow& operator=(const ParamWindow&) = delete;
 
@@ -45,6 +49,17 @@ class ParamWindow {
   bool held(std::size_t g) const;  // a slot holds the current host copy of streamed group g
   // The host copy of streamed group g changed: a slot holding it is stale.
   void invalidate(std::size_t g);
+  // The events a copy of group h records around itself.
+  struct FillEvents {
+    dev::Event &begin, &end;
+  };
+  // ParameterStore::before_read(g) in one call: release, fill g from `host` unless a slot holds
+  // it, acquire, then prefetch the next groups of the pass (ahead) in order while ready(h) says
+  // their host copy may be read now (it may prepare it; the first that may not ends the
+  // prefetch). Resident groups are the caller's.
+  void enter(std::size_t g, const void* host, const std::function<bool(std::size_t)>& ready,
+             const std::function<FillEvents(std::size_t)>& events);
+
   // The compute stream has been given every op that reads the group acquired last: its slot may
   // be refilled once those ops are done.
   void release();
@@ -85,6 +100,8 @@ class ParamWindow {
   std::vector<Slot> slots_;
   dev::Buffer nans_;  // poison: one slot of NaN
   std::uint64_t uses_ = 0;
+  int slot_count_;
+  bool forward_only_;
   std::size_t last_ = kNone;  // the group acquired last
   Slot* reading_ = nullptr;   // its slot, until release (null for a resident group)
   // Where the pass goes: up (forward), down (backward), or unknown (after the head in forward:

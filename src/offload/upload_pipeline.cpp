@@ -35,7 +35,6 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
     }
     window_ = std::make_unique<ParamWindow>(dev_, compute_, *h2d_, layout, config.param_window,
                                             config.poison_window);
-    window_slots_ = config.param_window;
   } else {
     params_ = dev_.alloc(layout.size() * esize_, "parameters");
   }
@@ -196,28 +195,22 @@ bool UploadPipeline::adam_finished(std::size_t g) {
 }
 
 void UploadPipeline::stream_in(std::size_t g) {
-  window_->release();
   Group& gr = groups_[g];
   dev_.record(*gr.stall_begin, compute_);
-  if (ParamWindow::resident(layout_, g)) {
-    if (gr.enqueued) dev_.wait(compute_, *gr.up_end);
-  } else if (!window_->held(g)) {
-    window_->fill(g, upload_source(), {g}, *gr.up_begin, *gr.up_end);
-  }
-  window_->acquire(g);
+  if (ParamWindow::resident(layout_, g) && gr.enqueued) dev_.wait(compute_, *gr.up_end);
+  // A group Adam has not written yet is not prefetched: it is filled when it is needed.
+  window_->enter(
+      g, upload_source(),
+      [&](std::size_t h) {
+        if (!adam_finished(h)) return false;
+        enqueue(h);
+        return true;
+      },
+      [&](std::size_t h) {
+        return ParamWindow::FillEvents{*groups_[h].up_begin, *groups_[h].up_end};
+      });
   dev_.record(*gr.stall_end, compute_);
   gr.enqueued = false;
-  // Prefetch what the pass reads next, as far as the window and the running update allow: a
-  // group Adam has not written yet is filled when it is needed.
-  std::vector<std::size_t> keep = window_->ahead(g, std::size_t(window_slots_) - 1);
-  keep.push_back(g);
-  for (std::size_t i = 0; i + 1 < keep.size(); ++i) {
-    const std::size_t h = keep[i];
-    if (window_->held(h)) continue;
-    if (!adam_finished(h)) break;
-    enqueue(h);
-    window_->fill(h, upload_source(), keep, *groups_[h].up_begin, *groups_[h].up_end);
-  }
 }
 
 void UploadPipeline::before_read(std::size_t g) {

@@ -115,7 +115,6 @@ class UploadPipeline {
   dev::Buffer gather_in_, gather_out_;   // (count), (ranks, count): one bucket's all-gather
   pinned::PinnedBuffer upload_;          // 16-bit params in local order (fp32 uploads read master)
   std::unique_ptr<ParamWindow> window_;  // stream mode: instead of params_
-  int window_slots_ = 0;
   std::vector<Group> groups_;
 
   // The update in flight. adam_done_, failed_ and adam_ms_ are shared with the Adam thread.

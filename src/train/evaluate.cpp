@@ -66,6 +66,7 @@ EvalResult evaluate(const EvalConfig& c) {
   request.device = c.device;
   request.precision = c.precision;
   request.threads = c.threads;
+  request.capacity_bytes = c.device_memory;
   dev::check_device_request(request);
   // The spec (for a checkpoint, its files checksummed), then the data, then the weights: a bad
   // data path or token fails before gigabytes of weights are loaded.
@@ -98,9 +99,9 @@ EvalResult evaluate(const EvalConfig& c) {
           : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(kMaxEvalBatches)));
 
   const LoadedWeights w = load_weights(c.weights, spec);
-  InferenceModel m(w, request, {c.micro_batch, T, false}, "a smaller --micro-batch or --seq-len");
-  model::FlatParameters params(m.params(), nullptr, m.device().act_dtype());
-  const LossSum s = sum_losses(m.model(), params, loader, batches, m.device(), m.stream());
+  InferenceModel m(w, request, {c.micro_batch, T, false}, "a smaller --micro-batch or --seq-len",
+                   c.param_window);
+  const LossSum s = sum_losses(m.model(), m.parameters(), loader, batches, m.device(), m.stream());
 
   EvalResult r;
   r.loss = s.sum / s.count;

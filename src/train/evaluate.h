@@ -41,6 +41,8 @@ struct EvalConfig {
   std::string device = "auto";
   std::string precision = "auto";
   int threads = 0;
+  std::size_t device_memory = 0;  // bytes the device may use; 0 = all
+  int param_window = 0;           // InferenceModel's: 0 = every weight on the device if it fits
 };
 
 struct EvalResult {

@@ -8,8 +8,10 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
+#include "offload/windowed_parameters.h"
 #include "train/checkpoint_io.h"
 #include "train/finite_weights.h"
+#include "train/plan.h"
 
 namespace zo::train {
 
@@ -48,7 +50,8 @@ LoadedWeights load_weights(const WeightsSource& s, const model::ModelSpec& spec)
 }
 
 InferenceModel::InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
-                               const model::ModelShape& shape, const std::string& smaller)
+                               const model::ModelShape& shape, const std::string& smaller,
+                               int param_window)
     : layout_(w.spec), dev_(dev::make_device(request)), stream_(dev_->create_stream()) {
   const DType act = dev_->act_dtype();
   if (const std::string bad = first_nonfinite_weight(layout_, 0, w.weights, act); !bad.empty()) {
@@ -57,21 +60,47 @@ InferenceModel::InferenceModel(const LoadedWeights& w, const dev::DeviceRequest&
                                 "; what they compute would be NaN. Use an earlier checkpoint "
                                 "(or, for a value beyond fp16's range, --precision bf16)");
   }
-  const std::size_t bytes = w.weights.size() * dtype_size(act);
-  std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
-  convert_from_float(w.weights.data(), staged.data(), dev_->act_dtype(), w.weights.size());
+  const std::size_t esize = dtype_size(act), bytes = w.weights.size() * esize;
+  // Every weight on the device, unless asked otherwise or they and the activations do not fit.
+  const std::size_t capacity = dev_->capacity_bytes(), used = dev_->used_bytes();
+  const std::size_t need = bytes + model::activation_bytes(w.spec, shape, esize);
+  window_ = param_window != 0                         ? param_window
+            : capacity != 0 && need > capacity - used ? default_param_window(w.spec)
+                                                      : 0;
+  if (window_ != 0 && (window_ < 2 || window_ > w.spec.n_layer)) {
+    throw std::invalid_argument("--param-window must be in 2.." + std::to_string(w.spec.n_layer) +
+                                " (the model's blocks), or 0 to choose");
+  }
   try {
-    params_ = dev_->alloc(bytes, "parameters");
-    dev_->copy_to_device(params_.data(), staged.data(), bytes, *stream_);
-    stream_->synchronize();  // staged goes out of scope (and the upload is not a step's time)
+    if (window_ == 0) {
+      std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
+      convert_from_float(w.weights.data(), staged.data(), act, w.weights.size());
+      params_ = dev_->alloc(bytes, "parameters");
+      dev_->copy_to_device(params_.data(), staged.data(), bytes, *stream_);
+      stream_->synchronize();  // staged goes out of scope (and the upload is not a step's time)
+      store_ = std::make_unique<model::FlatParameters>(params_.data(), nullptr, act);
+    } else {
+      host_ = pinned::PinnedBuffer(bytes, dev::staging_pin_options(*dev_, true));
+      convert_from_float(w.weights.data(), host_.data(), act, w.weights.size());
+      store_ = std::make_unique<offload::WindowedParameters>(*dev_, *stream_, layout_, host_.data(),
+                                                             window_);
+    }
     model_ = model::make_model(*dev_, layout_, shape);
   } catch (const OutOfMemoryError& e) {
-    // Its own advice is training's (--recompute, --device-memory); here only the shape helps.
-    throw std::runtime_error("out of device memory for the weights (" + format_bytes(bytes) +
-                             ") and the activations of " + std::to_string(shape.B) + " x " +
-                             std::to_string(shape.T) + " positions: requested " +
-                             format_bytes(e.requested()) + " with " + format_bytes(e.in_use()) +
-                             " in use; use " + smaller + ", or --device host");
+    // Its own advice is training's (--recompute, --device-memory); here only the shape and the
+    // window help.
+    const std::string weights =
+        window_ == 0 ? "the weights (" + format_bytes(bytes) + ")"
+                     : "a window of " + std::to_string(window_) + " blocks of the weights";
+    throw std::runtime_error("out of device memory for " + weights + " and the activations of " +
+                             std::to_string(shape.B) + " x " + std::to_string(shape.T) +
+                             " positions: requested " + format_bytes(e.requested()) + " with " +
+                             format_bytes(e.in_use()) + " in use; use " + smaller +
+                             (window_ == 0
+                                  ? ", --param-window 2 (the blocks stream through the device)"
+                              : window_ > 2 ? ", a smaller --param-window"
+                                            : "") +
+                             ", or --device host");
   }
 }
 

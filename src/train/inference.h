@@ -12,6 +12,7 @@
 #include "model/layout.h"
 #include "model/model.h"
 #include "model/spec.h"
+#include "pinned_memory/pinned_buffer.h"
 
 namespace zo::train {
 
@@ -44,9 +45,12 @@ std::string nonfinite_logits_advice(DType act);
 class InferenceModel {
  public:
   // `smaller` names the flags that shrink `shape`, for the out-of-memory message. Weights that
-  // are not finite in the device's dtype are refused, naming the first.
+  // are not finite in the device's dtype are refused, naming the first. param_window >= 2: the
+  // weights stay in (page-locked) host memory and the blocks stream through that many device
+  // slots (offload/windowed_parameters.h); 0: every weight on the device when the weights and
+  // the activations fit its capacity, else a window of default_param_window.
   InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
-                 const model::ModelShape& shape, const std::string& smaller);
+                 const model::ModelShape& shape, const std::string& smaller, int param_window = 0);
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out.
   ~InferenceModel();
   InferenceModel(const InferenceModel&) = delete;
@@ -55,13 +59,17 @@ class InferenceModel {
   dev::Device& device() { return *dev_; }
   dev::Stream& stream() { return *stream_; }
   model::Model& model() { return *model_; }
-  const void* params() const { return params_.data(); }
+  model::ParameterStore& parameters() { return *store_; }
+  int param_window() const { return window_; }  // 0: every weight on the device
 
  private:
   model::ParameterLayout layout_;
   std::unique_ptr<dev::Device> dev_;
   std::unique_ptr<dev::Stream> stream_;
-  dev::Buffer params_;  // (layout size) act dtype
+  int window_ = 0;
+  dev::Buffer params_;         // (layout size) act dtype, without a window
+  pinned::PinnedBuffer host_;  // (layout size) act dtype, with a window
+  std::unique_ptr<model::ParameterStore> store_;
   std::unique_ptr<model::Model> model_;
 };
 

@@ -41,6 +41,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   request.device = c.device;
   request.precision = c.precision;
   request.threads = c.threads;
+  request.capacity_bytes = c.device_memory;
   dev::check_device_request(request);
   const LoadedWeights w = load_weights(c.weights);
   const model::ModelSpec& spec = w.spec;
@@ -65,10 +66,14 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   }
   const int T = c.context > 0 ? c.context : std::min(spec.block_size, kDefaultSampleContext);
 
-  InferenceModel m(w, request, {1, T, false}, "a smaller --context");
-  if (times) times->device = m.device().name();
+  InferenceModel m(w, request, {1, T, false}, "a smaller --context", c.param_window);
+  if (times) {
+    times->device = m.device().name();
+    if (m.param_window() != 0)
+      times->device += ", " + std::to_string(m.param_window()) + "-block window";
+  }
   return generate_with(
-      m.model(), m.params(), m.device(), m.stream(), c.prompt, c.new_tokens,
+      m.model(), m.parameters(), m.device(), m.stream(), c.prompt, c.new_tokens,
       [&](const std::vector<float>& logits) { return pick(logits); }, times);
 }
 
@@ -119,10 +124,10 @@ std::int32_t TokenSampler::operator()(const std::vector<float>& logits) {
   return order_[static_cast<std::size_t>(choose(rng_))];
 }
 
-std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
-                                        dev::Stream& s, std::vector<std::int32_t> seq,
-                                        int new_tokens, const TokenPicker& pick,
-                                        SampleTimes* times) {
+std::vector<std::int32_t> generate_with(model::Model& model, model::ParameterStore& params,
+                                        dev::Device& dev, dev::Stream& s,
+                                        std::vector<std::int32_t> seq, int new_tokens,
+                                        const TokenPicker& pick, SampleTimes* times) {
   const int T = model.shape().T, V = model.layout().spec().vocab_size;
   const int stride = model.logits_stride();
   const DType act = dev.act_dtype();

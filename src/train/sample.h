@@ -24,6 +24,8 @@ struct SampleConfig {
   std::string device = "auto";     // auto (cuda if a GPU is usable), host or cuda
   std::string precision = "auto";  // auto (bf16 on cuda, fp32 on host), fp32, bf16 or fp16
   int threads = 0;
+  std::size_t device_memory = 0;  // bytes the device may use; 0 = all
+  int param_window = 0;           // InferenceModel's: 0 = every weight on the device if it fits
   // Positions the model holds (activations and KV cache); 0: the model's block_size, at most
   // kDefaultSampleContext (a Llama 3's 131072 positions would need its logits alone in 67 GB).
   int context = 0;
@@ -75,9 +77,9 @@ class TokenSampler {
 // longer than T keeps its last T tokens; when the context is full, the last max(1, T/2) tokens are
 // prefilled again and decoding goes on from there (the KV cache holds absolute positions, so it
 // cannot slide by one).
-std::vector<std::int32_t> generate_with(model::Model& model, const void* params, dev::Device& dev,
-                                        dev::Stream& s, std::vector<std::int32_t> prompt,
-                                        int new_tokens, const TokenPicker& pick,
-                                        SampleTimes* times = nullptr);
+std::vector<std::int32_t> generate_with(model::Model& model, model::ParameterStore& params,
+                                        dev::Device& dev, dev::Stream& s,
+                                        std::vector<std::int32_t> prompt, int new_tokens,
+                                        const TokenPicker& pick, SampleTimes* times = nullptr);
 
 }  // namespace zo::train
