@@ -323,7 +323,10 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
   EXPECT_EQ(s["recommended"]["mode"], "stream") << r.out;
   EXPECT_FALSE(s["offload"]["device"]["fits"].get<bool>()) << r.out;
   EXPECT_TRUE(s["stream"]["device"]["fits"].get<bool>()) << r.out;
-  EXPECT_NE(s["stream"]["parameter_window"].get<std::string>().find("3 slots of 416.02 MiB"),
+  const std::string window = s["stream"]["parameter_window"];
+  EXPECT_NE(window.find("3 slots of 416.02 MiB"), std::string::npos) << r.out;
+  // bf16: 2 bytes x 400 TFLOP/s / (2 x 55 GB/s) = 7272.7 tokens.
+  EXPECT_NE(window.find("hidden (predicted) from 7273 tokens per micro-batch (now 4096)"),
             std::string::npos)
       << r.out;
   r = run("plan --model gpt2-124m --precision bf16 --host-memory 128GiB --json");
@@ -363,6 +366,11 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   r = run("plan --model gpt2-124m --precision bf16 --ranks 4");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("fp32 master weights (1/4)"), std::string::npos) << r.out;
+  for (const char* rate : {"--link-rate 0", "--device-tflops inf", "--link-rate nan"}) {
+    r = run(std::string("plan --mode stream ") + rate);
+    EXPECT_EQ(r.code, 1) << rate;
+    EXPECT_NE(r.out.find("must be positive and finite"), std::string::npos) << r.out;
+  }
   for (const char* m : {"resident", "stream"}) {
     r = run(std::string("plan --ranks 2 --mode ") + m);
     EXPECT_EQ(r.code, 1);

@@ -31,6 +31,12 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
       ->capture_default_str();
   p->add_option("--param-window", cmd.param_window, "stream: blocks on the device; 0 = default")
       ->capture_default_str();
+  p->add_option("--link-rate", cmd.link_gb_per_s,
+                "stream: host-to-device GB/s for the prediction (bench_copy measures it)")
+      ->capture_default_str();
+  p->add_option("--device-tflops", cmd.device_tflops,
+                "stream: TFLOP/s the device achieves on the model, for the prediction")
+      ->capture_default_str();
   p->add_option("--grad-accum", cmd.grad_accum, "micro-batches per step")->capture_default_str();
   p->add_option("--grad-accum-on", cmd.grad_accum_on,
                 "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
@@ -89,6 +95,12 @@ int run_plan(const PlanCommand& cmd) {
   pi.engine.dpu = c.dpu;
   pi.engine.bucket_bytes = c.bucket_size;
   pi.engine.master = c.master_weights;
+  if (!(cmd.link_gb_per_s > 0.0 && cmd.link_gb_per_s < 1e6) ||
+      !(cmd.device_tflops > 0.0 && cmd.device_tflops < 1e6)) {
+    throw std::invalid_argument("--link-rate and --device-tflops must be positive and finite");
+  }
+  pi.link_gb_per_s = cmd.link_gb_per_s;
+  pi.device_tflops = cmd.device_tflops;
   // Stream mode where train would offer it (Session::open_device_and_plan).
   const bool may_stream = mode == "stream" || (mode == "auto" && cmd.ranks == 1 && !c.dpu &&
                                                c.grad_accum_on != "device" && pi.spec.n_layer >= 2);

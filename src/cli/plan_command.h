@@ -14,6 +14,7 @@ struct PlanCommand {
   std::string grad_accum_on = "auto", master_weights = "fp32";
   int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1, param_window = 0;
   bool recompute = false, dpu = false, json = false;
+  double link_gb_per_s = 55.0, device_tflops = 400.0;  // train::PlanInput's
   ByteSize device_memory, host_memory, bucket;
 };
 

@@ -1,6 +1,7 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -131,10 +132,19 @@ MemoryPlan plan_memory(const PlanInput& in) {
     const std::size_t A = std::size_t(in.engine.grad_accum);
     const std::size_t copies = L + (2 * A - 1) * (L - std::min(K, L));
     const std::size_t block = layout.groups()[1].size() * esize;
+    // Forward reads a block for 2 flop per parameter and token and its copy moves esize bytes
+    // per parameter (backward, 4 flop, copies fewer blocks): the copies hide behind the compute
+    // from esize * F / (2 R) tokens per micro-batch.
+    const double hide = double(esize) * in.device_tflops * 1e12 / (2.0 * in.link_gb_per_s * 1e9);
+    char rates[160];
+    std::snprintf(rates, sizeof rates,
+                  "%.0f tokens per micro-batch (now %d) at %g GB/s and %g TFLOP/s", std::ceil(hide),
+                  in.shape.B * in.shape.T, in.link_gb_per_s, in.device_tflops);
     p.streaming = "the embeddings and the final group stay, the blocks pass through " +
                   std::to_string(window) + " slots of " + format_bytes(block) +
                   "; parameters copied to the device per step: " + format_bytes(copies * block) +
-                  " (" + std::to_string(copies) + " block copies)";
+                  " (" + std::to_string(copies) +
+                  " block copies); copies hidden (predicted) from " + rates;
   }
   return p;
 }

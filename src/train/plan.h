@@ -34,6 +34,10 @@ struct PlanInput {
   offload::EngineConfig engine;
   // Offload, grad_accum > 1: where to sum (choose_mode resolves it into engine's setting).
   AccumPlacement grad_accum_on = AccumPlacement::kAuto;
+  // Stream mode's prediction of the micro-batch that hides the block copies: the host-to-device
+  // rate (bench_copy's pinned rate on the H100 of docs/performance.md) and the rate the device
+  // runs the model's matmuls at (an achieved bf16 rate of that class of GPU, not its peak).
+  double link_gb_per_s = 55.0, device_tflops = 400.0;
 };
 
 struct PlanLine {
