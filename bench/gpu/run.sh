@@ -9,14 +9,16 @@
 # (compute-sanitizer memcheck and racecheck over the op tests and two tiny trainings), resident
 # (GPT-2 124M bf16 and fp16), profile (Nsight Compute's GPU time of every kernel of one 124M
 # step, grouped as the predicted budget), offload (350M/774M/1.5B, with and without DPU, vs resident),
+# stream (parameter streaming: GPT-2 1.5B with a window of 3 blocks against resident and
+# offload at the same batch, Llama 3.1 8B streamed in 16 GiB of device memory against offload),
 # big (the largest model the plan admits here), llama (the Llama family: a tiny Llama against
 # the host backend, Llama 3.2 1B resident, Llama 3.1 8B offloaded with DPU).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
-[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|profile|offload|big|llama ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|profile|offload|stream|big|llama ..." >&2; exit 2; }
 for p in "$@"; do
-  case $p in check | paths | sanitize | resident | profile | offload | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, profile, offload, big, llama)" >&2; exit 2 ;; esac
+  case $p in check | paths | sanitize | resident | profile | offload | stream | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, profile, offload, stream, big, llama)" >&2; exit 2 ;; esac
 done
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
@@ -188,6 +190,20 @@ phase_offload() {
     --optimizer-state q8 --master-weights bf16
   train trace_350m 120 --model gpt2-350m -b 8 --seq-len 1024 --steps 6 --device cuda \
     --precision bf16 --mode offload --trace "$out/trace.json"
+}
+
+phase_stream() {
+  # The batch hides the copies by plan's prediction (8192 tokens per micro-batch >= 7273).
+  local m=(--model gpt2-1558m -b 8 --seq-len 1024 --steps 12 --device cuda --precision bf16)
+  train resident_1558m 120 "${m[@]}" --mode resident
+  train offload_1558m 150 "${m[@]}" --mode offload
+  train stream_1558m 150 "${m[@]}" --mode stream --param-window 3
+  local big=(--model llama3.1-8b -b 2 --seq-len 4096 --recompute --precision bf16
+    --optimizer-state bf16)
+  step plan_llama_8b_stream 60 "$B" plan "${big[@]}" --mode stream --device-memory 16GiB
+  train llama_8b_offload 300 "${big[@]}" --steps 4 --device cuda --mode offload
+  train llama_8b_stream 300 "${big[@]}" --steps 4 --device cuda --mode stream \
+    --device-memory 16GiB
 }
 
 phase_big() {

@@ -179,7 +179,7 @@ def main():
     ratios = []
     for size in ("124m", "350m", "774m", "1558m"):
         res = by_name.get(f"resident_{size}", {}).get("metrics")
-        for kind in ("offload", "offload_dpu"):
+        for kind in ("offload", "offload_dpu", "stream"):
             off = by_name.get(f"{kind}_{size}", {}).get("metrics")
             if res and off:
                 ratios.append((size, kind, off["tokens_per_s"], res["tokens_per_s"],
