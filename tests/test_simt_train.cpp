@@ -144,6 +144,29 @@ TEST_F(SimtTrain, OffloadMatchesTheHostBackendWithAndWithoutDpuAndAccumulation) 
   }
 }
 
+// Stream mode on the emulated GPU (a window of 2 of a 4-block model's blocks, each copied into a
+// slot ahead of the pass that reads it) trains like offload mode bit for bit: GPT-2 (tied head)
+// and Llama (untied), bf16, recompute, micro-batches summed on the host.
+TEST_F(SimtTrain, StreamModeEqualsOffloadBitForBit) {
+  const fs::path gpt = dir_.path / "gpt_4_blocks.json", llama = dir_.path / "llama_4_blocks.json";
+  std::ofstream(gpt) << R"({"n_layer": 4, "n_head": 2, "n_embd": 64, "vocab_size": 256,
+                            "block_size": 64})";
+  std::ofstream(llama) << R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+      "vocab_size": 256, "max_position_embeddings": 64, "tie_word_embeddings": false})";
+  for (const fs::path& model : {gpt, llama}) {
+    SCOPED_TRACE(model.filename().string());
+    const std::string args =
+        "--steps 3 --precision bf16 --recompute --grad-accum 2 --grad-accum-on host";
+    const Steps offload = emulated(args + " --mode offload", dir_.path, "offload", model.string());
+    const Steps stream =
+        emulated(args + " --mode stream --param-window 2", dir_.path, "stream", model.string());
+    ASSERT_EQ(offload.loss.size(), 3u);
+    EXPECT_EQ(stream.loss, offload.loss);
+    EXPECT_EQ(stream.grad_norm, offload.grad_norm);
+  }
+}
+
 // --grad-accum 3 in offload mode, bf16: micro-batches summed on the device (the fp32 sum rounded
 // once) and on the host (fp32 sums read by CPU Adam), each against the host backend, and against
 // each other: the first step's loss is the same computation, then the updates differ by Adam of
