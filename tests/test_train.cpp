@@ -581,8 +581,17 @@ TEST(Trainer, StreamModeEqualsOffloadAndTrainsWithinItsPlan) {
   st.mode = "stream";
   st.param_window = 2;
   st.checkpoint_dir = b.path.string();
+  st.trace = (d.path / "trace.json").string();
   EXPECT_EQ(Trainer(st).run().losses, Trainer(off).run().losses);
   expect_same_state(a.path / "step_00000004", b.path / "step_00000004");
+  // The trace shows every block copy: L + (2A - 1)(L - K) = 5 + 3 x 3 = 14 a step, as the plan
+  // says, the first step's included (no update before it: every block starts outside).
+  std::ifstream trace_file(st.trace);
+  const auto trace = nlohmann::json::parse(trace_file);
+  int copies = 0;
+  for (const auto& ev : trace.at("traceEvents"))
+    copies += ev.at("ph") == "X" && ev.at("name").get<std::string>().rfind("copy block", 0) == 0;
+  EXPECT_EQ(copies, 4 * 14);
 
   zo::train::PlanInput in;
   in.spec = zo::model::load_model_spec(spec.string());
@@ -593,6 +602,9 @@ TEST(Trainer, StreamModeEqualsOffloadAndTrainsWithinItsPlan) {
     const auto choice = zo::train::choose_mode(in, true);
     ASSERT_LT(choice.stream.device_total, choice.offload.device_total);
     EXPECT_FALSE(choice.stream_engine.accumulate_on_device) << "stream mode sums on the host";
+    const std::string copies_per_step = window == 2 ? "(14 block copies)" : "(11 block copies)";
+    EXPECT_NE(choice.stream.streaming.find(copies_per_step), std::string::npos)
+        << choice.stream.streaming;
     TrainConfig fit = st;
     fit.checkpoint_dir.clear();
     fit.steps = fit.lr.total_steps = 2;

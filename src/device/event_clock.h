@@ -1,10 +1,15 @@
 // Places completed device events on a host timeline (the profiling trace's clock): an origin
-// event is recorded on an idle stream and waited for once; later events are origin + their
-// elapsed time. The origin's host time is read after the wait, so that device work never appears
-// to start before the host enqueued it (reading it before would place every device span early by
-// however long the stream took to reach the origin).
+// event is recorded on an idle stream and waited for; later events are origin + their elapsed
+// time. The origin's host time is read after the wait, so that device work never appears to
+// start before the host enqueued it (reading it before would place every device span early by
+// however long the stream took to reach the origin). Read after, it is late by however long the
+// host took to notice (a preempted thread: milliseconds on a loaded machine), so the calibration
+// is repeated and the earliest estimate kept: each is late by its own delay, never early. The
+// trainer and the offload engine keep a clock each; without this their spans could disagree
+// with the order the streams ran them in.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 
@@ -23,11 +28,19 @@ class EventClock {
     device.record(*origin_, s);
     origin_->synchronize();
     origin_us_ = now_us();
+    const auto again = device.create_event();
+    for (int i = 0; i < kCalibrations; ++i) {
+      device.record(*again, s);
+      again->synchronize();
+      const double t = now_us();
+      origin_us_ = std::min(origin_us_, t - 1000.0 * again->elapsed_ms_since(*origin_));
+    }
   }
   // Microseconds on the host timeline at which `e` (completed) completed.
   double us(Event& e) const { return origin_us_ + 1000.0 * e.elapsed_ms_since(*origin_); }
 
  private:
+  static constexpr int kCalibrations = 8;
   std::unique_ptr<Event> origin_;
   double origin_us_ = 0.0;
 };

@@ -152,13 +152,21 @@ void ParamWindow::fill(std::size_t g, const void* host, const std::vector<std::s
     throw std::logic_error("parameter window: no free slot for " + layout_.group_name(g));
   }
   const model::Range& r = layout_.groups()[g];
+  Logged* log = nullptr;
+  if (!forward_only_ && logged_ < kCopyLog) {  // the engine's timings read the log
+    if (logged_ == log_.size()) log_.push_back({g, dev_.create_event(), dev_.create_event()});
+    log = &log_[logged_++];
+    log->group = g;
+  }
   dev_.wait(h2d_, *s->released);  // the kernels that read the slot's last group are done
   dev_.record(begin, h2d_);
+  if (log != nullptr) dev_.record(*log->begin, h2d_);
   if (nans_.data() != nullptr)
     dev_.copy_on_device(s->memory.data(), nans_.data(), nans_.bytes(), h2d_);
   dev_.copy_to_device(s->memory.as<char>() + skew(g),
                       static_cast<const char*>(host) + r.begin * esize_, r.size() * esize_, h2d_);
   dev_.record(end, h2d_);
+  if (log != nullptr) dev_.record(*log->end, h2d_);
   dev_.record(*s->filled, h2d_);
   s->group = g;
   s->current = true;
@@ -170,19 +178,20 @@ void ParamWindow::acquire(std::size_t g) {
   const bool streamed = res_offset_[g] == kNone;
   // The direction of the pass, from the announcement before: forward runs 0, 1, ..., top (then
   // 0 again for a tied head), backward top, ..., 1 (after the head's group).
-  if (last_ != kNone) {
+  // A group announced again (the tied head's in forward, then in backward) says nothing new.
+  if (last_ != kNone && g != last_) {
     if (streamed) {
       if (last_ == 0) {
         phase_ = Phase::kAscending;
       } else if (last_ == top) {
         phase_ = Phase::kDescending;
-      } else if (g != last_) {
+      } else {
         phase_ = g > last_ ? Phase::kAscending : Phase::kDescending;
       }
     } else if (g == 0) {  // a tied head after the final norm, or the start of a forward
       phase_ = last_ == top ? Phase::kIdle : Phase::kAscending;
-    } else {  // top: the end of a forward, or the start of a backward
-      phase_ = last_ == top || last_ == 0 ? Phase::kDescending : Phase::kIdle;
+    } else {  // top: the end of a forward, or (after a tied head) the start of a backward
+      phase_ = last_ == 0 ? Phase::kDescending : Phase::kIdle;
     }
   }
   last_ = g;
@@ -194,6 +203,14 @@ void ParamWindow::acquire(std::size_t g) {
   dev_.wait(compute_, *s->filled);
   s->last_use = ++uses_;
   reading_ = s;
+}
+
+std::vector<ParamWindow::Copy> ParamWindow::take_copies() {
+  std::vector<Copy> out;
+  for (std::size_t i = 0; i < logged_; ++i)
+    out.push_back({log_[i].group, log_[i].begin.get(), log_[i].end.get()});
+  logged_ = 0;
+  return out;
 }
 
 std::vector<std::size_t> ParamWindow::ahead(std::size_t g, std::size_t count) const {

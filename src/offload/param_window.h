@@ -75,6 +75,16 @@ class ParamWindow {
   // says which), at most `count`, nearest first.
   std::vector<std::size_t> ahead(std::size_t g, std::size_t count) const;
 
+  // The copies enqueued since the last call (at most kCopyLog of them; none in a forward-only
+  // window), in order, for timings and the trace; their events are valid until the next fill
+  // and must be complete to be read.
+  struct Copy {
+    std::size_t group;
+    dev::Event *begin, *end;
+  };
+  std::vector<Copy> take_copies();
+  static constexpr std::size_t kCopyLog = 4096;
+
  private:
   struct Slot {
     dev::Buffer memory;
@@ -99,6 +109,12 @@ class ParamWindow {
   std::vector<std::size_t> res_offset_;  // per group: its byte offset in resident_ (or kNone)
   std::vector<Slot> slots_;
   dev::Buffer nans_;  // poison: one slot of NaN
+  struct Logged {
+    std::size_t group;
+    std::unique_ptr<dev::Event> begin, end;
+  };
+  std::vector<Logged> log_;  // events reused from call to call of take_copies
+  std::size_t logged_ = 0;
   std::uint64_t uses_ = 0;
   int slot_count_;
   bool forward_only_;

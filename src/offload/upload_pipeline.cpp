@@ -258,16 +258,30 @@ UploadPipeline::Times UploadPipeline::times(report::Trace* trace, const dev::Eve
       std::none_of(groups_.begin(), groups_.end(), [](const Group& g) { return g.enqueued; });
   if (!untimed_ || !waited) return t;
   untimed_ = false;
+  const bool tracing = trace != nullptr && trace->enabled();
+  if (window_) {  // stream mode: every block copy since the last timing (resident groups below)
+    for (const ParamWindow::Copy& c : window_->take_copies()) {
+      if (!c.end->query()) continue;  // a prefetch still running: left out of this timing
+      t.h2d += c.end->elapsed_ms_since(*c.begin);
+      if (tracing) {
+        trace->span("h2d", "copy " + layout_.group_name(c.group), clock.us(*c.begin),
+                    clock.us(*c.end), {{"bytes", groups_[c.group].range.size() * esize_}});
+      }
+    }
+  }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const Group& gr = groups_[g];
+    const bool copied_above = window_ && !ParamWindow::resident(layout_, g);
     const double up = gr.up_end->elapsed_ms_since(*gr.up_begin);
     const double stall = std::max(0.0, gr.stall_end->elapsed_ms_since(*gr.stall_begin));
-    t.h2d += up;
+    if (!copied_above) t.h2d += up;
     t.h2d_exposed += std::min(stall, up);
     t.adam_exposed += stall - std::min(stall, up);
-    if (trace && trace->enabled()) {
-      trace->span("h2d", "upload " + layout_.group_name(g), clock.us(*gr.up_begin),
-                  clock.us(*gr.up_end), {{"bytes", gr.range.size() * esize_}});
+    if (tracing) {
+      if (!copied_above) {
+        trace->span("h2d", "upload " + layout_.group_name(g), clock.us(*gr.up_begin),
+                    clock.us(*gr.up_end), {{"bytes", gr.range.size() * esize_}});
+      }
       if (stall > 0.0) {
         trace->span("compute", "wait params " + layout_.group_name(g), clock.us(*gr.stall_begin),
                     clock.us(*gr.stall_end));

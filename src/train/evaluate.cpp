@@ -98,9 +98,8 @@ EvalResult evaluate(const EvalConfig& c) {
           ? c.batches
           : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(kMaxEvalBatches)));
 
-  const LoadedWeights w = load_weights(c.weights, spec);
-  InferenceModel m(w, request, {c.micro_batch, T, false}, "a smaller --micro-batch or --seq-len",
-                   c.param_window);
+  InferenceModel m(c.weights, spec, request, {c.micro_batch, T, false},
+                   "a smaller --micro-batch or --seq-len", c.param_window);
   const LossSum s = sum_losses(m.model(), m.parameters(), loader, batches, m.device(), m.stream());
 
   EvalResult r;

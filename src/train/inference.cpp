@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <stdexcept>
 
 #include "core/bytes.h"
@@ -31,57 +32,53 @@ model::ModelSpec load_spec(const WeightsSource& s) {
   return model::load_model_spec(s.model.empty() ? init_from_config(s.init_from) : s.model);
 }
 
-LoadedWeights load_weights(const WeightsSource& s) {
-  return load_weights(s, load_spec(s));
-}
-
-LoadedWeights load_weights(const WeightsSource& s, const model::ModelSpec& spec) {
-  LoadedWeights w{spec, {}, {}};
-  const model::ParameterLayout layout(w.spec);
-  w.weights.resize(layout.size());
-  const std::filesystem::path dir =
-      s.checkpoint.empty() ? "" : resolve_checkpoint(s.checkpoint, s.checkpoint_dir);
-  const std::filesystem::path file =
-      s.checkpoint.empty() ? std::filesystem::path(s.init_from) : dir / "model.safetensors";
-  w.source = s.checkpoint.empty() ? "--init-from '" + s.init_from + "'"
-                                  : "checkpoint '" + dir.string() + "'";
-  model::import_hf_weights(file, layout, w.weights);
-  return w;
-}
-
-InferenceModel::InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
-                               const model::ModelShape& shape, const std::string& smaller,
-                               int param_window)
-    : layout_(w.spec), dev_(dev::make_device(request)), stream_(dev_->create_stream()) {
+InferenceModel::InferenceModel(const WeightsSource& source, const model::ModelSpec& spec,
+                               const dev::DeviceRequest& request, const model::ModelShape& shape,
+                               const std::string& smaller, int param_window)
+    : layout_(spec), dev_(dev::make_device(request)), stream_(dev_->create_stream()) {
+  check_one_source(source);
   const DType act = dev_->act_dtype();
-  if (const std::string bad = first_nonfinite_weight(layout_, 0, w.weights, act); !bad.empty()) {
-    throw std::invalid_argument(w.source + " holds weights that are not finite in " +
+  const std::size_t esize = dtype_size(act), bytes = layout_.size() * esize;
+  // Every weight on the device, unless asked otherwise or they and the activations do not fit.
+  const std::size_t capacity = dev_->capacity_bytes(), used = dev_->used_bytes();
+  const std::size_t need = bytes + model::activation_bytes(spec, shape, esize);
+  window_ = param_window != 0                         ? param_window
+            : capacity != 0 && need > capacity - used ? default_param_window(spec)
+                                                      : 0;
+  if (window_ != 0 && (window_ < 2 || window_ > spec.n_layer)) {
+    throw std::invalid_argument("--param-window must be in 2.." + std::to_string(spec.n_layer) +
+                                " (the model's blocks), or 0 to choose");
+  }
+
+  // The weights, piece by piece, into the host copy in the act dtype.
+  const std::filesystem::path dir =
+      source.checkpoint.empty() ? std::filesystem::path()
+                                : resolve_checkpoint(source.checkpoint, source.checkpoint_dir);
+  const std::filesystem::path file = source.checkpoint.empty()
+                                         ? std::filesystem::path(source.init_from)
+                                         : dir / "model.safetensors";
+  host_ = pinned::PinnedBuffer(bytes, dev::staging_pin_options(*dev_, true));
+  std::string bad;
+  model::import_hf_weights(file, layout_, [&](std::size_t offset, std::span<const float> v) {
+    if (bad.empty()) bad = first_nonfinite_weight(layout_, offset, v, act);
+    convert_from_float(v.data(), static_cast<char*>(host_.data()) + offset * esize, act, v.size());
+  });
+  if (!bad.empty()) {
+    const std::string from = source.checkpoint.empty() ? "--init-from '" + source.init_from + "'"
+                                                       : "checkpoint '" + dir.string() + "'";
+    throw std::invalid_argument(from + " holds weights that are not finite in " +
                                 std::string(dtype_name(act)) + ": " + bad +
                                 "; what they compute would be NaN. Use an earlier checkpoint "
                                 "(or, for a value beyond fp16's range, --precision bf16)");
   }
-  const std::size_t esize = dtype_size(act), bytes = w.weights.size() * esize;
-  // Every weight on the device, unless asked otherwise or they and the activations do not fit.
-  const std::size_t capacity = dev_->capacity_bytes(), used = dev_->used_bytes();
-  const std::size_t need = bytes + model::activation_bytes(w.spec, shape, esize);
-  window_ = param_window != 0                         ? param_window
-            : capacity != 0 && need > capacity - used ? default_param_window(w.spec)
-                                                      : 0;
-  if (window_ != 0 && (window_ < 2 || window_ > w.spec.n_layer)) {
-    throw std::invalid_argument("--param-window must be in 2.." + std::to_string(w.spec.n_layer) +
-                                " (the model's blocks), or 0 to choose");
-  }
   try {
     if (window_ == 0) {
-      std::vector<std::uint8_t> staged(bytes);  // the weights in the act dtype
-      convert_from_float(w.weights.data(), staged.data(), act, w.weights.size());
       params_ = dev_->alloc(bytes, "parameters");
-      dev_->copy_to_device(params_.data(), staged.data(), bytes, *stream_);
-      stream_->synchronize();  // staged goes out of scope (and the upload is not a step's time)
+      dev_->copy_to_device(params_.data(), host_.data(), bytes, *stream_);
+      stream_->synchronize();  // the host copy goes (and the upload is not a step's time)
+      host_ = pinned::PinnedBuffer();
       store_ = std::make_unique<model::FlatParameters>(params_.data(), nullptr, act);
     } else {
-      host_ = pinned::PinnedBuffer(bytes, dev::staging_pin_options(*dev_, true));
-      convert_from_float(w.weights.data(), host_.data(), act, w.weights.size());
       store_ = std::make_unique<offload::WindowedParameters>(*dev_, *stream_, layout_, host_.data(),
                                                              window_);
     }

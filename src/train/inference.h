@@ -1,6 +1,7 @@
 // A trained model on a device, for what runs it without training it (sample, eval): its weights
-// read from a checkpoint or Hugging Face safetensors, uploaded in the device's dtype, and a
-// Model of the asked shape over them. Everything is checked before the device is opened.
+// read from a checkpoint or Hugging Face safetensors piece by piece into a host copy in the
+// device's dtype (the only whole-model copy on the host), uploaded or streamed from there, and a
+// Model of the asked shape over them. The flags are checked before the device is opened.
 #pragma once
 
 #include <memory>
@@ -28,29 +29,21 @@ struct WeightsSource {
 // beside Hugging Face weights), without reading them.
 model::ModelSpec load_spec(const WeightsSource& source);
 
-struct LoadedWeights {
-  model::ModelSpec spec;
-  std::vector<float> weights;  // the layout's order, fp32
-  std::string source;          // "checkpoint '<dir>'" or "--init-from '<file>'", for messages
-};
-LoadedWeights load_weights(const WeightsSource& source);
-// The same for a spec load_spec(source) gave already (a checkpoint's files are checksummed
-// when its spec is read: once is enough).
-LoadedWeights load_weights(const WeightsSource& source, const model::ModelSpec& spec);
-
 // What to say when a model's logits are not finite: their causes and the fix, for act dtype
 // `act` (sample and eval).
 std::string nonfinite_logits_advice(DType act);
 
 class InferenceModel {
  public:
-  // `smaller` names the flags that shrink `shape`, for the out-of-memory message. Weights that
-  // are not finite in the device's dtype are refused, naming the first. param_window >= 2: the
-  // weights stay in (page-locked) host memory and the blocks stream through that many device
-  // slots (offload/windowed_parameters.h); 0: every weight on the device when the weights and
-  // the activations fit its capacity, else a window of default_param_window.
-  InferenceModel(const LoadedWeights& w, const dev::DeviceRequest& request,
-                 const model::ModelShape& shape, const std::string& smaller, int param_window = 0);
+  // The weights of `source` for `spec` (load_spec's). `smaller` names the flags that shrink
+  // `shape`, for the out-of-memory message. Weights that are not finite in the device's dtype
+  // are refused, naming the first. param_window >= 2: the host copy stays (page-locked) and the
+  // blocks stream through that many device slots (offload/windowed_parameters.h); 0: every
+  // weight on the device when the weights and the activations fit its capacity, else a window
+  // of default_param_window.
+  InferenceModel(const WeightsSource& source, const model::ModelSpec& spec,
+                 const dev::DeviceRequest& request, const model::ModelShape& shape,
+                 const std::string& smaller, int param_window = 0);
   // Whatever was enqueued finishes before the buffers it uses are freed, on every way out.
   ~InferenceModel();
   InferenceModel(const InferenceModel&) = delete;
@@ -68,7 +61,7 @@ class InferenceModel {
   std::unique_ptr<dev::Stream> stream_;
   int window_ = 0;
   dev::Buffer params_;         // (layout size) act dtype, without a window
-  pinned::PinnedBuffer host_;  // (layout size) act dtype, with a window
+  pinned::PinnedBuffer host_;  // (layout size) act dtype: the import, then a window's source
   std::unique_ptr<model::ParameterStore> store_;
   std::unique_ptr<model::Model> model_;
 };
