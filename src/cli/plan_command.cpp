@@ -101,13 +101,9 @@ int run_plan(const PlanCommand& cmd) {
   }
   pi.link_gb_per_s = cmd.link_gb_per_s;
   pi.device_tflops = cmd.device_tflops;
-  // Stream mode where train would offer it (Session::open_device_and_plan).
-  const bool may_stream = mode == "stream" || (mode == "auto" && cmd.ranks == 1 && !c.dpu &&
-                                               c.grad_accum_on != "device" && pi.spec.n_layer >= 2);
-  if (may_stream) {
-    pi.engine.param_window = c.param_window ? c.param_window : train::default_param_window(pi.spec);
-  }
-  const int window = pi.engine.param_window;
+  // Stream mode where train would offer it.
+  const int window = pi.engine.param_window =
+      train::offered_param_window(pi.spec, mode, c.param_window, cmd.ranks, c.dpu, c.grad_accum_on);
 
   const bool gpu = pi.act_dtype != DType::kF32;
   const auto choice = train::choose_mode(pi, gpu);

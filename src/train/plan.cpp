@@ -163,6 +163,14 @@ int default_param_window(const model::ModelSpec& spec) {
   return std::min(3, spec.n_layer);
 }
 
+int offered_param_window(const model::ModelSpec& spec, const std::string& mode, int param_window,
+                         int ranks, bool dpu, const std::string& grad_accum_on) {
+  const bool offered = mode == "stream" || (mode == "auto" && ranks == 1 && !dpu &&
+                                            grad_accum_on != "device" && spec.n_layer >= 2);
+  if (!offered) return 0;
+  return param_window != 0 ? param_window : default_param_window(spec);
+}
+
 namespace {
 
 // The offload plan with --grad-accum's micro-batches summed where in.grad_accum_on says; auto:

@@ -82,6 +82,11 @@ struct ModeChoice {
 ModeChoice choose_mode(PlanInput in, bool gpu);
 // Stream mode's default window: 3 slots (2 for a model of 2 blocks); needs n_layer >= 2.
 int default_param_window(const model::ModelSpec& spec);
+// The window a plan offers stream mode (PlanInput::engine.param_window): --param-window or the
+// default, for --mode stream, and for --mode auto where stream mode can run (one rank, no DPU,
+// micro-batches not summed on the device, two blocks or more); 0 where it is not offered.
+int offered_param_window(const model::ModelSpec& spec, const std::string& mode, int param_window,
+                         int ranks, bool dpu, const std::string& grad_accum_on);
 
 // What the host holds per parameter with each combination of master weights (fp32, bf16) and
 // optimizer state (fp32, bf16, q8), the other settings as in a plan's input (offload mode), and

@@ -253,14 +253,8 @@ void Session::open_device_and_plan() {
       false,
       engine_config(),
       parse_accum_placement(cfg.grad_accum_on)};
-  // Stream mode's window, offered to auto where stream mode can run: one rank, no DPU, the
-  // micro-batches not summed on the device.
-  const bool may_stream =
-      cfg.mode == "stream" || (cfg.mode == "auto" && ranks == 1 && !cfg.dpu &&
-                               cfg.grad_accum_on != "device" && spec.n_layer >= 2);
-  if (may_stream) {
-    pi.engine.param_window = cfg.param_window != 0 ? cfg.param_window : default_param_window(spec);
-  }
+  pi.engine.param_window =
+      offered_param_window(spec, cfg.mode, cfg.param_window, ranks, cfg.dpu, cfg.grad_accum_on);
   if (cfg.mode == "stream" && ranks > 1) {
     throw std::invalid_argument(
         "--mode stream runs one rank: data parallelism would need a per-group all-gather into "
