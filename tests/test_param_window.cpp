@@ -6,6 +6,7 @@
 // group, so a read the model did not announce, or a fill that overtook a kernel, shows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -141,6 +142,38 @@ TEST(ParamWindow, DeviceBytesAreTheEndsAndKBlocks) {
     EXPECT_EQ(zo::offload::engine_footprint(layout, zo::DType::kBF16, c).device_params, bytes);
   }
   EXPECT_LT(zo::offload::ParamWindow::device_bytes(layout, 2, 2), layout.size() * 2);
+}
+
+// An untied LM head's gradient bucket (V x C) has a device slot of its own, as the embeddings'
+// do, so the ring's slots are sized by the largest other bucket; the engine allocates exactly the
+// footprint, in offload and in stream mode.
+TEST(ParamWindow, AnUntiedHeadsGradientBucketHasASlotOfItsOwn) {
+  const zo::model::ParameterLayout layout(llama_spec());
+  for (const int window : {0, 2}) {
+    EngineConfig c;
+    c.bucket_bytes = 5000;  // the head (97 x 24 fp32) is a bucket of its own
+    c.param_window = window;
+    const auto plan = zo::offload::engine_bucket_plan(layout, zo::DType::kF32, c);
+    std::size_t own = 0, ring = 0, heads = 0;
+    for (const auto& b : plan.buckets()) {
+      const bool head = b.begin <= layout.lm_head() && layout.lm_head() < b.end;
+      EXPECT_EQ(b.own_slot, b.embeddings || head) << "bucket " << b.index;
+      heads += head;
+      if (b.own_slot) own += b.size();
+      if (!b.own_slot) ring = std::max(ring, b.size());
+    }
+    EXPECT_EQ(heads, 1u);
+    ASSERT_LT(ring, layout.tensors().back().numel) << "the head is the largest bucket";
+    const auto f = zo::offload::engine_footprint(layout, zo::DType::kF32, c);
+    EXPECT_EQ(f.device_grad_slots, (own + std::size_t(c.device_slots) * ring) * 4);
+    auto d = zo::dev::make_host_device({});
+    auto s = d->create_stream();
+    HostOptimizer opt(layout, {});
+    const std::size_t before = d->used_bytes();
+    Engine e(*d, *s, layout, opt, c);
+    EXPECT_EQ(d->used_bytes() - before, f.device_params + f.device_grad_slots + f.device_stats)
+        << "window " << window;
+  }
 }
 
 // A read of a group that is not in the window is an error when it is enqueued; a window needs

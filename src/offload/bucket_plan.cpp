@@ -15,6 +15,7 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
   const auto& tensors = layout.tensors();
   auto embedding = [&](std::size_t i) { return tensors[i].kind == model::TensorKind::kEmbedding; };
   auto group = [&](std::size_t i) { return layout.group_of(tensors[i].offset); };
+  const bool untied = layout.lm_head() != layout.wte();
   std::size_t first = 0;  // first tensor of the bucket being built
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::size_t end = tensors[i].offset + tensors[i].numel;
@@ -32,6 +33,8 @@ BucketPlan::BucketPlan(const model::ParameterLayout& layout, const BucketPlanOpt
       bk.first_tensor = first;
       bk.end_tensor = i + 1;
       bk.embeddings = embedding(first);
+      bk.own_slot =
+          bk.embeddings || (untied && bk.begin <= layout.lm_head() && layout.lm_head() < bk.end);
       max_elements_ = std::max(max_elements_, bk.size());
       buckets_.push_back(bk);
       first = i + 1;

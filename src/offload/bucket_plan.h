@@ -21,6 +21,10 @@ struct Bucket {
   std::size_t first_tensor = 0, end_tensor = 0;  // [first, end) into layout.tensors()
   // Holds wte / wpe: complete only at the end of backward. Never mixed with other tensors.
   bool embeddings = false;
+  // Has a device slot of its own instead of one of the ring's: the embeddings (written first and
+  // last), and an untied LM head (V x C, many times a block's buckets: ring slots sized by it
+  // would all be that large).
+  bool own_slot = false;
   std::size_t size() const { return end - begin; }
 };
 

@@ -28,7 +28,7 @@ std::size_t max_ring_bucket(const BucketPlan& plan, const std::vector<BucketShar
                             int ranks) {
   std::size_t m = 0;
   for (const Bucket& b : plan.buckets())
-    if (!b.embeddings) m = std::max(m, std::size_t(ranks) * shards[b.index].count);
+    if (!b.own_slot) m = std::max(m, std::size_t(ranks) * shards[b.index].count);
   return m;
 }
 
@@ -54,7 +54,7 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
   const std::size_t slots = std::size_t(c.device_slots);
   const std::size_t ring = max_ring_bucket(plan, shards, c.ranks);
   for (const Bucket& b : plan.buckets()) {
-    if (!b.embeddings) continue;
+    if (!b.own_slot) continue;
     f.device_grad_slots += R * shards[b.index].count * es;
     if (R > 1) f.device_comm += shards[b.index].count * es;
   }

@@ -39,9 +39,13 @@ GradientStream::GradientStream(dev::Device& device, dev::Stream& compute, const 
       d2h_(device.create_stream(/*high_priority=*/true)) {
   const std::size_t nb = plan_.buckets().size(), R = std::size_t(cfg_.ranks);
   stats_ = dev_.alloc(nb * 2 * sizeof(float), "bucket norms and overflow flags");
+  own_slot_of_.assign(nb, 0);
   for (const Bucket& b : plan_.buckets()) {
-    if (b.embeddings)
-      embed_slots_.push_back(make_slot(R * shards_[b.index].count, "embedding gradient bucket"));
+    if (!b.own_slot) continue;
+    own_slot_of_[b.index] = own_slots_.size();
+    own_slots_.push_back(make_slot(R * shards_[b.index].count, b.embeddings
+                                                                   ? "embedding gradient bucket"
+                                                                   : "LM head gradient"));
   }
   for (int k = 0; k < cfg_.device_slots; ++k)
     slots_.push_back(
@@ -102,8 +106,8 @@ void GradientStream::begin_micro_batch(int a) {
 void* GradientStream::slot_for(std::size_t b) {
   if (bucket_slot_[b] != nullptr) return bucket_slot_[b]->buf.data();
   Slot* s;
-  if (plan_.buckets()[b].embeddings) {
-    s = &embed_slots_.at(b);  // embedding buckets come first in the layout
+  if (plan_.buckets()[b].own_slot) {
+    s = &own_slots_[own_slot_of_[b]];
   } else {
     s = &slots_[next_slot_++ % slots_.size()];
     if (s->bucket >= 0) {

@@ -99,10 +99,11 @@ class GradientStream {
   std::size_t esize_, local_size_;
   std::unique_ptr<dev::Stream> d2h_;
 
-  dev::Buffer stats_;              // (buckets, 2) fp32: sum of squares, non-finite flag
-  dev::Buffer device_sum_;         // (local) fp32: micro-batches summed on the device, or none
-  std::vector<Slot> embed_slots_;  // one per embedding bucket (written first and last)
-  std::vector<Slot> slots_;        // the ring every other bucket cycles through
+  dev::Buffer stats_;            // (buckets, 2) fp32: sum of squares, non-finite flag
+  dev::Buffer device_sum_;       // (local) fp32: micro-batches summed on the device, or none
+  std::vector<Slot> own_slots_;  // one per Bucket::own_slot bucket (embeddings, untied head)
+  std::vector<std::size_t> own_slot_of_;  // per bucket: its index in own_slots_
+  std::vector<Slot> slots_;               // the ring every other bucket cycles through
   std::size_t next_slot_ = 0;
   std::vector<Slot*> bucket_slot_;  // bucket -> its slot this micro-batch, or null
   long next_stream_ = -1;           // highest bucket not yet streamed this micro-batch

@@ -43,7 +43,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
       p.device.push_back({"fp32 gradient accumulator", n * 4});
   } else {
     p.device.push_back(
-        {"gradient buckets (embeddings + " + std::to_string(in.engine.device_slots) + " slots)",
+        {"gradient buckets (own + " + std::to_string(in.engine.device_slots) + " ring slots)",
          f.device_grad_slots + f.device_stats});
     if (f.device_comm) p.device.push_back({"data-parallel shards and all-gather", f.device_comm});
     if (f.device_accum) p.device.push_back({"fp32 gradient sum (--grad-accum)", f.device_accum});
