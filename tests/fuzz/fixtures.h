@@ -169,7 +169,7 @@ inline std::string make_hf_index_fixture(const fs::path& dir) {
   std::vector<float> params(layout.size());
   model::init_weights(layout, 11, params.data());
   fs::remove_all(dir);
-  model::export_hf_directory(dir, layout, params, DType::kBF16, 64);
+  model::export_hf_directory(dir, layout, model::hf_source(params), DType::kBF16, 64);
   return ckpt::read_file(dir / "model.safetensors.index.json");
 }
 

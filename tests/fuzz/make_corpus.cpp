@@ -112,9 +112,10 @@ void safetensors(const zo::fuzz::CheckpointFixture&, const fs::path& ckpt) {
   const zo::model::ParameterLayout layout(zo::fuzz::micro_spec());
   std::vector<float> params(layout.size());
   zo::model::init_weights(layout, 3, params.data());
-  zo::model::export_hf_weights(seed("safetensors", "micro_f32.safetensors"), layout, params,
+  const zo::model::HfSource source = zo::model::hf_source(params);
+  zo::model::export_hf_weights(seed("safetensors", "micro_f32.safetensors"), layout, source,
                                zo::DType::kF32);
-  zo::model::export_hf_weights(seed("safetensors", "micro_bf16.safetensors"), layout, params,
+  zo::model::export_hf_weights(seed("safetensors", "micro_bf16.safetensors"), layout, source,
                                zo::DType::kBF16);
   fs::copy_file(ckpt / "optimizer.rank1-of2.safetensors",
                 seed("safetensors", "optimizer_shard.safetensors"),
