@@ -20,6 +20,15 @@ std::size_t round_up(std::size_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;
 }
 
+// The bytes resident group g takes (with room to keep its alignment) and one slot's bytes: what
+// the window allocates and device_bytes counts.
+std::size_t resident_bytes(const model::ParameterLayout& layout, std::size_t g, std::size_t esize) {
+  return round_up(layout.groups()[g].size() * esize + kAlign);
+}
+std::size_t slot_bytes(const model::ParameterLayout& layout, std::size_t esize) {
+  return largest_streamed(layout) * esize + kAlign;
+}
+
 }  // namespace
 
 bool ParamWindow::resident(const model::ParameterLayout& layout, std::size_t g) {
@@ -30,8 +39,8 @@ std::size_t ParamWindow::device_bytes(const model::ParameterLayout& layout, std:
                                       int slots) {
   std::size_t bytes = 0;
   for (std::size_t g = 0; g < layout.groups().size(); ++g)
-    if (resident(layout, g)) bytes += round_up(layout.groups()[g].size() * esize + kAlign);
-  return bytes + std::size_t(slots) * (largest_streamed(layout) * esize + kAlign);
+    if (resident(layout, g)) bytes += resident_bytes(layout, g, esize);
+  return bytes + std::size_t(slots) * slot_bytes(layout, esize);
 }
 
 ParamWindow::ParamWindow(dev::Device& device, dev::Stream& compute, dev::Stream& h2d,
@@ -54,21 +63,21 @@ ParamWindow::ParamWindow(dev::Device& device, dev::Stream& compute, dev::Stream&
   for (std::size_t g = 0; g < groups; ++g) {
     if (!resident(layout, g)) continue;
     res_offset_[g] = bytes + skew(g);
-    bytes += round_up(layout.groups()[g].size() * esize_ + kAlign);
+    bytes += resident_bytes(layout, g, esize_);
   }
   resident_ = dev_.alloc(bytes, "resident parameter groups");
-  const std::size_t slot_bytes = largest_streamed(layout) * esize_ + kAlign;
+  const std::size_t slot = slot_bytes(layout, esize_);
   for (int i = 0; i < slots; ++i) {
     Slot s;
-    s.memory = dev_.alloc(slot_bytes, "parameter window slot");
+    s.memory = dev_.alloc(slot, "parameter window slot");
     s.filled = dev_.create_event();
     s.released = dev_.create_event();
     slots_.push_back(std::move(s));
   }
   if (poison) {
-    nans_ = dev_.alloc(slot_bytes, "NaN for released parameter slots");
-    const std::vector<unsigned char> ones(slot_bytes, 0xFF);  // NaN in fp32, bf16 and fp16
-    dev_.copy_to_device(nans_.data(), ones.data(), slot_bytes, h2d_);
+    nans_ = dev_.alloc(slot, "NaN for released parameter slots");
+    const std::vector<unsigned char> ones(slot, 0xFF);  // NaN in fp32, bf16 and fp16
+    dev_.copy_to_device(nans_.data(), ones.data(), slot, h2d_);
     h2d_.synchronize();
   }
 }
