@@ -86,9 +86,35 @@ class TargetRows(unittest.TestCase):
         self.assertEqual(adam[5], "missed")
         self.assertEqual(rows["1.5B offload + DPU: step / max(component)"][5], "missed")
 
+    def test_llama_offload_and_graph_rows(self):
+        run = full_run()
+        run["offload_1558m"] = {"metrics": train_metrics(15000.0, 550.0, 0, {})}
+        run["llama_1b_resident"] = {"metrics": dict(train_metrics(50000.0, 160.0, 0, {}),
+                                                    losses=[11.77, 11.5])}
+        run["pytorch_llama_1b"] = {"bench": [{"name": "pytorch_llama", "tokens_per_s": 40000.0,
+                                              "first_loss": 11.76}]}
+        run["llama_1b_offload_dpu"] = {"metrics": train_metrics(44000.0, 0, 0, {})}
+        run["llama_1b_offload"] = {"metrics": train_metrics(38000.0, 0, 0, {})}
+        run["llama_8b_offload_dpu"] = {"metrics": train_metrics(8000.0, 0, 300.0, {})}
+        run["resident_124m_bf16_eager"] = {"metrics": train_metrics(360000.0, 0, 0, {})}
+        rows = rows_by_target(run, {})
+        self.assertAlmostEqual(rows["1.5B offload, exact update: practicality"][3], 0.75)
+        self.assertEqual(rows["1.5B offload, exact update: practicality"][5], "missed")
+        peer = rows["Llama 3.2 1B resident: tokens/s vs PyTorch (SDPA)"]
+        self.assertAlmostEqual(peer[3], 1.25)
+        self.assertIn("first loss 11.7700", peer[1])
+        self.assertIn("first loss 11.7600", peer[2])
+        self.assertAlmostEqual(rows["Llama 3.2 1B offload + DPU: practicality"][3], 0.88)
+        self.assertEqual(rows["Llama 3.2 1B offload + DPU: practicality"][5], "missed")
+        self.assertAlmostEqual(rows["Llama 3.2 1B offload, exact update: practicality"][3], 0.76)
+        big = rows["Llama 3.1 8B offload + DPU, grad-accum 8: model TFLOP/s"]
+        self.assertAlmostEqual(big[3], 300.0 / 272.0)
+        self.assertEqual(big[5], "met")
+        self.assertAlmostEqual(rows["124M resident: CUDA Graphs on vs off"][3], 400000.0 / 360000.0)
+
     def test_missing_inputs_say_not_run(self):
         rows = targets.target_rows({}, lambda s: [])
-        self.assertEqual(len(rows), 6)
+        self.assertEqual(len(rows), 12)
         for r in rows:
             self.assertIsNone(r[3], r[0])
             self.assertEqual(r[5], "not run", r[0])

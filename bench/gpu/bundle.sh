@@ -32,7 +32,7 @@ for t in "${targets[@]}"; do
   cp "$f" "$bundle/bin/"
   strip "$bundle/bin/$t"
 done
-cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py "$bundle/"
+cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py bench/pytorch_llama.py "$bundle/"
 git -C "$root" rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo unknown > "$bundle/COMMIT"
 git -C "$root" diff --quiet 2>/dev/null || echo "(with uncommitted changes)" >> "$bundle/COMMIT"
 

@@ -7,6 +7,7 @@ import os
 import re
 
 H100_BF16_DENSE_TFLOPS = 989.4  # H100/H200 SXM datasheet, dense bf16/fp16 tensor core peak
+PEER_7B_TFLOPS = 272.0  # MegaTrain: a 7B model trained on one H100 over PCIe (its published figure)
 
 # A 16-bit gradient in, fp32 master read and written, m and v read and written, a 16-bit
 # parameter out: bytes CPU Adam moves per parameter (bench_cpu_adam counts the same way).
@@ -109,6 +110,41 @@ def target_rows(by_name, log_lines_of):
             gbps / triad["triad_gbytes_per_s"], 0.8)
     else:
         row("1.5B offload: CPU Adam in the step vs memory roofline", "-", "triad", None, 0.8)
+
+    def tokens_row(target, step, peer_step, peer_label, goal):
+        a, b = metrics(step), metrics(peer_step)
+        if a and b:
+            row(target, f"{a['tokens_per_s']:.0f} tok/s", f"{peer_label} {b['tokens_per_s']:.0f} tok/s",
+                a["tokens_per_s"] / b["tokens_per_s"], goal)
+        else:
+            row(target, "-", peer_label, None, goal)
+
+    tokens_row("1.5B offload, exact update: practicality", "offload_1558m", "resident_1558m",
+               "resident", 0.8)
+
+    # Llama 3.2 1B: against plain PyTorch of the same shape, and offloaded against resident.
+    llama, peer = metrics("llama_1b_resident"), first_bench(by_name, "pytorch_llama_1b", "pytorch_llama")
+    if llama and peer:
+        row("Llama 3.2 1B resident: tokens/s vs PyTorch (SDPA)",
+            f"{llama['tokens_per_s']:.0f} tok/s, first loss {llama['losses'][0]:.4f}"
+            if llama.get("losses") else f"{llama['tokens_per_s']:.0f} tok/s",
+            f"{peer['tokens_per_s']:.0f} tok/s, first loss {peer.get('first_loss', float('nan')):.4f}",
+            llama["tokens_per_s"] / peer["tokens_per_s"], 1.0)
+    else:
+        row("Llama 3.2 1B resident: tokens/s vs PyTorch (SDPA)", "-", "PyTorch", None, 1.0)
+    tokens_row("Llama 3.2 1B offload + DPU: practicality", "llama_1b_offload_dpu",
+               "llama_1b_resident", "resident", 0.9)
+    tokens_row("Llama 3.2 1B offload, exact update: practicality", "llama_1b_offload",
+               "llama_1b_resident", "resident", 0.8)
+
+    # The largest model at full speed, against MegaTrain's 7B figure on one H100.
+    big = metrics("llama_8b_offload_dpu")
+    row("Llama 3.1 8B offload + DPU, grad-accum 8: model TFLOP/s",
+        f"{big['model_tflops']:.1f} TFLOP/s" if big else "-", f"{PEER_7B_TFLOPS:g} TFLOP/s (MegaTrain 7B)",
+        big["model_tflops"] / PEER_7B_TFLOPS if big else None, 1.0)
+
+    tokens_row("124M resident: CUDA Graphs on vs off", "resident_124m_bf16",
+               "resident_124m_bf16_eager", "eager", 1.0)
     return rows
 
 
