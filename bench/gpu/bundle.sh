@@ -33,6 +33,11 @@ for t in "${targets[@]}"; do
   strip "$bundle/bin/$t"
 done
 cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py bench/pytorch_llama.py "$bundle/"
+# The check phase's host-backend step, made here by this commit's offload_train (docs/gpu.md).
+if [ -n "${ZO_BUNDLE_REF:-}" ]; then
+  mkdir -p "$bundle/ref"
+  cp "$ZO_BUNDLE_REF"/check_124m_host_fp32.metrics "$ZO_BUNDLE_REF"/check_124m_host_fp32.log "$bundle/ref/"
+fi
 git -C "$root" rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo unknown > "$bundle/COMMIT"
 git -C "$root" diff --quiet 2>/dev/null || echo "(with uncommitted changes)" >> "$bundle/COMMIT"
 
