@@ -461,7 +461,8 @@ std::vector<OpCase> make_cases() {
     add("MatmulGeluForward" + dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC),
         [a](OpRun& r) { matmul_gelu_forward(r, a); });
   }
-  for (const MatmulArgs a : {MatmulArgs{26, 40, 48}, MatmulArgs{26, 37, 48}}) {
+  for (const MatmulArgs a :
+       {MatmulArgs{26, 40, 48}, MatmulArgs{26, 37, 48}, MatmulArgs{26, 40, 45}}) {
     add_repeatable("MatmulDgeluBackward" + dim("N", a.N) + dim("C", a.C) + dim("OC", a.OC),
                    [a](OpRun& r) { matmul_dgelu_backward(r, a); });
   }

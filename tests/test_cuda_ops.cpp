@@ -565,6 +565,82 @@ TEST(CudaMatmul, PlansAreCachedPerShapeAndAlignment) {
                std::invalid_argument);
 }
 
+// GPT-2's vocabulary (50257) is not a multiple of 8, and cuBLASLt has only align-1 kernels for
+// such a width: every matmul op runs an unaligned OC as an aligned GEMM of OC rounded down to 8
+// and one of the tail. Checked here against float64 sums; the op cases with OC 37, 101 (padded
+// rows), 150 and 45 check every op against the host backend.
+TEST(CudaMatmul, UnalignedWidthRunsAsAnAlignedGemmAndATail) {
+  ZO_REQUIRE_GPU();
+  zo::gpu::require_device(usable_device());
+  struct Destroy {
+    void operator()(zo::gpu::MatmulContext* c) const noexcept {
+      zo::gpu::destroy_matmul_context(c);
+    }
+  };
+  const std::unique_ptr<zo::gpu::MatmulContext, Destroy> owner(zo::gpu::create_matmul_context());
+  zo::gpu::MatmulContext* ctx = owner.get();
+  const int N = 26, C = 48, OC = 37, ld = 40;
+  std::mt19937 rng(5);
+  const std::vector<float> inp = normal_values(rng, std::size_t(N) * C),
+                           w = normal_values(rng, std::size_t(OC) * C),
+                           bias = normal_values(rng, std::size_t(OC)),
+                           dout = normal_values(rng, std::size_t(N) * ld);
+  auto upload = [](const std::vector<float>& x) {
+    auto b = std::make_unique<zo::test::GpuBuffer>(x.size() * 4);
+    b->copy_from_host(x.data(), x.size() * 4);
+    return b;
+  };
+  const auto d_inp = upload(inp), d_w = upload(w), d_bias = upload(bias), d_dout = upload(dout);
+  const auto out = upload(std::vector<float>(std::size_t(N) * ld, 0.0f)),
+             dinp = upload(std::vector<float>(std::size_t(N) * C, 0.0f)),
+             dw = upload(std::vector<float>(std::size_t(OC) * C, 0.0f)),
+             dbias = upload(std::vector<float>(std::size_t(OC), 0.0f));
+  zo::gpu::launch_matmul_forward(ctx, out->data(), d_inp->data(), d_w->data(), d_bias->data(), N, C,
+                                 OC, ld, DType::kF32, nullptr);
+  zo::gpu::launch_matmul_backward(ctx, dinp->data(), dw->data(), dbias->data(), d_dout->data(),
+                                  d_inp->data(), d_w->data(), N, C, OC, ld, DType::kF32, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<int> widths = zo::gpu::matmul_plan_widths(ctx);
+  std::sort(widths.begin(), widths.end());
+  widths.erase(std::unique(widths.begin(), widths.end()), widths.end());
+  EXPECT_EQ(widths, (std::vector<int>{5, 32})) << "OC 37 runs as 32 aligned columns and 5";
+
+  auto download = [](const zo::test::GpuBuffer& b) {
+    std::vector<float> x(b.size() / 4);
+    b.copy_to_host(x.data(), b.size());
+    return x;
+  };
+  const std::vector<float> h_out = download(*out), h_dinp = download(*dinp), h_dw = download(*dw),
+                           h_dbias = download(*dbias);
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double ref = bias[o];
+      for (int c = 0; c < C; ++c)
+        ref += double(inp[n * C + c]) * w[o * C + c];
+      ASSERT_NEAR(h_out[std::size_t(n) * ld + o], ref, 1e-4 * (1 + std::abs(ref))) << n << "," << o;
+    }
+    for (int c = 0; c < C; ++c) {
+      double ref = 0;
+      for (int o = 0; o < OC; ++o)
+        ref += double(dout[n * ld + o]) * w[o * C + c];
+      ASSERT_NEAR(h_dinp[std::size_t(n) * C + c], ref, 1e-4 * (1 + std::abs(ref))) << n << "," << c;
+    }
+  }
+  for (int o = 0; o < OC; ++o) {
+    double db = 0;
+    for (int n = 0; n < N; ++n)
+      db += dout[n * ld + o];
+    ASSERT_NEAR(h_dbias[o], db, 1e-4 * (1 + std::abs(db))) << o;
+    for (int c = 0; c < C; ++c) {
+      double ref = 0;
+      for (int n = 0; n < N; ++n)
+        ref += double(dout[n * ld + o]) * inp[n * C + c];
+      ASSERT_NEAR(h_dw[std::size_t(o) * C + c], ref, 1e-4 * (1 + std::abs(ref))) << o << "," << c;
+    }
+  }
+}
+
 // ---- epilogue fallbacks and the timed choice of algorithm
 // ----------------------------------------
 

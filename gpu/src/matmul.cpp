@@ -19,6 +19,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpu/check.h"
 #include "gpu/ops.h"
@@ -96,6 +97,23 @@ int check_common(const char* op, const MatmulContext* ctx, int N, int C, int OC,
   return ld == 0 ? OC : ld;
 }
 
+// cuBLASLt has only align-1 kernels (pre-Hopper CUTLASS tiles, no TMA) for a GEMM whose OC, the
+// output's contiguous width in the forward and the reduced width in the backward, is not a
+// multiple of 8 elements, whatever the pointers and row strides: on an H100 GPT-2's LM head
+// (OC = V = 50257) took 30 of a 124M step's 60 ms that way (2026-11-27). Such a GEMM runs as two:
+// the first OC rounded down to 8 (aligned) and the remaining OC % 8 columns (tiny).
+constexpr int kVectorWidth = 8;
+int unaligned_tail(int OC) {
+  return OC > kVectorWidth ? OC % kVectorWidth : 0;
+}
+
+const void* advance(const void* p, std::size_t elements, DType t) {
+  return p == nullptr ? nullptr : static_cast<const char*>(p) + elements * dtype_size(t);
+}
+void* advance(void* p, std::size_t elements, DType t) {
+  return p == nullptr ? nullptr : static_cast<char*>(p) + elements * dtype_size(t);
+}
+
 // Runs the GEMM with key's epilogue. False, with nothing enqueued, when cuBLASLt has no algorithm
 // for it or refuses the call; a refused plan is not tried again.
 bool try_epilogue(MatmulContext& ctx, const PlanKey& key, const Operands& ops, cudaStream_t s) {
@@ -120,6 +138,13 @@ void run_plain(MatmulContext& ctx, PlanKey key, const Operands& ops, cudaStream_
 // out (N,OC; ld) written = inp @ weight^T + bias.
 void forward(MatmulContext& ctx, void* out, const void* inp, const void* weight, const void* bias,
              int N, int C, int OC, int ld, DType t, cudaStream_t s) {
+  if (const int tail = unaligned_tail(OC); tail != 0) {
+    const int head = OC - tail;
+    forward(ctx, out, inp, weight, bias, N, C, head, ld, t, s);
+    forward(ctx, advance(out, head, t), inp, advance(weight, std::size_t(head) * C, t),
+            advance(bias, head, t), N, C, tail, ld, t, s);
+    return;
+  }
   const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
   const PlanKey key{Gemm::kForward,
                     Epilogue::kNone,
@@ -146,67 +171,93 @@ void forward(MatmulContext& ctx, void* out, const void* inp, const void* weight,
   run_plain(ctx, key, ops, s);
 }
 
-// dinp written (times gelu'(pre) when pre is non-null), dweight +=, dbias +=.
-void backward(MatmulContext& ctx, void* dinp, void* dweight, void* dbias, const void* dout,
-              const void* inp, const void* weight, const void* pre, int N, int C, int OC, int ld,
-              DType t, cudaStream_t s) {
+// dinp (N,C) = dout[:, :OC] @ weight (written with beta 0, accumulated with beta 1), times
+// gelu'(pre) when pre is non-null (beta 0 only).
+void backward_input(MatmulContext& ctx, void* dinp, const void* dout, const void* weight,
+                    const void* pre, float beta, int N, int C, int OC, int ld, DType t,
+                    cudaStream_t s) {
   const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
-  const std::size_t ld_pitch = std::size_t(ld) * es;
-  const PlanKey input_key{Gemm::kBackwardInput,
-                          Epilogue::kNone,
-                          t,
-                          N,
-                          C,
-                          OC,
-                          ld,
-                          alignment(weight, c_pitch),
-                          alignment(dout, ld_pitch),
-                          alignment(dinp, c_pitch),
-                          0,
-                          0};
-  const Operands input_ops{weight, dout, dinp, 0.0f, nullptr, const_cast<void*>(pre)};
-  bool fused = false;
+  const PlanKey key{Gemm::kBackwardInput,
+                    Epilogue::kNone,
+                    t,
+                    N,
+                    C,
+                    OC,
+                    ld,
+                    alignment(weight, c_pitch),
+                    alignment(dout, std::size_t(ld) * es),
+                    alignment(dinp, c_pitch),
+                    0,
+                    0};
+  const Operands ops{weight, dout, dinp, beta, nullptr, const_cast<void*>(pre)};
   if (pre != nullptr && C % 8 == 0) {  // cuBLASLt wants the aux leading dimension a multiple of 8
-    PlanKey k = input_key;
+    PlanKey k = key;
     k.epilogue = Epilogue::kDgelu;
     k.align_aux = alignment(pre, c_pitch);
-    fused = try_epilogue(ctx, k, input_ops, s);
+    if (try_epilogue(ctx, k, ops, s)) return;
   }
-  if (!fused) {
-    run_plain(ctx, input_key, input_ops, s);
-    if (pre != nullptr) launch_gelu_grad_in_place(dinp, pre, std::size_t(N) * C, t, s);
-  }
+  run_plain(ctx, key, ops, s);
+  if (pre != nullptr) launch_gelu_grad_in_place(dinp, pre, std::size_t(N) * C, t, s);
+}
 
-  const PlanKey weight_key{Gemm::kBackwardWeight,
-                           Epilogue::kNone,
-                           t,
-                           N,
-                           C,
-                           OC,
-                           ld,
-                           alignment(inp, c_pitch),
-                           alignment(dout, ld_pitch),
-                           alignment(dweight, c_pitch),
-                           0,
-                           0};
-  Operands weight_ops{inp, dout, dweight, 1.0f, nullptr, nullptr};
+// dweight (OC,C) += dout[:, :OC]^T @ inp; dbias (OC) += column sums of dout, when non-null.
+void backward_weight(MatmulContext& ctx, void* dweight, void* dbias, const void* dout,
+                     const void* inp, int N, int C, int OC, int ld, DType t, cudaStream_t s) {
+  const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
+  const PlanKey key{Gemm::kBackwardWeight,
+                    Epilogue::kNone,
+                    t,
+                    N,
+                    C,
+                    OC,
+                    ld,
+                    alignment(inp, c_pitch),
+                    alignment(dout, std::size_t(ld) * es),
+                    alignment(dweight, c_pitch),
+                    0,
+                    0};
+  Operands ops{inp, dout, dweight, 1.0f, nullptr, nullptr};
   if (dbias != nullptr && std::size_t(OC) * es <= kBiasGradBytes) {
-    PlanKey k = weight_key;
+    PlanKey k = key;
     k.epilogue = Epilogue::kBgradB;
     k.align_bias = alignment(ctx.bias_grad(), 0);
-    weight_ops.bias = ctx.bias_grad();
-    if (try_epilogue(ctx, k, weight_ops, s)) {
+    ops.bias = ctx.bias_grad();
+    if (try_epilogue(ctx, k, ops, s)) {
       launch_accumulate(dbias, ctx.bias_grad(), std::size_t(OC), t, s);  // BGRADB overwrites
       return;
     }
-    weight_ops.bias = nullptr;
+    ops.bias = nullptr;
   }
-  run_plain(ctx, weight_key, weight_ops, s);
+  run_plain(ctx, key, ops, s);
   if (dbias != nullptr) {
     // Runs after the GEMMs on the same stream, so their workspace is free for the partial sums.
     launch_bias_backward(dbias, dout, N, OC, ld, t, static_cast<float*>(ctx.workspace),
                          kWorkspaceBytes, s);
   }
+}
+
+// dinp written (times gelu'(pre) when pre is non-null), dweight +=, dbias +=. An unaligned OC
+// splits into an aligned head and a tail (unaligned_tail): dinp sums the two products, rounded
+// once more in 16-bit storage, and gelu'(pre) applies after both.
+void backward(MatmulContext& ctx, void* dinp, void* dweight, void* dbias, const void* dout,
+              const void* inp, const void* weight, const void* pre, int N, int C, int OC, int ld,
+              DType t, cudaStream_t s) {
+  const int tail = unaligned_tail(OC);
+  if (tail == 0) {
+    backward_input(ctx, dinp, dout, weight, pre, 0.0f, N, C, OC, ld, t, s);
+    backward_weight(ctx, dweight, dbias, dout, inp, N, C, OC, ld, t, s);
+    return;
+  }
+  const int head = OC - tail;
+  const void* dout_tail = advance(dout, head, t);
+  const std::size_t tail_rows = std::size_t(head) * C;
+  backward_input(ctx, dinp, dout, weight, nullptr, 0.0f, N, C, head, ld, t, s);
+  backward_input(ctx, dinp, dout_tail, advance(weight, tail_rows, t), nullptr, 1.0f, N, C, tail, ld,
+                 t, s);
+  if (pre != nullptr) launch_gelu_grad_in_place(dinp, pre, std::size_t(N) * C, t, s);
+  backward_weight(ctx, dweight, dbias, dout, inp, N, C, head, ld, t, s);
+  backward_weight(ctx, advance(dweight, tail_rows, t), advance(dbias, head, t), dout_tail, inp, N,
+                  C, tail, ld, t, s);
 }
 
 }  // namespace
@@ -230,6 +281,15 @@ std::size_t matmul_plan_count(const MatmulContext* ctx) {
   if (ctx == nullptr) return 0;
   const std::lock_guard<std::mutex> lock(ctx->mu);
   return ctx->plans.size();
+}
+
+std::vector<int> matmul_plan_widths(const MatmulContext* ctx) {
+  std::vector<int> widths;
+  if (ctx == nullptr) return widths;
+  const std::lock_guard<std::mutex> lock(ctx->mu);
+  for (const auto& entry : ctx->plans)
+    widths.push_back(entry.first.OC);
+  return widths;
 }
 
 std::size_t matmul_timed_plan_count(const MatmulContext* ctx) {

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/adam.h"
 #include "core/dtype.h"
@@ -80,6 +81,9 @@ void destroy_matmul_context(MatmulContext* ctx) noexcept;
 // takes its first instead).
 std::size_t matmul_plan_count(const MatmulContext* ctx);
 std::size_t matmul_timed_plan_count(const MatmulContext* ctx);
+// The OC of every cached plan, in no order: a GEMM whose OC is not a multiple of 8 (over 8) runs
+// as an aligned one of OC rounded down to 8 and one of the remaining columns (matmul.cpp says why).
+std::vector<int> matmul_plan_widths(const MatmulContext* ctx);
 // out (N,OC; row stride ld) written.
 void launch_matmul_forward(MatmulContext* ctx, void* out, const void* inp, const void* weight,
                            const void* bias, int N, int C, int OC, int ld, DType t, cudaStream_t s);
