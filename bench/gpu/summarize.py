@@ -60,6 +60,11 @@ def peak_mem_mib(log_dir, name):
     return max(vals) if vals else None
 
 
+def peak_rss_gib(log_dir, name):
+    vals = [int(x) for x in read_lines(os.path.join(log_dir, name + ".rss")) if x.strip().isdigit()]
+    return round(max(vals) / 2**20, 2) if vals else None
+
+
 def bench_note(b):
     """The figures of one benchmark JSON line, compactly."""
     keys = ("memory", "bytes", "h2d_gbps", "d2h_gbps", "model", "micro_batch", "tokens_per_s",
@@ -110,11 +115,13 @@ def main():
         m = metrics_of(log_dir, name)
         if m:
             m["peak_mem_mib"] = peak_mem_mib(log_dir, name)
+            m["peak_host_rss_gib"] = peak_rss_gib(log_dir, name)
             s["metrics"] = m
             note = (f"{m['tokens_per_s']:.0f} tok/s, {m['step_ms']:.1f} ms/step, "
                     f"{m['model_tflops']:.1f} TFLOP/s (MFU {100 * m['mfu_vs_datasheet']:.1f}% of "
                     f"{H100_BF16_DENSE_TFLOPS:.0f}), peak {m['peak_mem_mib']} MiB, "
-                    f"loss {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}"
+                    + (f"host RSS {m['peak_host_rss_gib']} GiB, " if m["peak_host_rss_gib"] else "")
+                    + f"loss {m['losses'][0]:.4f} -> {m['losses'][-1]:.4f}"
                     + (f", {m['skipped']} skipped" if m["skipped"] else ""))
         for l in lines:
             if l.startswith("per step (ms)"):
