@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/half_bits.h"
 #include "decode_check.h"
 #include "device/cuda_device.h"
 #include "device/device.h"
@@ -42,6 +43,7 @@
 namespace zo::simt {
 [[gnu::weak]] void cublaslt_refuse_epilogues(bool refuse);
 [[gnu::weak]] void cublaslt_offer_algorithms(int count);
+[[gnu::weak]] void cublaslt_make_fastest(int index);
 [[gnu::weak]] std::uint64_t device_allocations();
 [[gnu::weak]] std::uint64_t graph_launches();
 }  // namespace zo::simt
@@ -756,3 +758,95 @@ TEST(CudaMatmul, TimedChoiceKeepsEveryResult) {
 }
 
 }  // namespace
+
+// A resumed run makes the uninterrupted run's GEMM choices: exported from one context and imported
+// into another, every timed plan takes the recorded candidate without timing. On the emulator the
+// first context's timing is steered to candidate 2 and the second's to candidate 0, so only the
+// import can make them agree; on a GPU, cuBLASLt's own algorithms make the round trip.
+TEST(CudaMatmul, ExportedChoicesAreTakenWithoutTiming) {
+  ZO_REQUIRE_GPU();
+  zo::gpu::require_device(usable_device());
+  const bool emulated = zo::simt::cublaslt_make_fastest != nullptr;
+  struct Hooks {
+    bool on;
+    explicit Hooks(bool o) : on(o) {
+      if (on) zo::simt::cublaslt_offer_algorithms(3);
+    }
+    ~Hooks() {
+      if (on) {
+        zo::simt::cublaslt_offer_algorithms(1);
+        zo::simt::cublaslt_make_fastest(-1);
+      }
+    }
+  } hooks(emulated);
+  struct Destroy {
+    void operator()(zo::gpu::MatmulContext* c) const noexcept {
+      zo::gpu::destroy_matmul_context(c);
+    }
+  };
+  using Ctx = std::unique_ptr<zo::gpu::MatmulContext, Destroy>;
+  const int N = 256, C = 128, OC = 192;
+  std::mt19937 rng(11);
+  auto buffer = [&](std::size_t n) {
+    const std::vector<float> x = normal_values(rng, n);
+    std::vector<std::uint16_t> h(n);
+    for (std::size_t i = 0; i < n; ++i)
+      h[i] = zo::f32_to_bf16_bits(x[i]);
+    auto b = std::make_unique<zo::test::GpuBuffer>(n * 2);
+    b->copy_from_host(h.data(), n * 2);
+    return b;
+  };
+  const auto inp = buffer(std::size_t(N) * C), w = buffer(std::size_t(OC) * C), bias = buffer(OC),
+             dout = buffer(std::size_t(N) * OC), pre = buffer(std::size_t(N) * C),
+             out = buffer(std::size_t(N) * OC), pre_out = buffer(std::size_t(N) * OC),
+             dinp = buffer(std::size_t(N) * C), dw = buffer(std::size_t(OC) * C),
+             dbias = buffer(OC);
+  auto run_ops = [&](zo::gpu::MatmulContext* ctx) {
+    const DType t = DType::kBF16;
+    zo::gpu::launch_matmul_forward(ctx, out->data(), inp->data(), w->data(), bias->data(), N, C, OC,
+                                   0, t, nullptr);
+    zo::gpu::launch_matmul_gelu_forward(ctx, out->data(), pre_out->data(), inp->data(), w->data(),
+                                        bias->data(), N, C, OC, t, nullptr);
+    zo::gpu::launch_matmul_backward(ctx, dinp->data(), dw->data(), dbias->data(), dout->data(),
+                                    inp->data(), w->data(), N, C, OC, 0, t, nullptr);
+    zo::gpu::launch_matmul_dgelu_backward(ctx, dinp->data(), dw->data(), dbias->data(),
+                                          dout->data(), inp->data(), w->data(), pre->data(), N, C,
+                                          OC, t, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+
+  if (emulated) zo::simt::cublaslt_make_fastest(2);
+  const Ctx first(zo::gpu::create_matmul_context());
+  run_ops(first.get());
+  const std::string choices = zo::gpu::export_matmul_choices(first.get());
+  const std::size_t timed = zo::gpu::matmul_timed_plan_count(first.get());
+  if (timed == 0)
+    GTEST_SKIP() << "cuBLASLt offered one algorithm for every GEMM here: nothing timed";
+  EXPECT_FALSE(choices.empty());
+
+  if (emulated) zo::simt::cublaslt_make_fastest(0);
+  const Ctx second(zo::gpu::create_matmul_context());
+  EXPECT_EQ(zo::gpu::import_matmul_choices(second.get(), choices), "");
+  run_ops(second.get());
+  EXPECT_EQ(zo::gpu::matmul_restored_plan_count(second.get()), timed);
+  EXPECT_EQ(zo::gpu::matmul_timed_plan_count(second.get()), 0u) << "a restored plan is not timed";
+  EXPECT_EQ(zo::gpu::export_matmul_choices(second.get()), choices) << "the same algorithms";
+  if (emulated) {
+    const Ctx third(zo::gpu::create_matmul_context());
+    run_ops(third.get());
+    EXPECT_NE(zo::gpu::export_matmul_choices(third.get()), choices)
+        << "without the import, timing picks candidate 0";
+  }
+
+  // Another GPU or library: nothing taken, and the reason says why; not an export: refused.
+  const Ctx other(zo::gpu::create_matmul_context());
+  std::string foreign = choices;
+  foreign.replace(foreign.find("; cublasLt "), 11, "; cublasLt 1");
+  const std::string reason = zo::gpu::import_matmul_choices(other.get(), foreign);
+  EXPECT_NE(reason.find("recorded as"), std::string::npos) << reason;
+  EXPECT_THROW(zo::gpu::import_matmul_choices(other.get(), "not a choices file\n"),
+               std::invalid_argument);
+  std::string broken = choices;
+  broken.insert(broken.find('\n') + 1, "1 2 3\n");
+  EXPECT_THROW(zo::gpu::import_matmul_choices(other.get(), broken), std::invalid_argument);
+}

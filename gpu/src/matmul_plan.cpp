@@ -22,6 +22,7 @@
 #include "matmul_plan.h"
 
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -263,7 +264,16 @@ std::unique_ptr<Plan> make_plan(MatmulContext& ctx, const PlanKey& k, const Oper
   set_pointers(*plan, ops);
   const std::vector<cublasLtMatmulAlgo_t> algos = candidates(ctx, *plan, k);
   int chosen = algos.empty() ? -1 : 0;
-  if (algos.size() > 1 && ctx.autotune) {
+  // A restored choice counts only if this library offers the same algorithm for the same GEMM.
+  if (const auto r = ctx.restored.find(k); r != ctx.restored.end()) {
+    for (std::size_t i = 0; i < algos.size(); ++i) {
+      if (std::memcmp(&algos[i], &r->second, sizeof(cublasLtMatmulAlgo_t)) == 0) {
+        chosen = static_cast<int>(i);
+        plan->restored = true;
+      }
+    }
+  }
+  if (algos.size() > 1 && ctx.autotune && !plan->restored) {
     chosen = fastest(ctx, *plan, algos, ops, s);
   }
   plan->found = chosen >= 0;

@@ -74,8 +74,9 @@ struct Plan {
   std::size_t d_bytes = 0;                                       // D's extent (for timing scratch)
   cublasLtMatmulAlgo_t algo{};
   Epilogue epilogue = Epilogue::kNone;
-  bool found = false;  // false: no algorithm (an epilogue then falls back)
-  bool timed = false;  // chosen by timing several candidates
+  bool found = false;     // false: no algorithm (an epilogue then falls back)
+  bool timed = false;     // chosen by timing several candidates
+  bool restored = false;  // the candidate another process chose (import_matmul_choices)
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -94,6 +95,9 @@ struct MatmulContext {
   // Guards everything below and serialises launches (they share the workspace).
   mutable std::mutex mu;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  // Choices imported from another process (matmul_choices.cpp): a plan made for one of these keys
+  // takes the recorded algorithm without timing when the heuristic offers it among its candidates.
+  std::map<PlanKey, cublasLtMatmulAlgo_t> restored;
 
   MatmulContext() = default;
   MatmulContext(const MatmulContext&) = delete;

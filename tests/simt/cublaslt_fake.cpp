@@ -19,9 +19,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <type_traits>
 
 #include "cublaslt_fake.h"
@@ -35,6 +37,9 @@ void cublaslt_refuse_epilogues(bool refuse);
 // The heuristic returns up to `count` algorithms (default 1), all computing the same bits, so
 // that callers' choice between candidates runs.
 void cublaslt_offer_algorithms(int count);
+// While index >= 0, every offered algorithm but that one sleeps 2 ms per GEMM, so that timing the
+// candidates picks it; -1 (the default) times them as they run.
+void cublaslt_make_fastest(int index);
 }  // namespace zo::simt
 
 // Only forward-declared by cublasLt.h: the handle is ours to define.
@@ -47,6 +52,7 @@ namespace {
 std::atomic<bool> g_refuse_bias{false};
 std::atomic<bool> g_refuse_epilogues{false};
 std::atomic<int> g_algorithms{1};
+std::atomic<int> g_fastest{-1};
 
 // Tags mark live objects of each kind, so that a zeroed, destroyed or mixed-up one is refused.
 constexpr std::uint64_t kHandleTag = 0x7a6f'4c74'4861'6e64;  // "zoLtHand"
@@ -204,6 +210,10 @@ void cublaslt_offer_algorithms(int count) {
   g_algorithms.store(std::max(count, 1));
 }
 
+void cublaslt_make_fastest(int index) {
+  g_fastest.store(index);
+}
+
 }  // namespace zo::simt
 
 extern "C" {
@@ -223,6 +233,11 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
   lightHandle->tag = 0;
   delete lightHandle;
   return CUBLAS_STATUS_SUCCESS;
+}
+
+// A CUDA 13 cuBLASLt's version number (major * 10000 + minor * 100 + patch).
+size_t cublasLtGetVersion(void) {
+  return 130000;
 }
 
 const char* cublasLtGetStatusName(cublasStatus_t status) {
@@ -509,11 +524,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   }
   // In place needs C's layout to be D's; otherwise C and D are separate matrices.
   if (C == D && !same_layout(c, out)) return CUBLAS_STATUS_INVALID_VALUE;
+  int algo_index = 0;
   if (algo != nullptr) {  // null: cuBLASLt picks one itself, suited to these pointers
     Algo chosen{};
     if (!load(algo, kAlgoTag, chosen) || chosen.type != out.type) {
       return CUBLAS_STATUS_NOT_SUPPORTED;  // as cuBLASLt answers for an algorithm it did not give
     }
+    algo_index = chosen.index;
     // A pointer less aligned than the algorithm was chosen for: cuBLASLt refuses it the same way.
     const bool same_epilogue = chosen.epilogue == d.epilogue;
     const void* operands[6] = {A,
@@ -559,8 +576,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
   g.aux_ld = static_cast<std::uint64_t>(d.aux_ld);
   g.aux_type = out.type;
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
+  const bool slow = g_fastest.load() >= 0 && algo_index != g_fastest.load();
   zo::simt::enqueue(
-      stream, [g] { zo::simt::lt::run_gemm(g); },
+      stream,
+      [g, slow] {
+        if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        zo::simt::lt::run_gemm(g);
+      },
       {{g.a, 1}, {g.b, 1}, {g.c, 1}, {g.d, 1}, {g.bias, 1}, {g.aux, 1}}, "a cublasLtMatmul");
   return CUBLAS_STATUS_SUCCESS;
 }

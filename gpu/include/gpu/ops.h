@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/adam.h"
@@ -84,6 +85,18 @@ std::size_t matmul_timed_plan_count(const MatmulContext* ctx);
 // The OC of every cached plan, in no order: a GEMM whose OC is not a multiple of 8 (over 8) runs
 // as an aligned one of OC rounded down to 8 and one of the remaining columns (matmul.cpp says why).
 std::vector<int> matmul_plan_widths(const MatmulContext* ctx);
+// The algorithm choices a context made by timing (or restored), as text a checkpoint keeps: a
+// header naming the format, cuBLASLt's version and the GPU, then one line per plan, its key and
+// cuBLASLt's algorithm structure (documented as storable for reuse with the same library
+// version). Empty when nothing was timed. Two processes that time differently pick algorithms
+// whose results differ in the last bits; a resumed run that imports the choices does not.
+std::string export_matmul_choices(const MatmulContext* ctx);
+// Takes another process's export: a plan made from now on for a recorded key uses the recorded
+// algorithm without timing, where the heuristic offers it among its candidates. Returns "" when
+// taken, else why not (another GPU or cuBLASLt version: the GEMMs are timed again). Throws
+// std::invalid_argument for text that is not such an export.
+std::string import_matmul_choices(MatmulContext* ctx, const std::string& text);
+std::size_t matmul_restored_plan_count(const MatmulContext* ctx);
 // out (N,OC; row stride ld) written.
 void launch_matmul_forward(MatmulContext* ctx, void* out, const void* inp, const void* weight,
                            const void* bias, int N, int C, int OC, int ld, DType t, cudaStream_t s);
