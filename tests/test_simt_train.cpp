@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -255,6 +256,39 @@ TEST_F(SimtTrain, CheckpointAndResumeAreExact) {
     for (std::size_t i = 0; i < 3; ++i)
       EXPECT_EQ(resumed.loss[i], full.loss[i + 3]) << mode << " step " << i + 4;
   }
+}
+
+// The checkpoint keeps the timed GEMM algorithm choices and a resumed run takes them. The
+// emulator's candidates compute the same bits, so the choices are compared, not the losses: the
+// first run's timing is steered to candidate 2, the resumed run's to candidate 0.
+TEST_F(SimtTrain, AResumedRunTakesTheCheckpointsGemmChoices) {
+  const std::string args =
+      " train --model tiny -b 2 --seq-len 32 --seed 5 --eval-batches 1 -q"
+      " --device cuda --precision bf16 --mode resident --checkpoint-every 2";
+  const fs::path first = dir_.path / "gemm_first", second = dir_.path / "gemm_resumed";
+  const auto r1 = run_command("ZO_SIMT_CUBLASLT_ALGORITHMS=3 ZO_SIMT_CUBLASLT_FASTEST=2 " +
+                              std::string(ZO_OFFLOAD_TRAIN_SIMT_BIN) + args +
+                              " --steps 2 --checkpoint-dir " + first.string());
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto choices = [](const fs::path& ckpt) {
+    std::ifstream in(ckpt / "trainer_state.json");
+    return nlohmann::json::parse(in).value("gemm_choices", std::string());
+  };
+  const std::string saved = choices(first / "step_00000002");
+  ASSERT_NE(saved.find("offload_train matmul choices 1"), std::string::npos) << saved;
+
+  const auto r2 =
+      run_command("ZO_SIMT_CUBLASLT_ALGORITHMS=3 ZO_SIMT_CUBLASLT_FASTEST=0 " +
+                  std::string(ZO_OFFLOAD_TRAIN_SIMT_BIN) +
+                  std::regex_replace(args, std::regex(" -q"), "") + " --steps 4 --checkpoint-dir " +
+                  second.string() + " --resume " + (first / "step_00000002").string());
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("GEMM algorithms: the checkpointed run's timed choices"), std::string::npos)
+      << r2.out;
+  const std::string resumed = choices(second / "step_00000004");
+  std::istringstream lines(saved);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_NE(resumed.find(line + "\n"), std::string::npos) << "not kept: " << line;
 }
 
 }  // namespace

@@ -145,6 +145,8 @@ TEST_F(TrainerState, SectionsAreCheckedByKey) {
              "\"config\" is not an object");
   EXPECT_HAS(error_after([](Json& s) { s.erase("config"); }), "\"config\" is missing");
   EXPECT_HAS(error_after([](Json& s) { s["run_id"] = 7; }), "\"run_id\" is 7; expected a string");
+  EXPECT_HAS(error_after([](Json& s) { s["gemm_choices"] = Json::array(); }),
+             "\"gemm_choices\" is []; expected a string");
   EXPECT_HAS(error_after([](Json& s) { s["saved_at_ns"] = -1; }), "\"saved_at_ns\" is -1");
   EXPECT_HAS(error_after([](Json& s) { s["rng"]["seed"] = -1; }), "\"rng.seed\" is -1");
   EXPECT_HAS(error_after([](Json& s) { s["optimizer_state_dtype"] = "fp64"; }),

@@ -128,19 +128,18 @@ phase_check() {
 }
 
 phase_paths() {
-  # Checkpoint, resume (summarize.py compares the resumed steps with the uninterrupted run),
-  # sample, and fp16 overflow steps, on a small model. Each process takes the heuristic's first
-  # GEMM algorithm: timed choices may differ between processes, and with them the last bits.
+  # Checkpoint and resume (summarize.py compares the resumed steps with the run that wrote the
+  # checkpoint: the resumed run takes its timed GEMM algorithm choices from it, so the bits agree
+  # with autotuning on), sample, and fp16 overflow steps. GPT-2 124M at a small batch, where
+  # cuBLASLt offers several candidates and the choices are timed.
   local ck=/tmp/zo-gpu-ckpt mode
   for mode in resident offload; do
-    local s=(--model small-test -b 4 --seq-len 128 --device cuda --precision bf16 --seed 3
+    local s=(--model gpt2-124m -b 4 --seq-len 256 --device cuda --precision bf16 --seed 3
              --lr 1e-3 --warmup 2 --mode "$mode")
     rm -rf "$ck.$mode"
-    ZO_MATMUL_AUTOTUNE=0 train "full_$mode" 60 "${s[@]}" --steps 6
-    ZO_MATMUL_AUTOTUNE=0 train "ckpt_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" \
-      --checkpoint-every 3
-    ZO_MATMUL_AUTOTUNE=0 train "resume_$mode" 60 "${s[@]}" --steps 6 \
-      --checkpoint-dir "$ck.$mode" --resume "$ck.$mode/step_00000003"
+    train "ckpt_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" --checkpoint-every 3
+    train "resume_$mode" 60 "${s[@]}" --steps 6 --checkpoint-dir "$ck.$mode" \
+      --resume "$ck.$mode/step_00000003"
   done
   step sample_cuda 60 "$B" sample --checkpoint latest --checkpoint-dir "$ck.resident" -n 16 --ids
   step eval_cuda 60 "$B" eval --checkpoint latest --checkpoint-dir "$ck.resident" --data synthetic \

@@ -168,10 +168,11 @@ def main():
             report.append(f"| {q} | {a:.6g} | {b:.6g} | {rel:.2e} | {tol:.0e} | "
                           f"{'ok' if rel <= tol else 'MISMATCH'} |")
 
-    # A resumed run's steps against the same steps of the uninterrupted run.
+    # A resumed run's steps against the same steps of the run that wrote the checkpoint (it ran
+    # on uninterrupted; the resumed run takes its timed GEMM choices from the checkpoint).
     resumed = []
     for mode in ("resident", "offload"):
-        full = by_name.get(f"full_{mode}", {}).get("metrics")
+        full = by_name.get(f"ckpt_{mode}", {}).get("metrics")
         res = by_name.get(f"resume_{mode}", {}).get("metrics")
         if full and res and len(res["losses"]) <= len(full["losses"]):
             tail = full["losses"][len(full["losses"]) - len(res["losses"]):]

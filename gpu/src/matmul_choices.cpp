@@ -56,8 +56,8 @@ bool unhex(const std::string& text, cublasLtMatmulAlgo_t& algo) {
 
 [[noreturn]] void malformed(int line, const std::string& what) {
   throw std::invalid_argument("matmul choices, line " + std::to_string(line) + ": " + what +
-                              " (not a file written by this version of offload_train; delete "
-                              "matmul_choices.txt from the checkpoint to time the GEMMs again)");
+                              " (not written by this version of offload_train; without them "
+                              "the GEMMs are timed again)");
 }
 
 }  // namespace

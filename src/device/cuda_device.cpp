@@ -98,6 +98,14 @@ class CudaDevice final : public Device {
   int gemm_row_stride(int cols) const override {
     return (cols + kGemmRowAlign - 1) / kGemmRowAlign * kGemmRowAlign;
   }
+  std::string gemm_choices() const override {
+    const gpu::DeviceGuard guard(index_);
+    return gpu::export_matmul_choices(matmul_.get());
+  }
+  std::string restore_gemm_choices(const std::string& text) override {
+    const gpu::DeviceGuard guard(index_);
+    return gpu::import_matmul_choices(matmul_.get(), text);
+  }
   DType act_dtype() const override { return act_; }
 
   Buffer alloc(std::size_t bytes, const char* what) override {

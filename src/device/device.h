@@ -156,6 +156,15 @@ class Device {
   // row starts 16-byte aligned (256 B in 16-bit storage) and cuBLASLt can use its TMA / tensor-core
   // kernels, which an odd stride like GPT-2's 50257 rules out.
   virtual int gemm_row_stride(int cols) const { return cols; }
+  // The GEMM algorithms chosen by timing, as text a checkpoint keeps (CUDA: gpu/ops.h's
+  // export_matmul_choices; "" on the host backend, which has one algorithm). Restoring another
+  // process's makes the same choices, so a resumed run computes the uninterrupted run's bits;
+  // returns "" when taken, else why not (another GPU or library version), and throws
+  // std::invalid_argument for text that is no such export.
+  virtual std::string gemm_choices() const { return {}; }
+  virtual std::string restore_gemm_choices(const std::string&) {
+    return "this backend does not choose between GEMM algorithms";
+  }
 
   // ---- memory -------------------------------------------------------------------------------
   // Throws OutOfMemoryError naming `what` when the capacity would be exceeded.

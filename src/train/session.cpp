@@ -264,16 +264,38 @@ void Session::open_device_and_plan() {
   // else stream when only the window fits the device.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
   resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
-  const bool stream = cfg.mode == "stream" || (cfg.mode == "auto" && choice.choose_stream);
-  param_window = stream ? pi.engine.param_window : 0;
+  const bool streaming = cfg.mode == "stream" || (cfg.mode == "auto" && choice.choose_stream);
+  param_window = streaming ? pi.engine.param_window : 0;
   pi.resident = resident;
   pi.engine.param_window = param_window;
   // Each rank decides by its own device: the collectives are the same either way.
-  accumulate_on_device = !resident && !stream && choice.offload_engine.accumulate_on_device;
-  const MemoryPlan& plan = resident ? choice.resident : stream ? choice.stream : choice.offload;
-  if (cfg.mode == "auto" && stream) notes.push_back("--mode auto: stream (" + choice.reason + ")");
+  accumulate_on_device = !resident && !streaming && choice.offload_engine.accumulate_on_device;
+  const MemoryPlan& plan = resident ? choice.resident : streaming ? choice.stream : choice.offload;
+  if (cfg.mode == "auto" && streaming)
+    notes.push_back("--mode auto: stream (" + choice.reason + ")");
   if (!plan.device_fits || !plan.host_fits) {
     throw std::runtime_error("this run does not fit in memory:\n" + plan.format(pi));
+  }
+  restore_gemm_choices();
+}
+
+// The checkpointed run's timed GEMM algorithms, so that the resumed steps compute its bits.
+void Session::restore_gemm_choices() {
+  if (!resume_state || !resume_state->contains("gemm_choices")) return;
+  if (dev->backend() != dev::Backend::kCuda) return;  // one algorithm per GEMM there
+  const std::string& text = resume_state->at("gemm_choices").get_ref<const std::string&>();
+  // The manifest's checksums guard the text; one this version cannot read costs bits, not the run.
+  std::string why;
+  try {
+    why = dev->restore_gemm_choices(text);
+  } catch (const std::invalid_argument& e) {
+    why = e.what();
+  }
+  if (why.empty()) {
+    notes.push_back("GEMM algorithms: the checkpointed run's timed choices");
+  } else {
+    notes.push_back("GEMM algorithms timed again, not the checkpoint's (" + why +
+                    "): the resumed steps may differ from an uninterrupted run in the last bits");
   }
 }
 
@@ -450,14 +472,17 @@ double Session::evaluate() {
 nlohmann::json Session::trainer_state(std::int64_t step) const {
   // No random stream is consumed while training (the data order is a pure function of seed
   // and position; there is no dropout), so the seed is the whole RNG state.
-  return {{"step", step},
-          {"run_id", run_id},
-          {"saved_at_ns", now_unix_ns()},
-          {"tokens", tokens},
-          {"data", loaders.train->state()},
-          {"config", cfg.to_json()},
-          {"rng", {{"seed", cfg.seed}}},
-          {"loss_scaler", scaler.state()}};
+  nlohmann::json state = {{"step", step},
+                          {"run_id", run_id},
+                          {"saved_at_ns", now_unix_ns()},
+                          {"tokens", tokens},
+                          {"data", loaders.train->state()},
+                          {"config", cfg.to_json()},
+                          {"rng", {{"seed", cfg.seed}}},
+                          {"loss_scaler", scaler.state()}};
+  if (std::string gemm = dev->gemm_choices(); !gemm.empty())
+    state["gemm_choices"] = std::move(gemm);
+  return state;
 }
 
 }  // namespace zo::train

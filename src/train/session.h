@@ -77,6 +77,7 @@ struct Session {
   void check_outputs();
   void open_data();
   void open_device_and_plan();
+  void restore_gemm_choices();
   void make_optimizer_state();
   void init_master();
   void make_updater_and_model();

@@ -90,6 +90,9 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
   const std::uint64_t step = count_member(state, "", "step", kMaxSteps, "2^40", dir);
   count_member(state, "", "adam_step", step, "step = " + std::to_string(step), dir);
   count_member(state, "", "tokens", kMaxCount, "2^53", dir);
+  if (state.contains("gemm_choices") && !state["gemm_choices"].is_string()) {
+    refuse(dir, "gemm_choices", "is " + brief(state["gemm_choices"]) + "; expected a string");
+  }
   if (state.contains("run_id") && !state["run_id"].is_string()) {
     refuse(dir, "run_id", "is " + brief(state["run_id"]) + "; expected a string");
   }

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -40,6 +41,8 @@ void cublaslt_offer_algorithms(int count);
 // While index >= 0, every offered algorithm but that one sleeps 2 ms per GEMM, so that timing the
 // candidates picks it; -1 (the default) times them as they run.
 void cublaslt_make_fastest(int index);
+// For a whole process (offload_train_simt), ZO_SIMT_CUBLASLT_ALGORITHMS and
+// ZO_SIMT_CUBLASLT_FASTEST set the two hooks above when the first handle is made.
 }  // namespace zo::simt
 
 // Only forward-declared by cublasLt.h: the handle is ours to define.
@@ -222,6 +225,14 @@ extern "C" {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* lightHandle) {
   if (lightHandle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  static const bool from_environment = [] {
+    if (const char* n = std::getenv("ZO_SIMT_CUBLASLT_ALGORITHMS"))
+      zo::simt::cublaslt_offer_algorithms(std::atoi(n));
+    if (const char* i = std::getenv("ZO_SIMT_CUBLASLT_FASTEST"))
+      zo::simt::cublaslt_make_fastest(std::atoi(i));
+    return true;
+  }();
+  (void)from_environment;
   *lightHandle = new cublasLtContext{kHandleTag};
   return CUBLAS_STATUS_SUCCESS;
 }
