@@ -121,6 +121,8 @@ def target_rows(by_name, log_lines_of):
 
     tokens_row("1.5B offload, exact update: practicality", "offload_1558m", "resident_1558m",
                "resident", 0.8)
+    tokens_row("1.5B offload + DPU, bf16 state: practicality", "offload_dpu_bf16_1558m",
+               "resident_1558m", "resident", 0.9)
 
     # Llama 3.2 1B: against plain PyTorch of the same shape, and offloaded against resident.
     llama, peer = metrics("llama_1b_resident"), first_bench(by_name, "pytorch_llama_1b", "pytorch_llama")
@@ -136,6 +138,8 @@ def target_rows(by_name, log_lines_of):
                "llama_1b_resident", "resident", 0.9)
     tokens_row("Llama 3.2 1B offload, exact update: practicality", "llama_1b_offload",
                "llama_1b_resident", "resident", 0.8)
+    tokens_row("Llama 3.2 1B offload + DPU, bf16 state: practicality", "llama_1b_offload_dpu_bf16",
+               "llama_1b_resident", "resident", 0.9)
 
     # The largest model at full speed, against MegaTrain's 7B figure on one H100.
     big = metrics("llama_8b_offload_dpu")
