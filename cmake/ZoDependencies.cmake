@@ -28,3 +28,15 @@ endif()
 add_library(zo_numa INTERFACE)
 target_include_directories(zo_numa SYSTEM INTERFACE ${NUMA_INCLUDE_DIR})
 target_link_libraries(zo_numa INTERFACE ${NUMA_LIBRARY})
+
+# liburing (Debian's liburing-dev) for the optimizer-state files' io_uring queue; like libnuma,
+# no CMake config.
+find_path(URING_INCLUDE_DIR liburing.h)
+find_library(URING_LIBRARY uring)
+if(NOT URING_INCLUDE_DIR OR NOT URING_LIBRARY)
+  message(FATAL_ERROR "offload_train needs liburing: install it with `apt-get install liburing-dev` "
+                      "(or run `bash .ci/install-deps`).")
+endif()
+add_library(zo_uring INTERFACE)
+target_include_directories(zo_uring SYSTEM INTERFACE ${URING_INCLUDE_DIR})
+target_link_libraries(zo_uring INTERFACE ${URING_LIBRARY})

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "checkpoint/atomic_io.h"
-#include "checkpoint/crc32c.h"
 #include "checkpoint/safetensors.h"
+#include "core/crc32c.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "file_size_limit.h"
@@ -164,10 +164,10 @@ TEST(Crc32c, KnownVectors) {
       {"a", 0xC1D04330u},   {"The quick brown fox jumps over the lazy dog", 0x22620404u},
   };
   for (const auto& [text, want] : cases) {
-    EXPECT_EQ(crc32c(text), want) << "'" << text << "'";
-    EXPECT_EQ(detail::crc32c_table(bytes_of(text), 0), want);
-    if (detail::crc32c_hw_available()) {
-      EXPECT_EQ(detail::crc32c_hw(bytes_of(text), 0), want);
+    EXPECT_EQ(zo::crc32c(text), want) << "'" << text << "'";
+    EXPECT_EQ(zo::detail::crc32c_table(bytes_of(text), 0), want);
+    if (zo::detail::crc32c_hw_available()) {
+      EXPECT_EQ(zo::detail::crc32c_hw(bytes_of(text), 0), want);
     }
   }
 }
@@ -183,32 +183,33 @@ TEST(Crc32c, ImplementationsAgreeAndAreIncremental) {
     for (std::size_t len : {0u, 1u, 7u, 8u, 9u, 63u, 767u, 768u, 775u, 4096u, 24575u, 24576u,
                             24583u, 25344u, 49152u, 99000u}) {
       const auto s = all.subspan(off, len);
-      const std::uint32_t ref = detail::crc32c_table(s, 0);
-      EXPECT_EQ(crc32c(s), ref) << off << "+" << len;
-      if (detail::crc32c_hw_available()) {
-        EXPECT_EQ(detail::crc32c_hw(s, 0), ref);
+      const std::uint32_t ref = zo::detail::crc32c_table(s, 0);
+      EXPECT_EQ(zo::crc32c(s), ref) << off << "+" << len;
+      if (zo::detail::crc32c_hw_available()) {
+        EXPECT_EQ(zo::detail::crc32c_hw(s, 0), ref);
       }
     }
   }
-  const std::uint32_t whole = crc32c(all);
+  const std::uint32_t whole = zo::crc32c(all);
   for (std::size_t cut : {0u, 1u, 5000u, 100002u}) {
-    EXPECT_EQ(crc32c(all.subspan(cut), crc32c(all.first(cut))), whole) << cut;
-    EXPECT_EQ(detail::crc32c_table(all.subspan(cut), detail::crc32c_table(all.first(cut), 0)),
-              whole);
+    EXPECT_EQ(zo::crc32c(all.subspan(cut), zo::crc32c(all.first(cut))), whole) << cut;
+    EXPECT_EQ(
+        zo::detail::crc32c_table(all.subspan(cut), zo::detail::crc32c_table(all.first(cut), 0)),
+        whole);
   }
 }
 
 TEST(Crc32c, Throughput) {
   std::vector<std::byte> buf(64u << 20, std::byte{0x5A});
   auto t0 = std::chrono::steady_clock::now();
-  const std::uint32_t c = crc32c(buf);
+  const std::uint32_t c = zo::crc32c(buf);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();
-  const std::uint32_t c2 = detail::crc32c_table(buf, 0);
+  const std::uint32_t c2 = zo::detail::crc32c_table(buf, 0);
   const double s2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(c, c2);
   std::printf("crc32c: %.2f GB/s (%s), slicing-by-8 table: %.2f GB/s\n", 0.064 / s * 1.048576,
-              detail::crc32c_hw_available() ? "SSE4.2" : "table", 0.064 / s2 * 1.048576);
+              zo::detail::crc32c_hw_available() ? "SSE4.2" : "table", 0.064 / s2 * 1.048576);
 }
 
 // ---- safetensors: round trips -------------------------------------------------------------------
@@ -730,7 +731,7 @@ TEST(AtomicDirectoryTest, CommitPublishesCompleteDirectoryWithManifest) {
     EXPECT_EQ(m.files[i].path, names[i]);
     const std::string content = read_bytes(final_dir / names[i]);
     EXPECT_EQ(m.files[i].size, content.size());
-    EXPECT_EQ(m.files[i].crc32c, crc32c(content)) << names[i];
+    EXPECT_EQ(m.files[i].crc32c, zo::crc32c(content)) << names[i];
   }
   const auto manifest = nlohmann::json::parse(read_file(final_dir / "MANIFEST.json"));
   EXPECT_EQ(manifest["files"][1]["crc32c"].get<std::string>().size(), 8u);

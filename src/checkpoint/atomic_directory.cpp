@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "checkpoint/atomic_io_internal.h"
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 
 namespace zo::ckpt {
 namespace fs = std::filesystem;

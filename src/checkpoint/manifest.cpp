@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "checkpoint/atomic_io_internal.h"
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "checkpoint/json_input.h"
 
 namespace zo::ckpt {

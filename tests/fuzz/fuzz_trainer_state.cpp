@@ -14,7 +14,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/atomic_io_internal.h"
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "fixtures.h"
 #include "fuzz_common.h"
 #include "train/config.h"
@@ -33,7 +33,7 @@ struct Fixture {
     zo::fuzz::make_checkpoint_fixture(dir);
     for (const auto& f : std::filesystem::directory_iterator(dir)) {
       const std::string text = zo::ckpt::read_file(f.path());
-      manifest.files.push_back({f.path().filename().string(), text.size(), zo::ckpt::crc32c(text)});
+      manifest.files.push_back({f.path().filename().string(), text.size(), zo::crc32c(text)});
     }
     zo::optim::OptimizerConfig oc;
     oc.threads = 1;
@@ -47,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static Fixture fx;
   const std::string text(reinterpret_cast<const char*>(data), size);
   zo::ckpt::Manifest m = fx.manifest;
-  m.files.push_back({"trainer_state.json", text.size(), zo::ckpt::crc32c(text)});
+  m.files.push_back({"trainer_state.json", text.size(), zo::crc32c(text)});
   std::sort(m.files.begin(), m.files.end(),
             [](const auto& a, const auto& b) { return a.path < b.path; });
   zo::fuzz::write_file(fx.dir / "trainer_state.json", text);

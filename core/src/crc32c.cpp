@@ -1,4 +1,4 @@
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -8,7 +8,7 @@
 #define ZO_CRC32C_X86 1
 #endif
 
-namespace zo::ckpt {
+namespace zo {
 namespace {
 
 constexpr std::uint32_t kPoly = 0x82F63B78u;  // Castagnoli, bit-reflected
@@ -188,4 +188,4 @@ std::uint32_t crc32c(std::span<const std::byte> data, std::uint32_t crc) {
                                        : detail::crc32c_table(data, crc);
 }
 
-}  // namespace zo::ckpt
+}  // namespace zo
