@@ -38,6 +38,7 @@ class StateFile {
   static StateFile create(const std::filesystem::path& dir, std::uint64_t bytes,
                           const FileOptions& options = {});
 
+  StateFile() = default;  // no file (a moved-from one is the same)
   StateFile(StateFile&& other) noexcept;
   StateFile& operator=(StateFile&& other) noexcept;
   StateFile(const StateFile&) = delete;

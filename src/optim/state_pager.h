@@ -1,0 +1,133 @@
+// The optimizer state of one rank on a drive (--state-dir, docs/state_dir.md), paged through a
+// few staging slots: a chunk of elements [begin, end) with its master weights, m and v (and q8
+// block maxima) is one 4 KiB-aligned record of the state file, read into a slot when the update
+// reaches it (or ahead of it), updated there, and written behind. Records carry CRC-32C checksums
+// kept in memory, so a chunk changed on the drive between steps is caught when read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pinned_memory/host_buffer.h"
+#include "state_io/io_queue.h"
+#include "state_io/state_file.h"
+
+namespace zo::optim {
+
+// Local elements [begin, end) of one tensor in one owned range, whose q8 blocks are numbered from
+// `block` (HostOptimizer::Segment without its decay flag).
+struct SegmentSpan {
+  std::size_t begin, end, block;
+};
+
+// One chunk: local elements [begin, end) and q8 blocks [block_begin, block_end).
+struct ChunkSpan {
+  std::size_t begin, end, block_begin, block_end;
+  bool operator==(const ChunkSpan&) const = default;
+};
+
+// Cuts the segments (ascending, back to back from 0) into chunks of at most max_elements (at
+// least one q8 block) that never split a q8 block: a chunk ends at a segment's end or at a block
+// boundary inside it.
+std::vector<ChunkSpan> plan_chunks(std::span<const SegmentSpan> segments, std::size_t max_elements);
+
+// Bytes per element of each array of a record, and whether q8 block maxima come along.
+struct StateShape {
+  std::size_t master_bytes = 4;  // fp32 or bf16 master
+  std::size_t moment_bytes = 4;  // fp32, bf16 or q8 m and v
+  bool q8 = false;               // + m and v block maxima (fp32 each)
+};
+
+class StatePager {
+ public:
+  // One chunk's arrays in a slot (element 0 is the chunk's `begin`).
+  struct View {
+    void* master;
+    void* m;
+    void* v;
+    float* m_absmax;  // q8 only, else null
+    float* v_absmax;
+    std::size_t n, blocks;
+  };
+  // Fills a chunk that was never written (the starting state: zero moments, the master set later).
+  using Fresh = std::function<void(const ChunkSpan&, const View&)>;
+
+  struct Options {
+    std::filesystem::path dir;
+    std::size_t slots = 4;  // staging slots, each the size of the largest record
+    state_io::FileOptions file;
+    state_io::QueueOptions queue;
+  };
+
+  StatePager(std::vector<ChunkSpan> chunks, StateShape shape, Fresh fresh, const Options& o);
+  ~StatePager();
+  StatePager(const StatePager&) = delete;
+  StatePager& operator=(const StatePager&) = delete;
+
+  const std::vector<ChunkSpan>& chunks() const { return chunks_; }
+  std::size_t record_bytes(std::size_t c) const { return records_[c].bytes; }
+  std::uint64_t file_bytes() const { return file_.size(); }
+  std::size_t slot_bytes() const { return slot_bytes_; }
+  // What the log says once: the queue ("io_uring", or why threads) and the file's I/O mode.
+  std::string describe() const;
+
+  // Starts reading chunk c into a free slot; nothing when it is in memory, on its way, or no slot
+  // is free (acquire then reads it).
+  void prefetch(std::size_t c);
+  // Chunk c's arrays, read (and checked) if they are not in memory. Throws state_io::IoError
+  // for a failed read or a chunk that changed on the drive. Valid until release(c).
+  View acquire(std::size_t c);
+  // Done with chunk c: written behind when dirty; its slot is reused once the write is done.
+  void release(std::size_t c, bool dirty);
+  // Waits for every write: afterwards the file holds every released chunk. Throws for a write that
+  // failed.
+  void flush();
+
+  // Bytes read from and written to the drive so far.
+  std::uint64_t bytes_read() const { return bytes_read_; }
+  std::uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  struct Record {
+    std::uint64_t offset;
+    std::size_t bytes;
+    std::size_t m, v, m_absmax, v_absmax;  // byte offsets of the parts inside the record
+  };
+  enum class SlotState : std::uint8_t { kFree, kReading, kHeld, kCached, kWriting };
+  struct Slot {
+    pinned::HostBuffer buffer;
+    SlotState state = SlotState::kFree;
+    std::size_t chunk = 0;
+    std::uint64_t ticket = 0;
+    std::uint64_t last_use = 0;
+  };
+
+  View view(std::size_t c, Slot& s);
+  // A slot for a new chunk: free, else the least recently used cached one, else the oldest write
+  // once done, else the oldest prefetch once read. Null when every slot is held.
+  Slot* take_slot();
+  void finish_write(Slot& s);
+  void finish_read(Slot& s);
+  Slot* slot_of(std::size_t c);
+
+  std::vector<ChunkSpan> chunks_;
+  StateShape shape_;
+  Fresh fresh_;
+  std::vector<Record> records_;
+  std::size_t slot_bytes_ = 0;
+  state_io::StateFile file_;
+  std::unique_ptr<state_io::IoQueue> queue_;
+  std::string queue_note_;
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> crc_;  // per chunk, of its last write
+  std::vector<bool> written_;       // per chunk: on the drive (else fresh)
+  std::uint64_t clock_ = 0, bytes_read_ = 0, bytes_written_ = 0;
+};
+
+}  // namespace zo::optim
