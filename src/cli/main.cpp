@@ -95,6 +95,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
   t->add_option("--master-weights", x.master,
                 "master weights on the host: fp32, or bf16 rounded stochastically (offload)")
       ->capture_default_str();
+  t->add_option("--state-dir", c.state_dir,
+                "offload/stream: keep master weights, m and v in an unnamed file in DIR (a fast "
+                "drive) instead of host memory, paged through a few staging chunks");
   t->add_option("--adam-threads", c.adam_threads,
                 "CPU Adam threads; 0 = all cores (this rank's share with mpirun), less two "
                 "with a GPU");

@@ -71,8 +71,8 @@ EngineFootprint engine_footprint(const model::ParameterLayout& layout, DType act
   }
   // One buffer even with DPU: the delayed update reads the landing buffer, not the sum.
   if (c.grad_accum > 1 && c.accumulate_on_device) f.device_accum = n * sizeof(float);
-  // Uploads read the master weights themselves when they are in the act dtype.
-  if (act != c.master) f.host_upload = n * es;
+  // Uploads read the master weights themselves when they are in the act dtype and in memory.
+  if (act != c.master || c.state_on_drive) f.host_upload = n * es;
   return f;
 }
 

@@ -27,6 +27,9 @@ struct EngineConfig {
   bool dpu = false;            // allocate for delayed updates (begin_step(true) delays a step)
   int ranks = 1, rank = 0;     // data parallel: the job's ranks and this one
   DType master = DType::kF32;  // the host optimizer's master weights (uploads read them)
+  // The optimizer state is on a drive (--state-dir): uploads read a copy of the parameters in
+  // host memory, whatever the master's dtype.
+  bool state_on_drive = false;
   // Stream mode (param_window.h): > 0 keeps only the embeddings, the final group and this many
   // slots (>= 2) of blocks on the device; one rank, no DPU. poison_window fills each slot with
   // NaN before it takes a new group (a test and debug switch).

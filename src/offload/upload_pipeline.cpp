@@ -44,10 +44,12 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
     gather_out_ = dev_.alloc(std::size_t(config.ranks) * count * esize_, "all-gathered parameters");
     dev_.fill_zero(gather_in_.data(), gather_in_.bytes(), *h2d_);  // the padding is never garbage
   }
-  if (config.master != opt_.master_dtype()) {
-    throw std::logic_error("offload engine: EngineConfig::master is not the optimizer's");
+  if (config.master != opt_.master_dtype() || config.state_on_drive != opt_.on_drive()) {
+    throw std::logic_error(
+        "offload engine: EngineConfig's master or state place is not the "
+        "optimizer's");
   }
-  if (act_ != opt_.master_dtype()) {
+  if (!uploads_from_master()) {
     upload_ =
         pinned::PinnedBuffer(opt_.size() * esize_, dev::staging_pin_options(dev_, config.pin));
   }
@@ -64,6 +66,10 @@ UploadPipeline::UploadPipeline(dev::Device& device, dev::Stream& compute,
   adam_ = std::make_unique<SerialQueue>("offload Adam thread");
 }
 
+bool UploadPipeline::uploads_from_master() const {
+  return act_ == opt_.master_dtype() && !opt_.on_drive();
+}
+
 UploadPipeline::~UploadPipeline() {
   finish_quietly(*adam_, *h2d_);
 }
@@ -74,7 +80,7 @@ bool UploadPipeline::any_pending() const {
 
 void UploadPipeline::upload_all() {
   drain();
-  if (act_ != opt_.master_dtype()) opt_.copy_master_as(0, layout_.size(), act_, upload_.data());
+  if (!uploads_from_master()) opt_.copy_master_as(0, layout_.size(), act_, upload_.data());
   for (std::size_t g = 0; g < groups_.size(); ++g)
     enqueue_upload(g);
   sync_(*h2d_, "the parameter all-gather");
@@ -103,8 +109,10 @@ void UploadPipeline::run_update(cpu_adam::ConstArrayView grads, std::int64_t t, 
   // The kernels write 16-bit copies as they update; an fp32 copy of a bf16 master (the host
   // backend) is widened group by group after.
   cpu_adam::ArrayView out;
-  const bool widen = act_ == DType::kF32 && opt_.master_dtype() != DType::kF32;
-  if (act_ != opt_.master_dtype() && !widen) out = {upload_.data(), opt_.size(), act_};
+  // fp32 uploads from a copy (a bf16 master, or a master on a drive): copied after each group's
+  // update, since Adam writes 16-bit parameters only.
+  const bool widen = act_ == DType::kF32 && !uploads_from_master();
+  if (!uploads_from_master() && !widen) out = {upload_.data(), opt_.size(), act_};
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -185,7 +193,7 @@ void UploadPipeline::enqueue_upload(std::size_t g) {
 
 const void* UploadPipeline::upload_source() const {
   // The new parameters in local order: the master itself (in the act dtype) or its copy.
-  return act_ == opt_.master_dtype() ? opt_.master_data() : upload_.data();
+  return uploads_from_master() ? opt_.master_data() : upload_.data();
 }
 
 bool UploadPipeline::adam_finished(std::size_t g) {

@@ -96,6 +96,8 @@ class UploadPipeline {
   void stream_in(std::size_t g);
   bool adam_finished(std::size_t g);  // update in flight has written group g (or none in flight)
   const void* upload_source() const;  // what uploads copy: the master or its 16-bit copy
+  // Uploads read the master itself: it is in the act dtype and in memory.
+  bool uploads_from_master() const;
   void run_update(cpu_adam::ConstArrayView grads, std::int64_t t, float lr, float mult);
   bool any_pending() const;
 

@@ -1,5 +1,7 @@
 #include "optim/host_optimizer.h"
 
+#include "optim/state_pager.h"
+
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -61,24 +63,42 @@ HostOptimizer::HostOptimizer(const model::ParameterLayout& layout, const Optimiz
   }
   const std::size_t state_bytes = state_element_bytes(config.state_format);
   const bool q8 = config.state_format == StateFormat::kQ8;
+  if (!config.state_dir.empty()) {
+    std::vector<SegmentSpan> spans;
+    for (const Segment& s : segments_)
+      spans.push_back({s.begin, s.end, s.block});
+    StatePager::Options o;
+    o.dir = config.state_dir;
+    o.slots = config.state_slots;
+    o.queue = config.state_queue;
+    // A chunk never written starts as the zero state: q8's m code of 0 is not the byte 0.
+    auto fresh = [q8](const ChunkSpan&, const StatePager::View& v) {
+      if (q8) std::fill_n(static_cast<std::uint8_t*>(v.m), v.n, cpu_adam::q8_quantize(0, true));
+    };
+    pager_ = std::make_unique<StatePager>(
+        plan_chunks(spans, config.state_chunk_elements),
+        StateShape{dtype_size(config.master_dtype), state_bytes, q8}, fresh, o);
+  }
   // First touch in the optimizer's own threads so pages sit on the updating thread's node.
-  adam_.execute([&] {
-    const std::size_t mb = dtype_size(config.master_dtype);
-    pinned::PinOptions pin = config.master_pin;
-    pin.placement = {};
-    pin.first_touch_chunk_bytes = cpu_adam::kChunkElements * mb;
-    master_ = pinned::PinnedBuffer(n_ * mb, pin);
-    m_ = pinned::HostBuffer(n_ * state_bytes);
-    v_ = pinned::HostBuffer(n_ * state_bytes);
-    m_.first_touch(cpu_adam::kChunkElements * state_bytes);
-    v_.first_touch(cpu_adam::kChunkElements * state_bytes);
-    if (q8) {
-      m_absmax_ = pinned::HostBuffer::allocate_array<float>(blocks_);
-      v_absmax_ = pinned::HostBuffer::allocate_array<float>(blocks_);
-    }
-  });
+  if (!pager_)
+    adam_.execute([&] {
+      const std::size_t mb = dtype_size(config.master_dtype);
+      pinned::PinOptions pin = config.master_pin;
+      pin.placement = {};
+      pin.first_touch_chunk_bytes = cpu_adam::kChunkElements * mb;
+      master_ = pinned::PinnedBuffer(n_ * mb, pin);
+      m_ = pinned::HostBuffer(n_ * state_bytes);
+      v_ = pinned::HostBuffer(n_ * state_bytes);
+      m_.first_touch(cpu_adam::kChunkElements * state_bytes);
+      v_.first_touch(cpu_adam::kChunkElements * state_bytes);
+      if (q8) {
+        m_absmax_ = pinned::HostBuffer::allocate_array<float>(blocks_);
+        v_absmax_ = pinned::HostBuffer::allocate_array<float>(blocks_);
+      }
+    });
   // q8 zero: every block's absmax 0 (zero-filled), and m's code of 0 (v's is 0 already).
-  if (q8) std::fill_n(static_cast<std::uint8_t*>(m_.data()), n_, cpu_adam::q8_quantize(0, true));
+  if (q8 && !pager_)
+    std::fill_n(static_cast<std::uint8_t*>(m_.data()), n_, cpu_adam::q8_quantize(0, true));
   for (const auto& t : layout.tensors()) {
     const bool decay = config.decay_policy.applies_to(t);
     if (!runs_.empty() && runs_.back().decay == decay && runs_.back().end == t.offset) {
@@ -123,14 +143,18 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
       c.lr = lr;
       if (!run.decay) c.weight_decay = 0.0f;
       adam_.set_config(c);
-      cpu_adam::AdamBuffers buf;
-      set_master(buf, b, e - b, lb);
-      buf.exp_avg = slice(exp_avg(), b, e);
-      buf.exp_avg_sq = slice(exp_avg_sq(), b, e);
-      buf.grads = slice(grads, b, e);
-      buf.params_out = slice(params_out, b, e);
-      const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
-      result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+      const DType moment = config_.state_format == StateFormat::kF32 ? DType::kF32 : DType::kBF16;
+      visit(b, e, true, [&](const StateSpan& s) {
+        const std::size_t n = s.end - s.begin;
+        cpu_adam::AdamBuffers buf;
+        set_master(buf, s, lb + (s.begin - b));
+        buf.exp_avg = {s.m, n, moment};
+        buf.exp_avg_sq = {s.v, n, moment};
+        buf.grads = slice(grads, s.begin, s.end);
+        buf.params_out = slice(params_out, s.begin, s.end);
+        const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+        result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+      });
     }
   }
   return result;
@@ -141,39 +165,95 @@ cpu_adam::StepResult HostOptimizer::update_q8(std::size_t begin, std::size_t end
                                               float lr, float grad_multiplier,
                                               cpu_adam::ArrayView params_out) {
   cpu_adam::StepResult result{false, true};
-  const Q8Arrays q = q8();
-  for (const Segment& s : segments_) {
-    const std::size_t len = s.end - s.begin;
-    if (s.layout + len <= begin || s.layout >= end) continue;
-    if (s.layout < begin || s.layout + len > end) {
+  for (const Segment& seg : segments_) {
+    const std::size_t len = seg.end - seg.begin;
+    if (seg.layout + len <= begin || seg.layout >= end) continue;
+    if (seg.layout < begin || seg.layout + len > end) {
       throw std::logic_error("HostOptimizer: q8 state updates whole tensors; the range cuts one");
     }
     AdamConfig c = config_.adam;
     c.lr = lr;
-    if (!s.decay) c.weight_decay = 0.0f;
+    if (!seg.decay) c.weight_decay = 0.0f;
     adam_.set_config(c);
-    cpu_adam::AdamBuffers buf;
-    set_master(buf, s.begin, len, s.layout);
-    buf.grads = slice(grads, s.begin, s.end);
-    buf.params_out = slice(params_out, s.begin, s.end);
-    buf.q8 = {q.m.data() + s.begin, q.v.data() + s.begin, q.m_absmax.data() + s.block,
-              q.v_absmax.data() + s.block, cpu_adam::q8_blocks(len)};
-    const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
-    result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+    // On a drive a chunk may end inside the segment, always at a block boundary.
+    visit(seg.begin, seg.end, true, [&](const StateSpan& s) {
+      const std::size_t n = s.end - s.begin;
+      const std::size_t block = seg.block + (s.begin - seg.begin) / cpu_adam::kQ8Block - s.block0;
+      cpu_adam::AdamBuffers buf;
+      set_master(buf, s, seg.layout + (s.begin - seg.begin));
+      buf.grads = slice(grads, s.begin, s.end);
+      buf.params_out = slice(params_out, s.begin, s.end);
+      buf.q8 = {reinterpret_cast<std::uint8_t*>(s.m), reinterpret_cast<std::uint8_t*>(s.v),
+                s.m_absmax + block, s.v_absmax + block, cpu_adam::q8_blocks(n)};
+      const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+      result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
+    });
   }
   return result;
 }
 
-void HostOptimizer::set_master(cpu_adam::AdamBuffers& buf, std::size_t b, std::size_t n,
-                               std::size_t layout) {
-  if (config_.master_dtype == DType::kF32) {
-    buf.params = master().subspan(b, n);
+template <class F>
+void HostOptimizer::visit(std::size_t begin, std::size_t end, bool write, F&& f) const {
+  if (begin >= end) return;
+  const std::size_t ms = dtype_size(config_.master_dtype);
+  const std::size_t sb = state_element_bytes(config_.state_format);
+  if (!pager_) {
+    auto* master = static_cast<char*>(const_cast<void*>(master_.data()));
+    auto* m = static_cast<char*>(const_cast<void*>(m_.data()));
+    auto* v = static_cast<char*>(const_cast<void*>(v_.data()));
+    auto* m_absmax = static_cast<float*>(const_cast<void*>(m_absmax_.data()));
+    auto* v_absmax = static_cast<float*>(const_cast<void*>(v_absmax_.data()));
+    f(StateSpan{begin, end, master + begin * ms, m + begin * sb, v + begin * sb, m_absmax, v_absmax,
+                0});
     return;
   }
-  buf.bf16_master = {static_cast<std::uint16_t*>(master_.data()) + b, config_.seed, layout};
+  const std::vector<ChunkSpan>& chunks = pager_->chunks();
+  auto c =
+      std::size_t(std::upper_bound(chunks.begin(), chunks.end(), begin,
+                                   [](std::size_t i, const ChunkSpan& k) { return i < k.end; }) -
+                  chunks.begin());
+  for (; c < chunks.size() && chunks[c].begin < end; ++c) {
+    const StatePager::View view = pager_->acquire(c);
+    pager_->prefetch(c + 1);  // read ahead while this chunk is worked on
+    const ChunkSpan& k = chunks[c];
+    const std::size_t lb = std::max(begin, k.begin), le = std::min(end, k.end), off = lb - k.begin;
+    try {
+      f(StateSpan{lb, le, static_cast<char*>(view.master) + off * ms,
+                  static_cast<char*>(view.m) + off * sb, static_cast<char*>(view.v) + off * sb,
+                  view.m_absmax, view.v_absmax, k.block_begin});
+    } catch (...) {
+      pager_->release(c, false);
+      throw;
+    }
+    pager_->release(c, write);
+  }
+}
+
+HostOptimizer::~HostOptimizer() = default;
+
+void HostOptimizer::refuse_whole_arrays(const char* what) const {
+  if (pager_) {
+    throw std::logic_error(std::string("HostOptimizer: ") + what +
+                           " of a state on a drive (--state-dir); read and write it by range");
+  }
+}
+
+void HostOptimizer::set_master(cpu_adam::AdamBuffers& buf, const StateSpan& s,
+                               std::size_t layout) const {
+  if (config_.master_dtype == DType::kF32) {
+    buf.params = {reinterpret_cast<float*>(s.master), s.end - s.begin};
+    return;
+  }
+  buf.bf16_master = {reinterpret_cast<std::uint16_t*>(s.master), config_.seed, layout};
+}
+
+void* HostOptimizer::master_data() {
+  refuse_whole_arrays("master_data()");
+  return master_.data();
 }
 
 std::span<float> HostOptimizer::master() {
+  refuse_whole_arrays("master()");
   if (config_.master_dtype != DType::kF32) {
     throw std::logic_error("HostOptimizer: master() of bf16 master weights; use read_master");
   }
@@ -182,42 +262,49 @@ std::span<float> HostOptimizer::master() {
 
 void HostOptimizer::read_master(std::size_t begin, std::span<float> out) const {
   if (begin > n_ || out.size() > n_ - begin) throw std::out_of_range("read_master: bad range");
-  const auto* base = static_cast<const char*>(master_.data());
-  convert_to_float(base + begin * dtype_size(config_.master_dtype), config_.master_dtype,
-                   out.data(), out.size());
+  visit(begin, begin + out.size(), false, [&](const StateSpan& s) {
+    convert_to_float(s.master, config_.master_dtype, out.data() + (s.begin - begin),
+                     s.end - s.begin);
+  });
 }
 
 void HostOptimizer::write_master(std::size_t begin, std::span<const float> values) {
   if (begin > n_ || values.size() > n_ - begin) throw std::out_of_range("write_master: bad range");
-  auto* base = static_cast<char*>(master_.data());
-  convert_from_float(values.data(), base + begin * dtype_size(config_.master_dtype),
-                     config_.master_dtype, values.size());
+  visit(begin, begin + values.size(), true, [&](const StateSpan& s) {
+    convert_from_float(values.data() + (s.begin - begin), s.master, config_.master_dtype,
+                       s.end - s.begin);
+  });
 }
 
 void HostOptimizer::copy_master_as(std::size_t begin, std::size_t end, DType dtype, void* out) {
   const std::size_t ms = dtype_size(config_.master_dtype), os = dtype_size(dtype);
-  const auto* master = static_cast<const char*>(master_.data());
   auto* dst = static_cast<char*>(out);
-  // In chunks across the optimizer's threads: the whole model at initialisation and resume.
+  // In pieces across the optimizer's threads: the whole model at initialisation and resume.
   for_owned(begin, end - begin, [&](std::size_t, std::size_t to, std::size_t n) {
-    const std::size_t chunks = (n + cpu_adam::kChunkElements - 1) / cpu_adam::kChunkElements;
-    adam_.execute([&] {
-      tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
-        const std::size_t b = to + c * cpu_adam::kChunkElements;
-        const std::size_t k = std::min(to + n, b + cpu_adam::kChunkElements) - b;
-        if (dtype == config_.master_dtype) {
-          std::copy_n(master + b * ms, k * ms, dst + b * os);
-          return;
-        }
-        float tmp[cpu_adam::kChunkElements];
-        convert_to_float(master + b * ms, config_.master_dtype, tmp, k);
-        convert_from_float(tmp, dst + b * os, dtype, k);
+    visit(to, to + n, false, [&](const StateSpan& s) {
+      const std::size_t len = s.end - s.begin;
+      const std::size_t pieces = (len + cpu_adam::kChunkElements - 1) / cpu_adam::kChunkElements;
+      adam_.execute([&] {
+        tbb::parallel_for(std::size_t{0}, pieces, [&](std::size_t p) {
+          const std::size_t b = p * cpu_adam::kChunkElements;
+          const std::size_t k = std::min(len, b + cpu_adam::kChunkElements) - b;
+          const char* src = s.master + b * ms;
+          char* to_out = dst + (s.begin + b) * os;
+          if (dtype == config_.master_dtype) {
+            std::copy_n(src, k * ms, to_out);
+            return;
+          }
+          float tmp[cpu_adam::kChunkElements];
+          convert_to_float(src, config_.master_dtype, tmp, k);
+          convert_from_float(tmp, to_out, dtype, k);
+        });
       });
     });
   });
 }
 
 cpu_adam::ArrayView HostOptimizer::moment_view(pinned::HostBuffer& b) {
+  refuse_whole_arrays("exp_avg() or exp_avg_sq()");
   if (config_.state_format == StateFormat::kQ8) {
     throw std::logic_error("HostOptimizer: q8 state has no fp32 or bf16 view; use q8()");
   }
@@ -225,6 +312,7 @@ cpu_adam::ArrayView HostOptimizer::moment_view(pinned::HostBuffer& b) {
 }
 
 HostOptimizer::Q8Arrays HostOptimizer::q8() {
+  refuse_whole_arrays("q8()");
   if (config_.state_format != StateFormat::kQ8) {
     throw std::logic_error("HostOptimizer: q8() of " +
                            std::string(state_format_name(config_.state_format)) + " state");
@@ -246,67 +334,77 @@ const HostOptimizer::Segment& HostOptimizer::segment_of(std::size_t i) const {
 
 void HostOptimizer::read_moment(int k, std::size_t begin, std::span<float> out) {
   if (begin > n_ || out.size() > n_ - begin) throw std::out_of_range("read_moment: bad range");
-  const void* data = (k == 0 ? m_ : v_).data();
-  switch (config_.state_format) {
-    case StateFormat::kF32:
-      std::copy_n(static_cast<const float*>(data) + begin, out.size(), out.data());
-      return;
-    case StateFormat::kBF16:
-      convert_to_float(static_cast<const std::uint16_t*>(data) + begin, DType::kBF16, out.data(),
-                       out.size());
-      return;
-    case StateFormat::kQ8:
-      break;
-  }
   const auto map = cpu_adam::q8_map(k == 0);
-  const float* absmax = (k == 0 ? m_absmax_ : v_absmax_).span<float>().data();
-  const auto* codes = static_cast<const std::uint8_t*>(data);
-  for (std::size_t i = begin, done = 0; done < out.size();) {
-    const Segment& s = segment_of(i);
-    for (; i < s.end && done < out.size(); ++i, ++done) {
-      const std::size_t c = codes[i];
-      const float a = absmax[s.block + (i - s.begin) / cpu_adam::kQ8Block];
-      out[done] = (c < map.size() ? map[c] : std::numeric_limits<float>::quiet_NaN()) * a;
+  visit(begin, begin + out.size(), false, [&](const StateSpan& s) {
+    const char* data = k == 0 ? s.m : s.v;
+    float* to = out.data() + (s.begin - begin);
+    const std::size_t n = s.end - s.begin;
+    switch (config_.state_format) {
+      case StateFormat::kF32:
+        std::copy_n(reinterpret_cast<const float*>(data), n, to);
+        return;
+      case StateFormat::kBF16:
+        convert_to_float(data, DType::kBF16, to, n);
+        return;
+      case StateFormat::kQ8:
+        break;
     }
-  }
+    const float* absmax = k == 0 ? s.m_absmax : s.v_absmax;
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(data);
+    for (std::size_t i = s.begin; i < s.end;) {
+      const Segment& seg = segment_of(i);
+      for (; i < s.end && i < seg.end; ++i) {
+        const std::size_t c = codes[i - s.begin];
+        const float a = absmax[seg.block + (i - seg.begin) / cpu_adam::kQ8Block - s.block0];
+        to[i - s.begin] = (c < map.size() ? map[c] : std::numeric_limits<float>::quiet_NaN()) * a;
+      }
+    }
+  });
 }
 
 void HostOptimizer::write_moment(int k, std::size_t begin, std::span<const float> values) {
   if (begin > n_ || values.size() > n_ - begin) throw std::out_of_range("write_moment: bad range");
-  void* data = (k == 0 ? m_ : v_).data();
-  switch (config_.state_format) {
-    case StateFormat::kF32:
-      std::copy(values.begin(), values.end(), static_cast<float*>(data) + begin);
-      return;
-    case StateFormat::kBF16:
-      convert_from_float(values.data(), static_cast<std::uint16_t*>(data) + begin, DType::kBF16,
-                         values.size());
-      return;
-    case StateFormat::kQ8:
-      break;
-  }
   if (values.empty()) return;
-  const Segment& s = segment_of(begin);
   const std::size_t end = begin + values.size();
-  if ((begin - s.begin) % cpu_adam::kQ8Block != 0 || end > s.end ||
-      (end != s.end && (end - s.begin) % cpu_adam::kQ8Block != 0)) {
-    throw std::logic_error("write_moment: q8 values must cover whole blocks of one segment");
-  }
-  float* absmax = (k == 0 ? m_absmax_ : v_absmax_).span<float>().data();
-  auto* codes = static_cast<std::uint8_t*>(data);
-  for (std::size_t b = begin; b < end; b += cpu_adam::kQ8Block) {
-    const std::size_t e = std::min(end, b + cpu_adam::kQ8Block);
-    float a = 0.0f;
-    for (std::size_t i = b; i < e; ++i) {
-      const float x = std::fabs(values[i - begin]);
-      a = x > a || x != x ? x : a;  // NaN sticks
+  if (config_.state_format == StateFormat::kQ8) {
+    const Segment& seg = segment_of(begin);
+    if ((begin - seg.begin) % cpu_adam::kQ8Block != 0 || end > seg.end ||
+        (end != seg.end && (end - seg.begin) % cpu_adam::kQ8Block != 0)) {
+      throw std::logic_error("write_moment: q8 values must cover whole blocks of one segment");
     }
-    if (a < std::numeric_limits<float>::min()) a = 0.0f;  // as the kernels: 1/a could overflow
-    absmax[s.block + (b - s.begin) / cpu_adam::kQ8Block] = a;
-    const float inv = a > 0.0f ? 1.0f / a : 0.0f;
-    for (std::size_t i = b; i < e; ++i)
-      codes[i] = cpu_adam::q8_quantize(values[i - begin] * inv, k == 0);
   }
+  visit(begin, end, true, [&](const StateSpan& s) {
+    char* data = k == 0 ? s.m : s.v;
+    const float* from = values.data() + (s.begin - begin);
+    const std::size_t n = s.end - s.begin;
+    switch (config_.state_format) {
+      case StateFormat::kF32:
+        std::copy_n(from, n, reinterpret_cast<float*>(data));
+        return;
+      case StateFormat::kBF16:
+        convert_from_float(from, data, DType::kBF16, n);
+        return;
+      case StateFormat::kQ8:
+        break;
+    }
+    // Whole blocks of one segment: a chunk boundary inside it is a block boundary.
+    const Segment& seg = segment_of(s.begin);
+    float* absmax = k == 0 ? s.m_absmax : s.v_absmax;
+    auto* codes = reinterpret_cast<std::uint8_t*>(data);
+    for (std::size_t b = s.begin; b < s.end; b += cpu_adam::kQ8Block) {
+      const std::size_t e = std::min(s.end, b + cpu_adam::kQ8Block);
+      float a = 0.0f;
+      for (std::size_t i = b; i < e; ++i) {
+        const float x = std::fabs(from[i - s.begin]);
+        a = x > a || x != x ? x : a;  // NaN sticks
+      }
+      if (a < std::numeric_limits<float>::min()) a = 0.0f;  // as the kernels: 1/a could overflow
+      absmax[seg.block + (b - seg.begin) / cpu_adam::kQ8Block - s.block0] = a;
+      const float inv = a > 0.0f ? 1.0f / a : 0.0f;
+      for (std::size_t i = b; i < e; ++i)
+        codes[i - s.begin] = cpu_adam::q8_quantize(from[i - s.begin] * inv, k == 0);
+    }
+  });
 }
 
 std::size_t q8_block_count(const model::ParameterLayout& layout,
@@ -333,25 +431,34 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
   for (int array = 0; array < 3; ++array) {
     const std::size_t chunks = (n_ + cpu_adam::kChunkElements - 1) / cpu_adam::kChunkElements;
     std::atomic<std::size_t> first{kNone};
-    adam_.execute([&] {
-      tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
-        const std::size_t b = c * cpu_adam::kChunkElements;
-        const std::size_t e = std::min(n_, b + cpu_adam::kChunkElements);
-        std::vector<float> values(e - b);
-        if (array == 0) {
-          read_master(b, values);
-        } else {
-          read_moment(array - 1, b, values);
+    auto scan = [&](std::size_t b, std::size_t e) {
+      std::vector<float> values(e - b);
+      if (array == 0) {
+        read_master(b, values);
+      } else {
+        read_moment(array - 1, b, values);
+      }
+      for (std::size_t i = b; i < e; ++i) {
+        if (!bad(array, values[i - b])) continue;
+        std::size_t cur = first.load();
+        while (i < cur && !first.compare_exchange_weak(cur, i)) {
         }
-        for (std::size_t i = b; i < e; ++i) {
-          if (!bad(array, values[i - b])) continue;
-          std::size_t cur = first.load();
-          while (i < cur && !first.compare_exchange_weak(cur, i)) {
-          }
-          return;
-        }
+        return;
+      }
+    };
+    if (pager_) {  // one thread reads the drive, chunk by chunk, until something is found
+      for (const ChunkSpan& c : pager_->chunks()) {
+        scan(c.begin, c.end);
+        if (first.load() != kNone) break;
+      }
+    } else {
+      adam_.execute([&] {
+        tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
+          const std::size_t b = c * cpu_adam::kChunkElements;
+          scan(b, std::min(n_, b + cpu_adam::kChunkElements));
+        });
       });
-    });
+    }
     const std::size_t local = first.load();
     if (local == kNone) continue;
     std::size_t offset = local;  // local index -> layout offset

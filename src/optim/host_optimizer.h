@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "model/layout.h"
 #include "pinned_memory/host_buffer.h"
 #include "pinned_memory/pinned_buffer.h"
+#include "state_io/io_queue.h"
 
 namespace zo::optim {
 
@@ -35,7 +38,16 @@ struct OptimizerConfig {
   // that updates them first touches them.
   pinned::PinOptions master_pin = {.enable = false};
   int threads = 0;  // 0: all cores
+  // Non-empty: master, m and v live in an unnamed file in this directory (--state-dir,
+  // StatePager), chunks of at most state_chunk_elements paged through state_slots staging
+  // slots; empty: in host memory.
+  std::filesystem::path state_dir;
+  std::size_t state_chunk_elements = std::size_t{1} << 22;
+  std::size_t state_slots = 4;
+  state_io::QueueOptions state_queue;  // io_uring or threads (tests: kThreads, a fault hook)
 };
+
+class StatePager;
 
 // Layout elements [begin, end) stored at [local, local + end - begin) of the rank's arrays.
 struct OwnedRange {
@@ -78,8 +90,13 @@ class HostOptimizer {
   }
 
   DType master_dtype() const { return config_.master_dtype; }
+  // The state is in files on a drive (OptimizerConfig::state_dir): the whole-array accessors
+  // (master_data, master, exp_avg, exp_avg_sq, q8) throw std::logic_error; read and write by range.
+  bool on_drive() const { return pager_ != nullptr; }
+  // The drive's pager (null in memory): chunks, bytes moved, what the log says.
+  const StatePager* pager() const { return pager_.get(); }
   // The master weights (size() elements of master_dtype()).
-  void* master_data() { return master_.data(); }
+  void* master_data();
   // The fp32 master weights (throws std::logic_error with a bf16 master: see read_master).
   std::span<float> master();
   // Master weights of local elements [begin, begin + out.size()) as fp32 (bf16: exact).
@@ -98,6 +115,7 @@ class HostOptimizer {
   // m and v in fp32 or bf16 (throws std::logic_error for q8 state: see q8()).
   cpu_adam::ArrayView exp_avg() { return moment_view(m_); }
   cpu_adam::ArrayView exp_avg_sq() { return moment_view(v_); }
+  ~HostOptimizer();
   cpu_adam::AdamState& state() { return state_; }
   const OptimizerConfig& config() const { return config_; }
   StateFormat state_format() const { return config_.state_format; }
@@ -152,9 +170,27 @@ class HostOptimizer {
   const std::vector<Run>& runs() const { return runs_; }
 
  private:
+  // The arrays of local elements [begin, end): master, m and v from element `begin`, the q8 block
+  // maxima indexed by block number - block0.
+  struct StateSpan {
+    std::size_t begin, end;
+    char* master;
+    char* m;
+    char* v;
+    float* m_absmax;
+    float* v_absmax;
+    std::size_t block0;
+  };
+  // Calls f(StateSpan) over local elements [begin, end): once in memory; chunk by chunk on a
+  // drive (read, or reused from a slot; written behind when `write`). One thread at a time on a
+  // drive.
+  template <class F>
+  void visit(std::size_t begin, std::size_t end, bool write, F&& f) const;
+  void refuse_whole_arrays(const char* what) const;
   cpu_adam::ArrayView moment_view(pinned::HostBuffer& b);
-  // The update's master-weight arguments for local elements [b, b + n) at layout index `layout`.
-  void set_master(cpu_adam::AdamBuffers& buf, std::size_t b, std::size_t n, std::size_t layout);
+  // The update's master-weight arguments for span s, whose first element is layout index
+  // `layout`.
+  void set_master(cpu_adam::AdamBuffers& buf, const StateSpan& s, std::size_t layout) const;
   // The segment holding local element i.
   const Segment& segment_of(std::size_t i) const;
   cpu_adam::StepResult update_q8(std::size_t begin, std::size_t end, cpu_adam::ConstArrayView grads,
@@ -170,6 +206,7 @@ class HostOptimizer {
   std::vector<Run> runs_;
   std::vector<Segment> segments_;  // in local order
   std::size_t blocks_ = 0;         // q8 blocks over all segments
+  std::unique_ptr<StatePager> pager_;
   cpu_adam::AdamState state_;
 };
 

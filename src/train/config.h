@@ -48,6 +48,11 @@ struct TrainConfig {
   StateFormat optimizer_state = StateFormat::kF32;
   DType master_weights = DType::kF32;  // kBF16: rounded stochastically (offload mode)
   int adam_threads = 0;
+  // Non-empty: master, m and v in an unnamed, preallocated file in this directory instead of
+  // host memory (offload and stream modes; docs/state_dir.md), paged in chunks of
+  // state_chunk_elements (a testing knob, not a CLI flag).
+  std::string state_dir;
+  std::size_t state_chunk_elements = std::size_t{1} << 22;
 
   // device and mode
   std::string device = "auto";  // auto (cuda if a usable GPU is present, else host) | host | cuda

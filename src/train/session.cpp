@@ -14,6 +14,7 @@
 #include "device/make_device.h"
 #include "model/hf_weights.h"
 #include "offload/engine_config.h"
+#include "optim/state_pager.h"
 #include "pinned_memory/host_buffer.h"
 #include "pinned_memory/pinned_buffer.h"
 #include "train/checkpoint_io.h"
@@ -260,10 +261,16 @@ void Session::open_device_and_plan() {
         "--mode stream runs one rank: data parallelism would need a per-group all-gather into "
         "the window; use --mode offload with mpirun");
   }
+  if (!cfg.state_dir.empty() && ranks > 1) {
+    throw std::invalid_argument(
+        "--state-dir runs one rank for now (each rank's files and the drive they share are the "
+        "next step, docs/state_dir.md); keep the optimizer state in memory with mpirun");
+  }
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload,
   // else stream when only the window fits the device.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
-  resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 : cfg.mode == "resident";
+  resident = cfg.mode == "auto" ? choice.choose_resident && ranks == 1 && cfg.state_dir.empty()
+                                : cfg.mode == "resident";
   const bool streaming = cfg.mode == "stream" || (cfg.mode == "auto" && choice.choose_stream);
   param_window = streaming ? pi.engine.param_window : 0;
   pi.resident = resident;
@@ -312,7 +319,10 @@ void Session::make_optimizer_state() {
   oc.state_format = cfg.optimizer_state;
   oc.master_dtype = cfg.master_weights;
   oc.seed = cfg.seed;
-  if (!resident && act == cfg.master_weights) {  // the engine uploads from the master itself
+  oc.state_dir = cfg.state_dir;
+  oc.state_chunk_elements = cfg.state_chunk_elements;
+  if (!resident && act == cfg.master_weights && cfg.state_dir.empty()) {
+    // the engine uploads from the master itself
     const pinned::PinOptions staging = dev::staging_pin_options(*dev, cfg.pin);
     oc.master_pin.enable = staging.enable;
     oc.master_pin.locker = staging.locker;
@@ -333,6 +343,7 @@ void Session::make_optimizer_state() {
   }
   opt = std::make_unique<optim::HostOptimizer>(
       *layout, oc, ranks > 1 ? partitions[std::size_t(rank)] : std::vector<optim::OwnedRange>{});
+  if (const optim::StatePager* p = opt->pager()) notes.push_back(p->describe());
 }
 
 void Session::make_updater_and_model() {
@@ -350,11 +361,11 @@ void Session::make_updater_and_model() {
   }
 }
 
-// Our own initial weights of the owned ranges: straight into an fp32 master, through pieces of
-// kImportPieceElements (counted in the plan) into a bf16 one.
+// Our own initial weights of the owned ranges: straight into an fp32 master in memory, through
+// pieces of kImportPieceElements (counted in the plan) into a bf16 one or one on a drive.
 void Session::init_master() {
   for (const optim::OwnedRange& o : opt->owned()) {
-    if (opt->master_dtype() == DType::kF32) {
+    if (opt->master_dtype() == DType::kF32 && !opt->on_drive()) {
       model::init_weights(*layout, cfg.seed, o.begin, o.end, opt->master().data() + o.local);
       continue;
     }
@@ -454,6 +465,7 @@ offload::EngineConfig Session::engine_config() const {
   e.dpu = cfg.dpu;
   e.ranks = ranks;
   e.master = cfg.master_weights;
+  e.state_on_drive = !cfg.state_dir.empty();
   e.param_window = param_window;
   e.rank = rank;
   e.comm_timeout = cfg.comm_timeout;
