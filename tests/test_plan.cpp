@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
+#include "core/bytes.h"
 #include "cpu_adam/cpu_adam.h"
 #include "model/layout.h"
 #include "model/spec.h"
+#include "optim/host_optimizer.h"
 #include "train/plan.h"
 
 namespace {
@@ -109,6 +113,45 @@ TEST(PlanCosts, TheTableNamesEveryCombinationAndTheBudget) {
   EXPECT_EQ(j.at("budget").get<std::size_t>(), std::size_t(128) << 30);
   EXPECT_EQ(j.at("combinations").back().at("largest_parameters").get<std::size_t>(),
             costs.back().largest_parameters(std::size_t(128) << 30));
+}
+
+}  // namespace
+
+namespace {
+
+// The optimizer state on a drive: the host keeps staging chunks instead of master, m and v, and
+// the drive holds exactly the file a real pager of the layout makes.
+TEST(PlanDrive, TheFileAndTheStagingAreThePagersOwn) {
+  std::string t = (std::filesystem::temp_directory_path() / "zo_plan_drive_XXXXXX").string();
+  const std::filesystem::path dir = ::mkdtemp(t.data());
+  for (const StateFormat f : {StateFormat::kF32, StateFormat::kQ8}) {
+    zo::train::PlanInput in;
+    in.spec = zo::model::load_model_spec("tiny");
+    in.shape = {2, 32, false};
+    in.optimizer_state = f;
+    in.engine.state_on_drive = true;
+    in.state_chunk_elements = 3 * 2048;
+    const zo::train::MemoryPlan p = zo::train::plan_memory(in);
+    std::size_t staging = 0;
+    for (const auto& l : p.host) {
+      EXPECT_EQ(l.what.find("master weights"), std::string::npos) << l.what;
+      EXPECT_EQ(l.what.find("Adam"), std::string::npos) << l.what;
+      if (l.what == "optimizer state staging (4 chunks)") staging = l.bytes;
+    }
+    zo::optim::OptimizerConfig c;
+    c.state_format = f;
+    c.state_dir = dir;
+    c.state_chunk_elements = in.state_chunk_elements;
+    const zo::model::ParameterLayout layout(in.spec);
+    const zo::optim::HostOptimizer opt(layout, c);
+    EXPECT_EQ(p.drive_total, opt.pager()->file_bytes());
+    EXPECT_EQ(staging, 4 * opt.pager()->slot_bytes());
+    const std::string file = zo::format_bytes(opt.pager()->file_bytes());
+    EXPECT_EQ(p.drive_traffic,
+              "per step: " + file + " read and " + file + " written (each chunk once each way)");
+    EXPECT_NE(p.format(in).find("drive (--state-dir):"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

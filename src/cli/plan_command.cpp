@@ -46,6 +46,9 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_option("--device-memory", cmd.device_memory.text, "device capacity, e.g. 80GiB");
   p->add_option("--host-memory", cmd.host_memory.text,
                 "host memory, e.g. 256GiB (default: what is available here)");
+  p->add_option("--state-dir", cmd.state_dir,
+                "offload/stream: plan the optimizer state in a file there (a drive) instead of "
+                "host memory");
   p->add_flag("--json", cmd.json, "print one JSON object: every term in bytes, per mode");
   p->add_option("--ranks", cmd.ranks,
                 "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
@@ -68,6 +71,7 @@ int run_plan(const PlanCommand& cmd) {
   c.grad_accum_on = cmd.grad_accum_on;
   if (!cmd.bucket.text.empty()) c.bucket_size = cmd.bucket.bytes();
   c.dpu = cmd.dpu;
+  c.state_dir = cmd.state_dir;
   train::PlanInput pi;
   pi.spec = model::load_model_spec(c.model);
   c.validate(pi.spec);
@@ -95,6 +99,7 @@ int run_plan(const PlanCommand& cmd) {
   pi.engine.dpu = c.dpu;
   pi.engine.bucket_bytes = c.bucket_size;
   pi.engine.master = c.master_weights;
+  pi.engine.state_on_drive = !c.state_dir.empty();
   if (!(cmd.link_gb_per_s > 0.0 && cmd.link_gb_per_s < 1e6) ||
       !(cmd.device_tflops > 0.0 && cmd.device_tflops < 1e6)) {
     throw std::invalid_argument("--link-rate and --device-tflops must be positive and finite");
@@ -116,6 +121,7 @@ int run_plan(const PlanCommand& cmd) {
     // auto: the stream plan when it matters, i.e. offload mode does not fit the device.
     if (mode != "auto" ? mode != m : m == "stream" && (window == 0 || choice.offload.device_fits))
       continue;
+    if (m == "resident" && pi.engine.state_on_drive) continue;  // the state is on the drive
     pi.resident = m == "resident";
     pi.engine.param_window = m == "stream" ? window : 0;
     const auto& p = m == "resident" ? choice.resident

@@ -11,7 +11,7 @@ namespace zo::cli {
 struct PlanCommand {
   CLI::App* app = nullptr;
   std::string model = "tiny", optimizer_state = "fp32", precision = "fp32", mode = "auto";
-  std::string grad_accum_on = "auto", master_weights = "fp32";
+  std::string grad_accum_on = "auto", master_weights = "fp32", state_dir;
   int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1, param_window = 0;
   bool recompute = false, dpu = false, json = false;
   double link_gb_per_s = 55.0, device_tflops = 400.0;  // train::PlanInput's

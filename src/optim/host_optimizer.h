@@ -19,6 +19,7 @@
 #include "core/state_format.h"
 #include "cpu_adam/cpu_adam.h"
 #include "model/layout.h"
+#include "optim/state_pager.h"
 #include "pinned_memory/host_buffer.h"
 #include "pinned_memory/pinned_buffer.h"
 #include "state_io/io_queue.h"
@@ -42,12 +43,10 @@ struct OptimizerConfig {
   // StatePager), chunks of at most state_chunk_elements paged through state_slots staging
   // slots; empty: in host memory.
   std::filesystem::path state_dir;
-  std::size_t state_chunk_elements = std::size_t{1} << 22;
-  std::size_t state_slots = 4;
+  std::size_t state_chunk_elements = kDefaultChunkElements;
+  std::size_t state_slots = kDefaultStagingSlots;
   state_io::QueueOptions state_queue;  // io_uring or threads (tests: kThreads, a fault hook)
 };
-
-class StatePager;
 
 // Layout elements [begin, end) stored at [local, local + end - begin) of the rank's arrays.
 struct OwnedRange {

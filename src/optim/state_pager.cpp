@@ -47,6 +47,27 @@ std::vector<ChunkSpan> plan_chunks(std::span<const SegmentSpan> segments,
   return chunks;
 }
 
+RecordLayout record_layout(const ChunkSpan& c, const StateShape& shape) {
+  const std::size_t n = c.end - c.begin, blocks = shape.q8 ? c.block_end - c.block_begin : 0;
+  RecordLayout r{};
+  r.m = round_up(n * shape.master_bytes, kPartAlign);
+  r.v = r.m + round_up(n * shape.moment_bytes, kPartAlign);
+  r.m_absmax = r.v + round_up(n * shape.moment_bytes, kPartAlign);
+  r.v_absmax = r.m_absmax + round_up(blocks * 4, kPartAlign);
+  r.bytes = round_up(r.v_absmax + blocks * 4, state_io::kAlignment);
+  return r;
+}
+
+PagerBytes pager_bytes(const std::vector<ChunkSpan>& chunks, const StateShape& shape) {
+  PagerBytes b;
+  for (const ChunkSpan& c : chunks) {
+    const std::size_t r = record_layout(c, shape).bytes;
+    b.file += r;
+    b.slot = std::max(b.slot, r);
+  }
+  return b;
+}
+
 StatePager::StatePager(std::vector<ChunkSpan> chunks, StateShape shape, Fresh fresh,
                        const Options& o)
     : chunks_(std::move(chunks)), shape_(shape), fresh_(std::move(fresh)) {
@@ -54,17 +75,9 @@ StatePager::StatePager(std::vector<ChunkSpan> chunks, StateShape shape, Fresh fr
   if (o.slots < 2) throw std::invalid_argument("StatePager: needs at least 2 slots");
   std::uint64_t offset = 0;
   for (const ChunkSpan& c : chunks_) {
-    const std::size_t n = c.end - c.begin, blocks = shape_.q8 ? c.block_end - c.block_begin : 0;
-    Record r{};
-    r.offset = offset;
-    r.m = round_up(n * shape_.master_bytes, kPartAlign);
-    r.v = r.m + round_up(n * shape_.moment_bytes, kPartAlign);
-    r.m_absmax = r.v + round_up(n * shape_.moment_bytes, kPartAlign);
-    r.v_absmax = r.m_absmax + round_up(blocks * 4, kPartAlign);
-    r.bytes = round_up(r.v_absmax + blocks * 4, state_io::kAlignment);
-    records_.push_back(r);
-    offset += r.bytes;
-    slot_bytes_ = std::max(slot_bytes_, r.bytes);
+    records_.push_back({offset, record_layout(c, shape_)});
+    offset += records_.back().at.bytes;
+    slot_bytes_ = std::max(slot_bytes_, records_.back().at.bytes);
   }
   file_ = state_io::StateFile::create(o.dir, offset, o.file);
   queue_ = state_io::make_io_queue(o.queue, &queue_note_);
@@ -96,7 +109,7 @@ std::string StatePager::describe() const {
 }
 
 StatePager::View StatePager::view(std::size_t c, Slot& s) {
-  const Record& r = records_[c];
+  const RecordLayout& r = records_[c].at;
   auto* base = static_cast<char*>(s.buffer.data());
   const ChunkSpan& k = chunks_[c];
   const bool q8 = shape_.q8;
@@ -126,13 +139,14 @@ void StatePager::finish_read(Slot& s) {
   s.state = SlotState::kFree;
   queue_->wait(s.ticket);
   const Record& r = records_[s.chunk];
-  bytes_read_ += r.bytes;
+  bytes_read_ += r.at.bytes;
   const std::uint32_t crc =
-      crc32c(std::span(static_cast<const std::byte*>(s.buffer.data()), r.bytes));
+      crc32c(std::span(static_cast<const std::byte*>(s.buffer.data()), r.at.bytes));
   if (crc != crc_[s.chunk]) {
     const std::size_t c = s.chunk;
     throw state_io::IoError(file_.name() + ": chunk " + std::to_string(c) + " (bytes " +
-                            std::to_string(r.offset) + " to " + std::to_string(r.offset + r.bytes) +
+                            std::to_string(r.offset) + " to " +
+                            std::to_string(r.offset + r.at.bytes) +
                             ") changed on the drive since it was written (CRC-32C mismatch): "
                             "another program wrote there, or the drive returns wrong data; "
                             "resume from the last checkpoint, with a --state-dir nothing else "
@@ -183,8 +197,8 @@ void StatePager::prefetch(std::size_t c) {
   s->chunk = c;
   s->state = SlotState::kReading;
   s->last_use = ++clock_;
-  s->ticket =
-      queue_->submit({state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.bytes});
+  s->ticket = queue_->submit(
+      {state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.at.bytes});
 }
 
 StatePager::View StatePager::acquire(std::size_t c) {
@@ -203,10 +217,10 @@ StatePager::View StatePager::acquire(std::size_t c) {
       const Record& r = records_[c];
       s->state = SlotState::kReading;
       s->ticket = queue_->submit(
-          {state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.bytes});
+          {state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.at.bytes});
       finish_read(*s);
     } else {
-      std::fill_n(static_cast<char*>(s->buffer.data()), records_[c].bytes, 0);
+      std::fill_n(static_cast<char*>(s->buffer.data()), records_[c].at.bytes, 0);
       fresh_(chunks_[c], view(c, *s));
     }
   }
@@ -225,12 +239,12 @@ void StatePager::release(std::size_t c, bool dirty) {
     return;
   }
   const Record& r = records_[c];
-  crc_[c] = crc32c(std::span(static_cast<const std::byte*>(s->buffer.data()), r.bytes));
+  crc_[c] = crc32c(std::span(static_cast<const std::byte*>(s->buffer.data()), r.at.bytes));
   written_[c] = true;
-  bytes_written_ += r.bytes;
+  bytes_written_ += r.at.bytes;
   s->state = SlotState::kWriting;
   s->ticket = queue_->submit(
-      {state_io::IoRequest::Op::kWrite, &file_, r.offset, s->buffer.data(), r.bytes});
+      {state_io::IoRequest::Op::kWrite, &file_, r.offset, s->buffer.data(), r.at.bytes});
 }
 
 void StatePager::flush() {

@@ -20,6 +20,11 @@
 
 namespace zo::optim {
 
+// Defaults: 4 Mi elements a chunk (24 MiB of fp32 master + q8 moments), 4 staging slots (the
+// chunk being updated, the next one being read, the last one being written, one spare).
+inline constexpr std::size_t kDefaultChunkElements = std::size_t{1} << 22;
+inline constexpr std::size_t kDefaultStagingSlots = 4;
+
 // Local elements [begin, end) of one tensor in one owned range, whose q8 blocks are numbered from
 // `block` (HostOptimizer::Segment without its decay flag).
 struct SegmentSpan {
@@ -43,6 +48,20 @@ struct StateShape {
   std::size_t moment_bytes = 4;  // fp32, bf16 or q8 m and v
   bool q8 = false;               // + m and v block maxima (fp32 each)
 };
+
+// Where a chunk's arrays sit in its record: byte offsets of m, v and the two block-maxima arrays
+// (the master first, at 0), and the record's 4 KiB-aligned size.
+struct RecordLayout {
+  std::size_t m, v, m_absmax, v_absmax, bytes;
+};
+RecordLayout record_layout(const ChunkSpan& c, const StateShape& shape);
+
+// For the plan: the file a pager of these chunks makes, and one staging slot (the largest record).
+struct PagerBytes {
+  std::uint64_t file = 0;
+  std::size_t slot = 0;
+};
+PagerBytes pager_bytes(const std::vector<ChunkSpan>& chunks, const StateShape& shape);
 
 class StatePager {
  public:
@@ -71,7 +90,7 @@ class StatePager {
   StatePager& operator=(const StatePager&) = delete;
 
   const std::vector<ChunkSpan>& chunks() const { return chunks_; }
-  std::size_t record_bytes(std::size_t c) const { return records_[c].bytes; }
+  std::size_t record_bytes(std::size_t c) const { return records_[c].at.bytes; }
   std::uint64_t file_bytes() const { return file_.size(); }
   std::size_t slot_bytes() const { return slot_bytes_; }
   // What the log says once: the queue ("io_uring", or why threads) and the file's I/O mode.
@@ -96,8 +115,7 @@ class StatePager {
  private:
   struct Record {
     std::uint64_t offset;
-    std::size_t bytes;
-    std::size_t m, v, m_absmax, v_absmax;  // byte offsets of the parts inside the record
+    RecordLayout at;
   };
   enum class SlotState : std::uint8_t { kFree, kReading, kHeld, kCached, kWriting };
   struct Slot {

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/state_format.h"
 #include "model/spec.h"
+#include "optim/state_pager.h"
 #include "train/schedule.h"
 
 namespace zo::train {
@@ -52,7 +53,7 @@ struct TrainConfig {
   // host memory (offload and stream modes; docs/state_dir.md), paged in chunks of
   // state_chunk_elements (a testing knob, not a CLI flag).
   std::string state_dir;
-  std::size_t state_chunk_elements = std::size_t{1} << 22;
+  std::size_t state_chunk_elements = optim::kDefaultChunkElements;
 
   // device and mode
   std::string device = "auto";  // auto (cuda if a usable GPU is present, else host) | host | cuda

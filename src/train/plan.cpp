@@ -22,6 +22,33 @@ AccumPlacement parse_accum_placement(const std::string& s) {
   throw std::invalid_argument("--grad-accum-on must be auto, device or host");
 }
 
+namespace {
+
+// The optimizer state on a drive (one rank): the file of chunk records, its staging slots in host
+// memory, and the bytes a step moves (every record read once and written once).
+void plan_drive(MemoryPlan& p, const PlanInput& in, const model::ParameterLayout& layout) {
+  std::vector<optim::SegmentSpan> segments;
+  std::size_t block = 0;
+  for (const auto& t : layout.tensors()) {
+    segments.push_back({t.offset, t.offset + t.numel, block});
+    block += cpu_adam::q8_blocks(t.numel);
+  }
+  const optim::StateShape shape{dtype_size(in.engine.master),
+                                state_element_bytes(in.optimizer_state),
+                                in.optimizer_state == StateFormat::kQ8};
+  const optim::PagerBytes b =
+      optim::pager_bytes(optim::plan_chunks(segments, in.state_chunk_elements), shape);
+  p.host.push_back({"optimizer state staging (" + std::to_string(in.state_slots) + " chunks)",
+                    in.state_slots * b.slot, false});
+  std::string what = std::string(dtype_name(in.engine.master)) + " master, m and v (";
+  what.append(state_format_name(in.optimizer_state)).append(")");
+  p.drive.push_back({what, b.file});
+  p.drive_traffic = "per step: " + format_bytes(b.file) + " read and " + format_bytes(b.file) +
+                    " written (each chunk once each way)";
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const PlanInput& in) {
   MemoryPlan p;
   const std::size_t n = in.spec.num_parameters();
@@ -67,16 +94,20 @@ MemoryPlan plan_memory(const PlanInput& in) {
       owned += o.end - o.begin;
     const std::string part =
         in.engine.ranks > 1 ? " (1/" + std::to_string(in.engine.ranks) + ")" : "";
-    p.host.push_back({std::string(dtype_name(in.engine.master)) + " master weights" + part,
-                      owned * dtype_size(in.engine.master)});
     // q8: each block of 2048 of a tensor's owned part carries an fp32 maximum.
     const std::size_t scales =
         in.optimizer_state == StateFormat::kQ8
             ? 4 * optim::q8_block_count(layout,
                                         offload::engine_partition(layout, in.act_dtype, in.engine))
             : 0;
-    p.host.push_back({"Adam m " + state + part, owned * sb + scales});
-    p.host.push_back({"Adam v " + state + part, owned * sb + scales});
+    if (in.engine.state_on_drive) {
+      plan_drive(p, in, layout);
+    } else {
+      p.host.push_back({std::string(dtype_name(in.engine.master)) + " master weights" + part,
+                        owned * dtype_size(in.engine.master)});
+      p.host.push_back({"Adam m " + state + part, owned * sb + scales});
+      p.host.push_back({"Adam v " + state + part, owned * sb + scales});
+    }
     const std::string two = in.engine.dpu ? " x2 (DPU)" : "";
     if (f.host_grads) p.host.push_back({"gradient landing buffer" + two, f.host_grads});
     if (f.host_accum) p.host.push_back({"fp32 accumulated gradients" + two, f.host_accum});
@@ -90,6 +121,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const std::size_t BT = std::size_t(in.shape.B) * std::size_t(in.shape.T);
   p.host.push_back({"loss and token staging",
                     BT * 4 * (std::size_t(in.engine.grad_accum) + kEvalWindow + 4), false});
+  for (const auto& l : p.drive)
+    p.drive_total += l.bytes;
   for (const auto& l : p.device)
     p.device_total += l.bytes;
   for (const auto& l : p.host)
@@ -245,6 +278,8 @@ ModeChoice choose_mode(PlanInput in, bool gpu) {
         std::string(state_format_name(in.optimizer_state)) + " optimizer state lives on the host";
   } else if (in.engine.master != DType::kF32) {
     c.reason = "bf16 master weights live on the host";
+  } else if (in.engine.state_on_drive) {
+    c.reason = "--state-dir keeps the optimizer state on a drive";
   } else if (!c.resident.device_fits) {
     c.reason = "the whole training state (" + format_bytes(c.resident.device_total) +
                ") does not fit on the device (" + format_bytes(in.device_capacity) + ")";
@@ -285,6 +320,12 @@ std::string MemoryPlan::format(const PlanInput& in) const {
   if (!in.resident && !accumulation.empty())
     os << "  gradient accumulation: " << accumulation << "\n";
   if (!streaming.empty()) os << "  parameter window: " << streaming << "\n";
+  if (!drive.empty()) {
+    os << "  drive (--state-dir):\n";
+    for (const auto& l : drive)
+      line(l);
+    os << "    " << drive_traffic << "\n";
+  }
   if (!advice.empty()) os << "  advice: " << advice << "\n";
   return os.str();
 }
@@ -305,6 +346,10 @@ nlohmann::json MemoryPlan::to_json(const PlanInput& in) const {
                       {"host", side(host, host_total, in.host_available, host_fits)}};
   if (!in.resident && !accumulation.empty()) j["gradient_accumulation"] = accumulation;
   if (!streaming.empty()) j["parameter_window"] = streaming;
+  if (!drive.empty()) {
+    j["drive"] = side(drive, drive_total, 0, true);
+    j["drive"]["traffic"] = drive_traffic;
+  }
   if (!advice.empty()) j["advice"] = advice;
   return j;
 }

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "model/spec.h"
 #include "offload/engine.h"
+#include "optim/state_pager.h"
 
 namespace zo::train {
 
@@ -38,6 +39,9 @@ struct PlanInput {
   // rate (bench_copy's pinned rate on the H100 of docs/performance.md) and the rate the device
   // runs the model's matmuls at (an achieved bf16 rate of that class of GPU, not its peak).
   double link_gb_per_s = 55.0, device_tflops = 400.0;
+  // The optimizer state on a drive (engine.state_on_drive): its chunks and staging slots.
+  std::size_t state_chunk_elements = optim::kDefaultChunkElements;
+  std::size_t state_slots = optim::kDefaultStagingSlots;
 };
 
 struct PlanLine {
@@ -53,6 +57,10 @@ struct MemoryPlan {
   std::string advice;        // what to change when something does not fit
   std::string accumulation;  // offload, grad_accum > 1: where micro-batches are summed, and why
   std::string streaming;     // stream mode: the window, and the parameter bytes a step copies
+  // The optimizer state on a drive: the file, and what a step reads and writes.
+  std::vector<PlanLine> drive;
+  std::size_t drive_total = 0;
+  std::string drive_traffic;
 
   std::string format(const PlanInput& in) const;
   // The same as an object: every line and total in bytes, the capacities, fits, advice.

@@ -254,6 +254,7 @@ void Session::open_device_and_plan() {
       false,
       engine_config(),
       parse_accum_placement(cfg.grad_accum_on)};
+  pi.state_chunk_elements = cfg.state_chunk_elements;
   pi.engine.param_window =
       offered_param_window(spec, cfg.mode, cfg.param_window, ranks, cfg.dpu, cfg.grad_accum_on);
   if (cfg.mode == "stream" && ranks > 1) {
