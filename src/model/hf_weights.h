@@ -38,6 +38,35 @@ inline std::size_t ours_index(const TensorInfo& t, std::uint64_t k) {
   return static_cast<std::size_t>(k % rows) * cols + static_cast<std::size_t>(k / rows);
 }
 
+// Elements of tensor t in Hugging Face order from a reader of our layout by range (an optimizer
+// state on a drive, which has no whole array): a direct tensor piece by piece; a transposed (GPT-2
+// Conv1D) one read whole once and kept until the next tensor (at most 4 C^2 values).
+template <class T>
+class RangedHfReader {
+ public:
+  // read(offset, n, out): layout elements [offset, offset + n) into out.
+  using Read = std::function<void(std::size_t offset, std::size_t n, T* out)>;
+  explicit RangedHfReader(Read read) : read_(std::move(read)) {}
+  // Elements [first, first + n) of t in HF order into hf.
+  void operator()(const TensorInfo& t, std::uint64_t first, std::size_t n, T* hf) {
+    if (!t.hf_transposed) {
+      read_(t.offset + static_cast<std::size_t>(first), n, hf);
+      return;
+    }
+    if (cached_ != &t) {
+      cache_.resize(t.numel);
+      read_(t.offset, t.numel, cache_.data());
+      cached_ = &t;
+    }
+    to_hf(t, cache_.data(), first, n, hf);
+  }
+
+ private:
+  Read read_;
+  std::vector<T> cache_;
+  const TensorInfo* cached_ = nullptr;
+};
+
 // Elements [first, first + out.size()) of tensor t in Hugging Face order, as fp32: what an
 // export or a checkpoint writes, read piece by piece so that no copy of the model is made.
 using HfSource =

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -359,6 +360,28 @@ void HostOptimizer::read_moment(int k, std::size_t begin, std::span<float> out) 
         to[i - s.begin] = (c < map.size() ? map[c] : std::numeric_limits<float>::quiet_NaN()) * a;
       }
     }
+  });
+}
+
+void HostOptimizer::read_moment_stored(int k, std::size_t begin, std::size_t n, void* out) const {
+  if (begin > n_ || n > n_ - begin) throw std::out_of_range("read_moment_stored: bad range");
+  const std::size_t sb = state_element_bytes(config_.state_format);
+  visit(begin, begin + n, false, [&](const StateSpan& s) {
+    std::memcpy(static_cast<char*>(out) + (s.begin - begin) * sb, k == 0 ? s.m : s.v,
+                (s.end - s.begin) * sb);
+  });
+}
+
+void HostOptimizer::read_q8_absmax(int k, std::size_t i, std::span<float> out) const {
+  const Segment& seg = segments_.at(i);
+  if (config_.state_format != StateFormat::kQ8 ||
+      out.size() != cpu_adam::q8_blocks(seg.end - seg.begin)) {
+    throw std::logic_error("read_q8_absmax: q8 state and one segment's blocks only");
+  }
+  visit(seg.begin, seg.end, false, [&](const StateSpan& s) {
+    const std::size_t first = (s.begin - seg.begin) / cpu_adam::kQ8Block;
+    const float* absmax = (k == 0 ? s.m_absmax : s.v_absmax) + seg.block + first - s.block0;
+    std::copy_n(absmax, cpu_adam::q8_blocks(s.end - s.begin), out.data() + first);
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -45,6 +46,15 @@ void add_model_metadata(ckpt::SafetensorsWriter& w, const model::ParameterLayout
 
 // The whole master weights of a single process as a source.
 model::HfSource master_source(optim::HostOptimizer& opt) {
+  if (opt.on_drive()) {
+    auto read = std::make_shared<model::RangedHfReader<float>>(
+        [&opt](std::size_t offset, std::size_t n, float* out) {
+          opt.read_master(offset, {out, n});
+        });
+    return [read](const model::TensorInfo& t, std::uint64_t first, std::span<float> out) {
+      (*read)(t, first, out.size(), out.data());
+    };
+  }
   if (opt.master_dtype() == DType::kF32) return model::hf_source(opt.master());
   const auto* bits = static_cast<const std::uint16_t*>(opt.master_data());
   return [bits](const model::TensorInfo& t, std::uint64_t first, std::span<float> out) {

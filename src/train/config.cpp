@@ -17,17 +17,9 @@ void TrainConfig::validate_flags() const {
   if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
     bad("--checkpoint-every needs --checkpoint-dir");
   }
-  if (!state_dir.empty()) {
-    if (mode == "resident") {
-      bad("--state-dir keeps the optimizer state on a drive for the CPU update; resident mode "
-          "keeps it on the device: use --mode offload or stream");
-    }
-    // Writing a checkpoint from the drive tensor by tensor, and rebuilding the files from one,
-    // are the next step of the drive tier (docs/state_dir.md).
-    if (!checkpoint_dir.empty() || !resume.empty()) {
-      bad("--state-dir does not checkpoint or resume yet: drop --checkpoint-dir and --resume, "
-          "or keep the optimizer state in memory");
-    }
+  if (!state_dir.empty() && mode == "resident") {
+    bad("--state-dir keeps the optimizer state on a drive for the CPU update; resident mode "
+        "keeps it on the device: use --mode offload or stream");
   }
   // The numbers, before anything uses them (the data-parallel timeout is the first); each
   // comparison is written so that NaN fails it.

@@ -212,10 +212,65 @@ ckpt::SafetensorsWriter::Fill copy_fill(const T* data) {
   };
 }
 
+// A reader of moment k as stored, T its storage type (float, bf16 bits or q8 codes).
+template <class T>
+std::shared_ptr<model::RangedHfReader<T>> stored_moment(optim::HostOptimizer& opt, int k) {
+  return std::make_shared<model::RangedHfReader<T>>(
+      [&opt, k](std::size_t offset, std::size_t n, T* out) {
+        opt.read_moment_stored(k, offset, n, out);
+      });
+}
+
+template <class T>
+ckpt::SafetensorsWriter::Fill ranged_fill(std::shared_ptr<model::RangedHfReader<T>> read,
+                                          const model::TensorInfo& t) {
+  return [read, &t](std::uint64_t first, std::span<std::byte> out) {
+    (*read)(t, first, out.size() / sizeof(T), reinterpret_cast<T*>(out.data()));
+  };
+}
+
+// add_whole_moments for a state on a drive, which has no whole arrays: every fill reads the
+// optimizer by range, the same bytes in the same order.
+void add_ranged_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
+                        optim::HostOptimizer& opt) {
+  const StateFormat f = opt.state_format();
+  for (int k = 0; k < 2; ++k) {
+    // One reader per moment: a transposed tensor's copy lives while its pieces are written.
+    const auto f32 = stored_moment<float>(opt, k);
+    const auto bf16 = stored_moment<std::uint16_t>(opt, k);
+    const auto q8 = stored_moment<std::uint8_t>(opt, k);
+    for (std::size_t i = 0; i < layout.tensors().size(); ++i) {
+      const model::TensorInfo& t = layout.tensors()[i];
+      const std::string name = std::string(kMoments[k]) + "." + t.name;
+      if (f == StateFormat::kF32) {
+        w.add_filled(name, model::hf_shape(t), DType::kF32, ranged_fill(f32, t));
+        continue;
+      }
+      if (f == StateFormat::kBF16) {
+        w.add_filled(name, model::hf_shape(t), DType::kBF16, ranged_fill(bf16, t));
+        continue;
+      }
+      w.add_filled_u8(name, model::hf_shape(t), ranged_fill(q8, t));
+      // One process: one segment per tensor, in the layout's order.
+      const std::size_t blocks = cpu_adam::q8_blocks(t.numel);
+      w.add_filled(std::string(kAbsmax[k]) + "." + t.name, {blocks}, DType::kF32,
+                   [&opt, k, i, blocks](std::uint64_t first, std::span<std::byte> out) {
+                     std::vector<float> all(blocks);
+                     opt.read_q8_absmax(k, i, all);
+                     std::memcpy(out.data(), all.data() + first, out.size());
+                   });
+    }
+  }
+}
+
 }  // namespace
 
 void add_whole_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
                        optim::HostOptimizer& opt) {
+  if (opt.on_drive()) {
+    add_ranged_moments(w, layout, opt);
+    return;
+  }
   const StateFormat f = opt.state_format();
   for (int k = 0; k < 2; ++k) {
     for (std::size_t i = 0; i < layout.tensors().size(); ++i) {

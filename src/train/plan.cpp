@@ -40,6 +40,13 @@ void plan_drive(MemoryPlan& p, const PlanInput& in, const model::ParameterLayout
       optim::pager_bytes(optim::plan_chunks(segments, in.state_chunk_elements), shape);
   p.host.push_back({"optimizer state staging (" + std::to_string(in.state_slots) + " chunks)",
                     in.state_slots * b.slot, false});
+  // A checkpoint reads a transposed (GPT-2 Conv1D) tensor whole before writing it in HF order.
+  std::size_t transposed = 0;
+  for (const auto& t : layout.tensors())
+    if (t.hf_transposed) transposed = std::max(transposed, t.numel);
+  if (transposed > 0) {
+    p.host.push_back({"checkpoint copy of one transposed tensor", transposed * 4, false});
+  }
   std::string what = std::string(dtype_name(in.engine.master)) + " master, m and v (";
   what.append(state_format_name(in.optimizer_state)).append(")");
   p.drive.push_back({what, b.file});
