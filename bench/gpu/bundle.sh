@@ -12,7 +12,7 @@ bundle=${1:-gpu-bundle}
 build=${ZO_BUNDLE_BUILD:-build-bundle}
 max_mib=40
 targets=(offload_train test_gpu test_cuda_ops test_pinned_memory bench_copy bench_train
-  bench_cpu_adam)
+  bench_cpu_adam bench_state_dir)
 
 bash .ci/install-deps
 mkdir -p "$build"

@@ -14,14 +14,15 @@
 # step, grouped as the predicted budget), offload (350M/774M/1.5B, with and without DPU, vs resident),
 # stream (parameter streaming: GPT-2 1.5B with a window of 3 blocks against resident and
 # offload at the same batch, Llama 3.1 8B streamed in 16 GiB of device memory against offload),
-# big (the largest model the plan admits here), llama (the Llama family: a tiny Llama against
+# drive (the optimizer state on the machine's drive: bench_state_dir, Llama 3.1 8B in 48 GiB of
+# host memory against the same run in memory), big (the largest model the plan admits here), llama (the Llama family: a tiny Llama against
 # the host backend, Llama 3.2 1B resident, Llama 3.1 8B offloaded with DPU).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-out}
-[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|profile|offload|stream|big|llama ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: run.sh check|paths|sanitize|resident|profile|offload|stream|drive|big|llama ..." >&2; exit 2; }
 for p in "$@"; do
-  case $p in check | paths | sanitize | resident | profile | offload | stream | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, profile, offload, stream, big, llama)" >&2; exit 2 ;; esac
+  case $p in check | paths | sanitize | resident | profile | offload | stream | drive | big | llama) ;; *) echo "run.sh: unknown phase '$p' (check, paths, sanitize, resident, profile, offload, stream, drive, big, llama)" >&2; exit 2 ;; esac
 done
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU here (nvidia-smi missing or found none); run it on the GPU machine" >&2
@@ -243,6 +244,20 @@ phase_stream() {
   train gpt_13b_stream 300 --model gpt-13b -b 4 --seq-len 2048 --recompute --precision bf16 \
     --optimizer-state q8 --master-weights bf16 --steps 4 --device cuda --mode stream \
     --device-memory 24GiB
+}
+
+phase_drive() {
+  # The optimizer state on the machine's drive (--state-dir): the update against the drive's own
+  # rates, then Llama 3.1 8B offloaded in 48 GiB of host memory against the same run in memory.
+  local d=/tmp/zo-state-dir
+  mkdir -p "$d"
+  step bench_state_dir 150 "$here/bin/bench_state_dir" --dir "$d" --model gpt2-1558m \
+    --state fp32,q8 --steps 2 --json
+  local big=(--model llama3.1-8b -b 1 --seq-len 2048 --grad-accum 8 --precision bf16
+    --optimizer-state q8 --master-weights bf16 --device cuda --mode offload --steps 6 --dpu
+    --dpu-warmup 2)
+  train llama_8b_memory 300 "${big[@]}"
+  train llama_8b_state_dir 300 "${big[@]}" --host-memory 48GiB --state-dir "$d"
 }
 
 phase_big() {

@@ -215,7 +215,8 @@ void HostOptimizer::visit(std::size_t begin, std::size_t end, bool write, F&& f)
                   chunks.begin());
   for (; c < chunks.size() && chunks[c].begin < end; ++c) {
     const StatePager::View view = pager_->acquire(c);
-    pager_->prefetch(c + 1);  // read ahead while this chunk is worked on
+    for (std::size_t ahead = 1; ahead <= pager_->read_ahead(); ++ahead)
+      pager_->prefetch(c + ahead);  // read ahead while this chunk is worked on
     const ChunkSpan& k = chunks[c];
     const std::size_t lb = std::max(begin, k.begin), le = std::min(end, k.end), off = lb - k.begin;
     try {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include <tbb/parallel_for.h>
+
 #include "core/crc32c.h"
 #include "cpu_adam/cpu_adam.h"
 
@@ -10,6 +12,7 @@ namespace zo::optim {
 namespace {
 
 constexpr std::size_t kPartAlign = 64;  // each array of a record starts on a cache line
+constexpr std::size_t kCrcPiece = std::size_t{1} << 20;
 
 std::size_t round_up(std::size_t x, std::size_t a) {
   return (x + a - 1) / a * a;
@@ -84,7 +87,7 @@ StatePager::StatePager(std::vector<ChunkSpan> chunks, StateShape shape, Fresh fr
   slots_.resize(o.slots);
   for (Slot& s : slots_)
     s.buffer = pinned::HostBuffer(slot_bytes_);
-  crc_.assign(chunks_.size(), 0);
+  crc_.assign(chunks_.size(), {});
   written_.assign(chunks_.size(), false);
 }
 
@@ -140,9 +143,7 @@ void StatePager::finish_read(Slot& s) {
   queue_->wait(s.ticket);
   const Record& r = records_[s.chunk];
   bytes_read_ += r.at.bytes;
-  const std::uint32_t crc =
-      crc32c(std::span(static_cast<const std::byte*>(s.buffer.data()), r.at.bytes));
-  if (crc != crc_[s.chunk]) {
+  if (checksums(s) != crc_[s.chunk]) {
     const std::size_t c = s.chunk;
     throw state_io::IoError(file_.name() + ": chunk " + std::to_string(c) + " (bytes " +
                             std::to_string(r.offset) + " to " +
@@ -159,8 +160,10 @@ StatePager::Slot* StatePager::take_slot() {
   Slot* best = nullptr;
   for (Slot& s : slots_) {
     if (s.state == SlotState::kFree) return &s;
-    if (s.state == SlotState::kCached && (best == nullptr || s.last_use < best->last_use))
+    if (s.state == SlotState::kCached && !s.dirty &&
+        (best == nullptr || s.last_use < best->last_use)) {
       best = &s;
+    }
   }
   if (best != nullptr) return best;
   for (Slot& s : slots_) {
@@ -181,18 +184,38 @@ StatePager::Slot* StatePager::take_slot() {
   return best;
 }
 
+std::vector<std::uint32_t> StatePager::checksums(const Slot& s) const {
+  const std::size_t bytes = records_[s.chunk].at.bytes;
+  std::vector<std::uint32_t> crc((bytes + kCrcPiece - 1) / kCrcPiece);
+  const auto* data = static_cast<const std::byte*>(s.buffer.data());
+  tbb::parallel_for(std::size_t{0}, crc.size(), [&](std::size_t i) {
+    const std::size_t b = i * kCrcPiece;
+    crc[i] = crc32c(std::span(data + b, std::min(kCrcPiece, bytes - b)));
+  });
+  return crc;
+}
+
 void StatePager::prefetch(std::size_t c) {
   if (c >= chunks_.size() || slot_of(c) != nullptr || !written_[c]) return;
   Slot* s = nullptr;
   for (Slot& f : slots_) {
     if (f.state == SlotState::kFree) s = &f;
   }
-  if (s == nullptr) {  // only a cached slot, never one still being written
-    for (Slot& f : slots_) {
-      if (f.state == SlotState::kCached && (s == nullptr || f.last_use < s->last_use)) s = &f;
+  for (Slot& f : slots_) {  // else the least recently used cached one, else the oldest write
+    if (s == nullptr || s->state != SlotState::kFree) {
+      if (f.state == SlotState::kCached && !f.dirty &&
+          (s == nullptr || s->state != SlotState::kCached || f.last_use < s->last_use)) {
+        s = &f;
+      }
     }
   }
-  if (s == nullptr) return;
+  if (s == nullptr) {
+    for (Slot& f : slots_) {
+      if (f.state == SlotState::kWriting && (s == nullptr || f.last_use < s->last_use)) s = &f;
+    }
+    if (s == nullptr) return;
+    finish_write(*s);
+  }
   const Record& r = records_[c];
   s->chunk = c;
   s->state = SlotState::kReading;
@@ -201,8 +224,23 @@ void StatePager::prefetch(std::size_t c) {
       {state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.at.bytes});
 }
 
+void StatePager::write_behind(std::size_t keep) {
+  for (Slot& s : slots_) {
+    if (s.state != SlotState::kCached || !s.dirty || s.chunk == keep) continue;
+    const Record& r = records_[s.chunk];
+    crc_[s.chunk] = checksums(s);
+    written_[s.chunk] = true;
+    bytes_written_ += r.at.bytes;
+    s.dirty = false;
+    s.state = SlotState::kWriting;
+    s.ticket = queue_->submit(
+        {state_io::IoRequest::Op::kWrite, &file_, r.offset, s.buffer.data(), r.at.bytes});
+  }
+}
+
 StatePager::View StatePager::acquire(std::size_t c) {
   if (c >= chunks_.size()) throw std::out_of_range("StatePager::acquire: no such chunk");
+  write_behind(c);
   Slot* s = slot_of(c);
   if (s != nullptr && s->state == SlotState::kHeld) {
     throw std::logic_error("StatePager::acquire: chunk already held");
@@ -234,20 +272,12 @@ void StatePager::release(std::size_t c, bool dirty) {
   if (s == nullptr || s->state != SlotState::kHeld) {
     throw std::logic_error("StatePager::release: chunk not held");
   }
-  if (!dirty && written_[c]) {
-    s->state = SlotState::kCached;
-    return;
-  }
-  const Record& r = records_[c];
-  crc_[c] = crc32c(std::span(static_cast<const std::byte*>(s->buffer.data()), r.at.bytes));
-  written_[c] = true;
-  bytes_written_ += r.at.bytes;
-  s->state = SlotState::kWriting;
-  s->ticket = queue_->submit(
-      {state_io::IoRequest::Op::kWrite, &file_, r.offset, s->buffer.data(), r.at.bytes});
+  s->dirty = s->dirty || dirty || !written_[c];
+  s->state = SlotState::kCached;
 }
 
 void StatePager::flush() {
+  write_behind(chunks_.size());
   for (Slot& s : slots_) {
     if (s.state == SlotState::kWriting) finish_write(s);
   }

@@ -96,13 +96,18 @@ class StatePager {
   // What the log says once: the queue ("io_uring", or why threads) and the file's I/O mode.
   std::string describe() const;
 
-  // Starts reading chunk c into a free slot; nothing when it is in memory, on its way, or no slot
-  // is free (acquire then reads it).
+  // Starts reading chunk c into a free slot (a cached one, or one whose write is the oldest, once
+  // done); nothing when it is in memory or on its way, or every other slot is held or being read.
   void prefetch(std::size_t c);
+  // Chunks a reader may prefetch ahead of the one it holds: every slot but the held one and one
+  // being written.
+  std::size_t read_ahead() const { return slots_.size() - 2; }
   // Chunk c's arrays, read (and checked) if they are not in memory. Throws state_io::IoError
   // for a failed read or a chunk that changed on the drive. Valid until release(c).
   View acquire(std::size_t c);
-  // Done with chunk c: written behind when dirty; its slot is reused once the write is done.
+  // Done with chunk c for now. A dirty chunk stays in its slot until an acquire of another chunk
+  // (the update has moved on: a chunk holding many small tensors is written once a step, not once
+  // per tensor), then is written behind; its slot is reused once the write is done.
   void release(std::size_t c, bool dirty);
   // Waits for every write: afterwards the file holds every released chunk. Throws for a write that
   // failed.
@@ -124,6 +129,7 @@ class StatePager {
     std::size_t chunk = 0;
     std::uint64_t ticket = 0;
     std::uint64_t last_use = 0;
+    bool dirty = false;  // cached, changed since the drive's copy
   };
 
   View view(std::size_t c, Slot& s);
@@ -132,6 +138,9 @@ class StatePager {
   Slot* take_slot();
   void finish_write(Slot& s);
   void finish_read(Slot& s);
+  // Queues the writes of every dirty cached slot but chunk `keep`'s.
+  void write_behind(std::size_t keep);
+  std::vector<std::uint32_t> checksums(const Slot& s) const;
   Slot* slot_of(std::size_t c);
 
   std::vector<ChunkSpan> chunks_;
@@ -143,8 +152,10 @@ class StatePager {
   std::unique_ptr<state_io::IoQueue> queue_;
   std::string queue_note_;
   std::vector<Slot> slots_;
-  std::vector<std::uint32_t> crc_;  // per chunk, of its last write
-  std::vector<bool> written_;       // per chunk: on the drive (else fresh)
+  // Per chunk, of its last write: one CRC-32C per kCrcPiece bytes of the record, computed in
+  // parallel (a whole record's one CRC would put a single core on the update's path).
+  std::vector<std::vector<std::uint32_t>> crc_;
+  std::vector<bool> written_;  // per chunk: on the drive (else fresh)
   std::uint64_t clock_ = 0, bytes_read_ = 0, bytes_written_ = 0;
 };
 
