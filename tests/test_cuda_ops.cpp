@@ -50,6 +50,11 @@ namespace zo::simt {
 
 namespace {
 
+struct DestroyMatmulContext {
+  void operator()(zo::gpu::MatmulContext* c) const noexcept { zo::gpu::destroy_matmul_context(c); }
+};
+using MatmulContextPtr = std::unique_ptr<zo::gpu::MatmulContext, DestroyMatmulContext>;
+
 using zo::DType;
 using zo::dev::Buffer;
 using zo::dev::Device;
@@ -536,12 +541,7 @@ TEST(CudaDevice, MatmulOnTwoStreamsMatchesOneStream) {
 TEST(CudaMatmul, PlansAreCachedPerShapeAndAlignment) {
   ZO_REQUIRE_GPU();
   zo::gpu::require_device(usable_device());
-  struct Destroy {
-    void operator()(zo::gpu::MatmulContext* c) const noexcept {
-      zo::gpu::destroy_matmul_context(c);
-    }
-  };
-  const std::unique_ptr<zo::gpu::MatmulContext, Destroy> owner(zo::gpu::create_matmul_context());
+  const MatmulContextPtr owner(zo::gpu::create_matmul_context());
   zo::gpu::MatmulContext* ctx = owner.get();
   // OC * 4 bytes is a multiple of 32, so the output's alignment is set by its address alone.
   const int N = 26, C = 48, OC = 40;
@@ -574,12 +574,7 @@ TEST(CudaMatmul, PlansAreCachedPerShapeAndAlignment) {
 TEST(CudaMatmul, UnalignedWidthRunsAsAnAlignedGemmAndATail) {
   ZO_REQUIRE_GPU();
   zo::gpu::require_device(usable_device());
-  struct Destroy {
-    void operator()(zo::gpu::MatmulContext* c) const noexcept {
-      zo::gpu::destroy_matmul_context(c);
-    }
-  };
-  const std::unique_ptr<zo::gpu::MatmulContext, Destroy> owner(zo::gpu::create_matmul_context());
+  const MatmulContextPtr owner(zo::gpu::create_matmul_context());
   zo::gpu::MatmulContext* ctx = owner.get();
   const int N = 26, C = 48, OC = 37, ld = 40;
   std::mt19937 rng(5);
@@ -697,11 +692,6 @@ TEST(CudaMatmul, TimedChoiceKeepsEveryResult) {
 
   if (!emulated) return;
   zo::gpu::require_device(usable_device());
-  struct Destroy {
-    void operator()(zo::gpu::MatmulContext* c) const noexcept {
-      zo::gpu::destroy_matmul_context(c);
-    }
-  };
   const int N = 26, C = 48, OC = 40;
   std::mt19937 rng(9);
   auto buffer = [&](std::size_t n) {
@@ -719,7 +709,7 @@ TEST(CudaMatmul, TimedChoiceKeepsEveryResult) {
   };
   auto run = [&](int candidates) {
     zo::simt::cublaslt_offer_algorithms(candidates);
-    const std::unique_ptr<zo::gpu::MatmulContext, Destroy> ctx(zo::gpu::create_matmul_context());
+    const MatmulContextPtr ctx(zo::gpu::create_matmul_context());
     const std::size_t no = std::size_t(N) * OC, nc = std::size_t(N) * C;
     std::vector<std::unique_ptr<zo::test::GpuBuffer>> outs;
     for (const std::size_t n : {no, no, no, nc, nc, std::size_t(OC) * C, std::size_t(OC)}) {
@@ -779,12 +769,6 @@ TEST(CudaMatmul, ExportedChoicesAreTakenWithoutTiming) {
       }
     }
   } hooks(emulated);
-  struct Destroy {
-    void operator()(zo::gpu::MatmulContext* c) const noexcept {
-      zo::gpu::destroy_matmul_context(c);
-    }
-  };
-  using Ctx = std::unique_ptr<zo::gpu::MatmulContext, Destroy>;
   const int N = 256, C = 128, OC = 192;
   std::mt19937 rng(11);
   auto buffer = [&](std::size_t n) {
@@ -816,7 +800,7 @@ TEST(CudaMatmul, ExportedChoicesAreTakenWithoutTiming) {
   };
 
   if (emulated) zo::simt::cublaslt_make_fastest(2);
-  const Ctx first(zo::gpu::create_matmul_context());
+  const MatmulContextPtr first(zo::gpu::create_matmul_context());
   run_ops(first.get());
   const std::string choices = zo::gpu::export_matmul_choices(first.get());
   const std::size_t timed = zo::gpu::matmul_timed_plan_count(first.get());
@@ -825,21 +809,21 @@ TEST(CudaMatmul, ExportedChoicesAreTakenWithoutTiming) {
   EXPECT_FALSE(choices.empty());
 
   if (emulated) zo::simt::cublaslt_make_fastest(0);
-  const Ctx second(zo::gpu::create_matmul_context());
+  const MatmulContextPtr second(zo::gpu::create_matmul_context());
   EXPECT_EQ(zo::gpu::import_matmul_choices(second.get(), choices), "");
   run_ops(second.get());
   EXPECT_EQ(zo::gpu::matmul_restored_plan_count(second.get()), timed);
   EXPECT_EQ(zo::gpu::matmul_timed_plan_count(second.get()), 0u) << "a restored plan is not timed";
   EXPECT_EQ(zo::gpu::export_matmul_choices(second.get()), choices) << "the same algorithms";
   if (emulated) {
-    const Ctx third(zo::gpu::create_matmul_context());
+    const MatmulContextPtr third(zo::gpu::create_matmul_context());
     run_ops(third.get());
     EXPECT_NE(zo::gpu::export_matmul_choices(third.get()), choices)
         << "without the import, timing picks candidate 0";
   }
 
   // Another GPU or library: nothing taken, and the reason says why; not an export: refused.
-  const Ctx other(zo::gpu::create_matmul_context());
+  const MatmulContextPtr other(zo::gpu::create_matmul_context());
   std::string foreign = choices;
   foreign.replace(foreign.find("; cublasLt "), 11, "; cublasLt 1");
   const std::string reason = zo::gpu::import_matmul_choices(other.get(), foreign);

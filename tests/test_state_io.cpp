@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "run_binary.h"
 #include "state_io/io_queue.h"
 #include "state_io/state_file.h"
 
@@ -27,16 +28,6 @@ using zo::state_io::kAlignment;
 using zo::state_io::QueueKind;
 using zo::state_io::QueueOptions;
 using zo::state_io::StateFile;
-
-struct Dir {
-  fs::path path;
-  Dir() {
-    std::string t = (fs::temp_directory_path() / "zo_state_io_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~Dir() { fs::remove_all(path); }
-  bool empty() const { return fs::directory_iterator(path) == fs::directory_iterator(); }
-};
 
 struct Free {
   void operator()(void* p) const noexcept { std::free(p); }
@@ -94,11 +85,11 @@ void round_trip(const StateFile& f, QueueOptions o, int chunks, std::uint32_t se
 }
 
 TEST(StateIo, TheFileIsUnnamedPreallocatedAndLeavesNothingBehind) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   {
     const StateFile f = StateFile::create(d.path, (1 << 20) + 1);
     EXPECT_EQ(f.size(), (1u << 20) + kAlignment) << "rounded up to 4 KiB";
-    EXPECT_TRUE(d.empty()) << "no name in the directory, even while open";
+    EXPECT_TRUE(fs::is_empty(d.path)) << "no name in the directory, even while open";
     struct stat st {};
     ASSERT_EQ(::fstat(f.fd(), &st), 0);
     EXPECT_GE(std::uint64_t(st.st_blocks) * 512, f.size()) << "the space is allocated up front";
@@ -106,11 +97,11 @@ TEST(StateIo, TheFileIsUnnamedPreallocatedAndLeavesNothingBehind) {
     // ext4 (this machine's /tmp) takes O_DIRECT.
     EXPECT_TRUE(f.direct()) << f.note();
   }
-  EXPECT_TRUE(d.empty());
+  EXPECT_TRUE(fs::is_empty(d.path));
 }
 
 TEST(StateIo, EveryQueueReturnsWhatWasWritten) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   for (const bool direct : {true, false}) {
     const StateFile f = StateFile::create(d.path, 1 << 20, {.direct = direct});
     EXPECT_EQ(f.direct(), direct) << f.note();
@@ -132,7 +123,7 @@ TEST(StateIo, EveryQueueReturnsWhatWasWritten) {
 }
 
 TEST(StateIo, ShortTransfersAreContinued) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   const StateFile f = StateFile::create(d.path, 1 << 20);
   for (const QueueKind k : queue_kinds()) {
     int calls = 0;
@@ -147,7 +138,7 @@ TEST(StateIo, ShortTransfersAreContinued) {
 }
 
 TEST(StateIo, FailuresNameTheFileThePlaceAndTheFix) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   const StateFile f = StateFile::create(d.path, 1 << 20);
   const Aligned buf = aligned(4 * kAlignment);
   std::memset(buf.get(), 1, 4 * kAlignment);
@@ -179,7 +170,7 @@ TEST(StateIo, FailuresNameTheFileThePlaceAndTheFix) {
 }
 
 TEST(StateIo, MisalignedOrOutOfRangeTransfersAreRefused) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   const StateFile f = StateFile::create(d.path, 16 * kAlignment);
   const Aligned buf = aligned(2 * kAlignment);
   const auto q = zo::state_io::make_io_queue();
@@ -194,7 +185,7 @@ TEST(StateIo, MisalignedOrOutOfRangeTransfersAreRefused) {
 }
 
 TEST(StateIo, AFileSizeLimitIsFoundBeforeTraining) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   rlimit small = old;
@@ -208,11 +199,11 @@ TEST(StateIo, AFileSizeLimitIsFoundBeforeTraining) {
   }
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
   EXPECT_NE(message.find("ulimit -f"), std::string::npos) << message;
-  EXPECT_TRUE(d.empty());
+  EXPECT_TRUE(fs::is_empty(d.path));
 }
 
 TEST(StateIo, ABadDirectoryIsNamed) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_io_"};
   auto error = [](const fs::path& p) {
     try {
       (void)StateFile::create(p, kAlignment);

@@ -15,6 +15,7 @@
 #include "engine_rig.h"
 #include "optim/host_optimizer.h"
 #include "optim/state_pager.h"
+#include "run_binary.h"
 
 namespace {
 
@@ -23,15 +24,6 @@ using zo::DType;
 using zo::StateFormat;
 using zo::optim::HostOptimizer;
 
-struct Dir {
-  fs::path path;
-  Dir() {
-    std::string t = (fs::temp_directory_path() / "zo_state_drive_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~Dir() { fs::remove_all(path); }
-};
-
 struct Format {
   StateFormat state;
   DType master;
@@ -39,7 +31,7 @@ struct Format {
 
 void compare_runs(Format f, zo::state_io::QueueKind kind) {
   const zo::model::ParameterLayout layout(zo::test::odd_spec());
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_drive_"};
   zo::optim::OptimizerConfig c;
   c.adam.weight_decay = 0.1f;
   c.threads = 2;

@@ -15,6 +15,7 @@
 
 #include "cpu_adam/cpu_adam.h"
 #include "optim/state_pager.h"
+#include "run_binary.h"
 
 namespace {
 
@@ -24,15 +25,6 @@ using zo::optim::SegmentSpan;
 using zo::optim::StatePager;
 using zo::optim::StateShape;
 constexpr std::size_t kBlock = zo::cpu_adam::kQ8Block;
-
-struct Dir {
-  fs::path path;
-  Dir() {
-    std::string t = (fs::temp_directory_path() / "zo_state_pager_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~Dir() { fs::remove_all(path); }
-};
 
 // Segments of odd sizes, blocks numbered as HostOptimizer numbers them.
 std::vector<SegmentSpan> odd_segments() {
@@ -76,7 +68,7 @@ TEST(StatePager, ChunksNeverSplitABlockAndCoverEverything) {
 
 // The pager against a shadow: random operations, then every chunk read back.
 void exercise(const StateShape& shape, zo::state_io::QueueKind kind, std::uint32_t seed) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_pager_"};
   const std::vector<ChunkSpan> chunks = zo::optim::plan_chunks(odd_segments(), 2 * kBlock);
   std::vector<std::vector<std::uint8_t>> shadow(chunks.size());
   StatePager::Options o;
@@ -151,7 +143,7 @@ TEST(StatePager, ReadsBackWhatWasReleasedInEveryFormatAndQueue) {
 }
 
 TEST(StatePager, AChunkChangedOnTheDriveIsCaught) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_pager_"};
   const std::vector<ChunkSpan> chunks = zo::optim::plan_chunks(odd_segments(), 2 * kBlock);
   StatePager::Options o;
   o.dir = d.path;
@@ -190,7 +182,7 @@ TEST(StatePager, AChunkChangedOnTheDriveIsCaught) {
 }
 
 TEST(StatePager, AFailedWriteSurfacesWithTheFile) {
-  const Dir d;
+  const zo::test::TempDir d{"zo_state_pager_"};
   const std::vector<ChunkSpan> chunks = zo::optim::plan_chunks(odd_segments(), 2 * kBlock);
   StatePager::Options o;
   o.dir = d.path;

@@ -60,6 +60,7 @@ class HostOptimizer {
   // means the whole layout.
   HostOptimizer(const model::ParameterLayout& layout, const OptimizerConfig& config,
                 std::vector<OwnedRange> owned = {});
+  ~HostOptimizer();
 
   std::size_t size() const { return n_; }  // owned elements (the whole layout: layout size)
   std::size_t layout_size() const { return layout_n_; }
@@ -114,7 +115,6 @@ class HostOptimizer {
   // m and v in fp32 or bf16 (throws std::logic_error for q8 state: see q8()).
   cpu_adam::ArrayView exp_avg() { return moment_view(m_); }
   cpu_adam::ArrayView exp_avg_sq() { return moment_view(v_); }
-  ~HostOptimizer();
   cpu_adam::AdamState& state() { return state_; }
   const OptimizerConfig& config() const { return config_; }
   StateFormat state_format() const { return config_.state_format; }

@@ -35,8 +35,7 @@ class ThreadQueue final : public IoQueue {
   std::uint64_t submit(const IoRequest& r) override {
     r.file->check_transfer(r.offset, r.data, r.bytes);
     const std::lock_guard<std::mutex> lock(mu_);
-    const std::uint64_t ticket = next_++;
-    transfers_[ticket].request = r;
+    const std::uint64_t ticket = tickets_.add(r);
     pending_.push_back(ticket);
     wake_.notify_one();
     return ticket;
@@ -44,12 +43,8 @@ class ThreadQueue final : public IoQueue {
 
   void wait(std::uint64_t ticket) override {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto it = transfers_.find(ticket);
-    if (it == transfers_.end()) throw std::logic_error("IoQueue::wait: unknown ticket");
-    done_.wait(lock, [&] { return it->second.complete; });
-    const std::string error = std::move(it->second.error);
-    transfers_.erase(it);
-    if (!error.empty()) throw IoError(error);
+    tickets_.finish(ticket,
+                    [&](const Transfer& t) { done_.wait(lock, [&] { return t.complete; }); });
   }
 
   std::string name() const override { return "threads"; }
@@ -62,7 +57,7 @@ class ThreadQueue final : public IoQueue {
       if (stop_) return;  // what was queued and not started is never waited for
       const std::uint64_t ticket = pending_.front();
       pending_.pop_front();
-      Transfer t = transfers_.at(ticket);  // moved unlocked, published under the lock
+      Transfer t = tickets_.at(ticket);  // moved unlocked, published under the lock
       lock.unlock();
       for (bool complete = false; !complete;) {
         const IoRequest p = t.part();
@@ -74,7 +69,7 @@ class ThreadQueue final : public IoQueue {
         complete = t.advance(r < 0 ? -long(errno) : long(r), hook_);
       }
       lock.lock();
-      transfers_.at(ticket) = std::move(t);
+      tickets_.at(ticket) = std::move(t);
       done_.notify_all();
     }
   }
@@ -82,9 +77,8 @@ class ThreadQueue final : public IoQueue {
   const CompletionHook hook_;
   std::mutex mu_;
   std::condition_variable wake_, done_;
-  std::map<std::uint64_t, Transfer> transfers_;
+  Tickets tickets_;
   std::deque<std::uint64_t> pending_;
-  std::uint64_t next_ = 1;
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };

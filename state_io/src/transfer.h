@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
 #include <string>
 
 #include "state_io/io_queue.h"
@@ -45,6 +48,33 @@ struct Transfer {
     complete = !error.empty() || done == request.bytes;
     return complete;
   }
+};
+
+// Requests by ticket from submit until waited for; each queue keeps its own under its own lock.
+// Map nodes stay put, so a Transfer& outlives other tickets' coming and going.
+class Tickets {
+ public:
+  std::uint64_t add(const IoRequest& r) {
+    const std::uint64_t ticket = next_++;
+    map_[ticket].request = r;
+    return ticket;
+  }
+  Transfer& at(std::uint64_t ticket) { return map_.at(ticket); }
+  // Calls until_complete(transfer), which returns once the transfer is complete, then forgets
+  // the ticket and throws its error if it failed.
+  template <class Wait>
+  void finish(std::uint64_t ticket, Wait&& until_complete) {
+    const auto it = map_.find(ticket);
+    if (it == map_.end()) throw std::logic_error("IoQueue::wait: unknown ticket");
+    until_complete(it->second);
+    const std::string error = std::move(it->second.error);
+    map_.erase(it);
+    if (!error.empty()) throw IoError(error);
+  }
+
+ private:
+  std::map<std::uint64_t, Transfer> map_;
+  std::uint64_t next_ = 1;
 };
 
 }  // namespace zo::state_io::detail

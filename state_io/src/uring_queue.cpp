@@ -40,8 +40,7 @@ class UringQueue final : public IoQueue {
   std::uint64_t submit(const IoRequest& r) override {
     r.file->check_transfer(r.offset, r.data, r.bytes);
     const std::lock_guard<std::mutex> lock(mu_);
-    const std::uint64_t ticket = next_++;
-    transfers_[ticket].request = r;
+    const std::uint64_t ticket = tickets_.add(r);
     backlog_.push_back(ticket);
     fill();
     return ticket;
@@ -49,13 +48,10 @@ class UringQueue final : public IoQueue {
 
   void wait(std::uint64_t ticket) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    const auto it = transfers_.find(ticket);
-    if (it == transfers_.end()) throw std::logic_error("IoQueue::wait: unknown ticket");
-    while (!it->second.complete)
-      reap_one();
-    const std::string error = std::move(it->second.error);
-    transfers_.erase(it);
-    if (!error.empty()) throw IoError(error);
+    tickets_.finish(ticket, [&](const Transfer& t) {
+      while (!t.complete)
+        reap_one();
+    });
   }
 
   std::string name() const override { return "io_uring"; }
@@ -69,7 +65,7 @@ class UringQueue final : public IoQueue {
       if (sqe == nullptr) break;
       const std::uint64_t ticket = backlog_.front();
       backlog_.pop_front();
-      const IoRequest p = transfers_.at(ticket).part();
+      const IoRequest p = tickets_.at(ticket).part();
       if (p.op == IoRequest::Op::kRead) {
         io_uring_prep_read(sqe, p.file->fd(), p.data, unsigned(p.bytes), p.offset);
       } else {
@@ -100,7 +96,7 @@ class UringQueue final : public IoQueue {
     const long result = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);
     --in_flight_;
-    Transfer& t = transfers_.at(ticket);
+    Transfer& t = tickets_.at(ticket);
     if (!t.advance(result, hook_)) backlog_.push_front(ticket);
     fill();
   }
@@ -109,10 +105,9 @@ class UringQueue final : public IoQueue {
   const CompletionHook hook_;
   io_uring ring_{};
   std::mutex mu_;
-  std::map<std::uint64_t, Transfer> transfers_;
+  Tickets tickets_;
   std::deque<std::uint64_t> backlog_;
   unsigned in_flight_ = 0;
-  std::uint64_t next_ = 1;
 };
 
 }  // namespace
