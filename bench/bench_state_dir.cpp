@@ -26,55 +26,13 @@
 #include "model/layout.h"
 #include "model/spec.h"
 #include "optim/host_optimizer.h"
-#include "pinned_memory/host_buffer.h"
-#include "state_io/io_queue.h"
-#include "state_io/state_file.h"
+#include "state_io/drive_probe.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Rates {
-  double read_gbps = 0, write_gbps = 0;
-  std::string queue, io;
-};
-
-// Writes then reads `bytes` sequentially, 16 MiB per transfer, `depth` in flight.
-Rates probe(const std::string& dir, std::uint64_t bytes) {
-  constexpr std::size_t kPiece = std::size_t{16} << 20;
-  constexpr unsigned kDepth = 8;
-  const auto f = zo::state_io::StateFile::create(dir, bytes);
-  std::string note;
-  const auto q = zo::state_io::make_io_queue(
-      {.kind = zo::state_io::QueueKind::kAuto, .depth = kDepth, .threads = 2, .hook = {}}, &note);
-  std::vector<zo::pinned::HostBuffer> bufs;
-  for (unsigned i = 0; i < kDepth; ++i) {
-    bufs.emplace_back(kPiece);
-    std::memset(bufs.back().data(), int(i + 1), kPiece);
-  }
-  auto pass = [&](zo::state_io::IoRequest::Op op) {
-    std::vector<std::uint64_t> tickets(kDepth, 0);
-    const auto t0 = Clock::now();
-    std::size_t i = 0;
-    for (std::uint64_t off = 0; off < f.size(); off += kPiece, ++i) {
-      const std::size_t slot = i % kDepth;
-      if (tickets[slot] != 0) q->wait(tickets[slot]);
-      const std::size_t n = std::min<std::uint64_t>(kPiece, f.size() - off);
-      tickets[slot] = q->submit({op, &f, off, bufs[slot].data(), n});
-    }
-    for (const std::uint64_t t : tickets)
-      if (t != 0) q->wait(t);
-    return double(f.size()) / seconds_since(t0) * 1e-9;
-  };
-  Rates r;
-  r.write_gbps = pass(zo::state_io::IoRequest::Op::kWrite);
-  r.read_gbps = pass(zo::state_io::IoRequest::Op::kRead);
-  r.queue = q->name() + (note.empty() ? "" : " (" + note + ")");
-  r.io = f.direct() ? "O_DIRECT" : f.note();
-  return r;
 }
 
 // Median seconds of `steps` full updates (after one warm-up) of an optimizer over `layout`.
@@ -131,7 +89,7 @@ int main(int argc, char** argv) {
         const zo::optim::HostOptimizer sizing(layout, c);
         file = sizing.pager()->file_bytes();
       }
-      const Rates r = probe(dir, file);
+      const zo::state_io::DriveRates r = zo::state_io::measure_drive(dir, file);
       const double drive_s = step_seconds(layout, c, steps);
       c.state_dir.clear();
       const double memory_s = step_seconds(layout, c, steps);

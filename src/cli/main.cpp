@@ -267,7 +267,11 @@ int main(int argc, char** argv) {
                                   "threads, host memory, NUMA nodes, GPUs, and the host bytes per "
                                   "parameter of each optimizer format");
   bool info_json = false;
+  std::string info_state_dir;
   info->add_flag("--json", info_json, "print as one JSON object");
+  info->add_option("--state-dir", info_state_dir,
+                   "also measure the drive holding DIR for --state-dir: a 1 GiB file written "
+                   "and read back, O_DIRECT (nothing is left there)");
 
   if (argc > 1 && argv[1][0] != '-') {
     if (const std::string m = zo::cli::unknown_subcommand(app, argv[1]); !m.empty()) {
@@ -294,7 +298,7 @@ int main(int argc, char** argv) {
     if (tok.app->parsed()) return zo::cli::run_tokenize(tok);
     if (evl.app->parsed()) return zo::cli::run_eval(evl);
     if (smp.app->parsed()) return zo::cli::run_sample(smp);
-    if (info->parsed()) return zo::cli::run_info(info_json);
+    if (info->parsed()) return zo::cli::run_info(info_json, info_state_dir);
   } catch (const zo::CommError& e) {
     return end_broken_job(e);
   } catch (const std::exception& e) {

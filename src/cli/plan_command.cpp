@@ -1,5 +1,7 @@
 #include "plan_command.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -8,6 +10,7 @@
 #include "model/spec.h"
 #include "pinned_memory/host_buffer.h"
 #include "report/system_info.h"
+#include "state_io/drive_probe.h"
 #include "train/config.h"
 #include "train/plan.h"
 
@@ -46,6 +49,10 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_option("--device-memory", cmd.device_memory.text, "device capacity, e.g. 80GiB");
   p->add_option("--host-memory", cmd.host_memory.text,
                 "host memory, e.g. 256GiB (default: what is available here)");
+  p->add_option("--drive-rate", cmd.drive_gb_per_s,
+                "--state-dir: the drive's GB/s each way, for the time a step's state traffic "
+                "takes (info --state-dir measures it); 0 = not predicted")
+      ->capture_default_str();
   p->add_option("--state-dir", cmd.state_dir,
                 "offload/stream: plan the optimizer state in a file there (a drive) instead of "
                 "host memory");
@@ -104,6 +111,10 @@ int run_plan(const PlanCommand& cmd) {
       !(cmd.device_tflops > 0.0 && cmd.device_tflops < 1e6)) {
     throw std::invalid_argument("--link-rate and --device-tflops must be positive and finite");
   }
+  if (!(cmd.drive_gb_per_s >= 0.0 && cmd.drive_gb_per_s < 1e6)) {
+    throw std::invalid_argument("--drive-rate must be a finite number of GB/s >= 0");
+  }
+  pi.drive_gb_per_s = cmd.drive_gb_per_s;
   pi.link_gb_per_s = cmd.link_gb_per_s;
   pi.device_tflops = cmd.device_tflops;
   // Stream mode where train would offer it.
@@ -167,8 +178,16 @@ int run_plan(const PlanCommand& cmd) {
   return fits ? 0 : 3;
 }
 
-int run_info(bool json) {
+int run_info(bool json, const std::string& state_dir) {
   nlohmann::json j = report::system_info();
+  if (!state_dir.empty()) {
+    const state_io::DriveRates r = state_io::measure_drive(state_dir, std::uint64_t{1} << 30);
+    j["state_dir"] = {{"dir", state_dir},
+                      {"read_gbps", r.read_gbps},
+                      {"write_gbps", r.write_gbps},
+                      {"queue", r.queue},
+                      {"io", r.io}};
+  }
   train::PlanInput pi;
   pi.spec = model::load_model_spec("llama3.1-8b");
   pi.shape = {1, 4096, false};
@@ -180,6 +199,15 @@ int run_info(bool json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::fputs(report::format_system_info(j).c_str(), stdout);
+    if (j.contains("state_dir")) {
+      const auto& d = j["state_dir"];
+      std::printf(
+          "--state-dir %s: read %.2f GB/s, write %.2f GB/s (1 GiB, %s, %s); give plan "
+          "--drive-rate %.1f\n",
+          state_dir.c_str(), d["read_gbps"].get<double>(), d["write_gbps"].get<double>(),
+          d["io"].get<std::string>().c_str(), d["queue"].get<std::string>().c_str(),
+          std::min(d["read_gbps"].get<double>(), d["write_gbps"].get<double>()));
+    }
     std::fputs(train::format_host_costs(costs, pi.host_available,
                                         format_bytes(pi.host_available) + " available")
                    .c_str(),

@@ -15,6 +15,7 @@ struct PlanCommand {
   int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1, param_window = 0;
   bool recompute = false, dpu = false, json = false;
   double link_gb_per_s = 55.0, device_tflops = 400.0;  // train::PlanInput's
+  double drive_gb_per_s = 0.0;                         // --state-dir's drive, each way
   ByteSize device_memory, host_memory, bucket;
 };
 
@@ -28,6 +29,7 @@ int run_plan(const PlanCommand& cmd);
 // `info`: the machine's report, and the host bytes per parameter of each master-weight and
 // optimizer-state combination with the parameters each admits in the memory available here
 // (reckoned for Llama 3.1 8B's shapes in bf16 on a GPU, offload mode, 1 x 4096 tokens).
-int run_info(bool json);
+// state_dir non-empty: also the drive's sequential rates there (state_io::measure_drive).
+int run_info(bool json, const std::string& state_dir = "");
 
 }  // namespace zo::cli

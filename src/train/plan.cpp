@@ -52,6 +52,19 @@ void plan_drive(MemoryPlan& p, const PlanInput& in, const model::ParameterLayout
   p.drive.push_back({what, b.file});
   p.drive_traffic = "per step: " + format_bytes(b.file) + " read and " + format_bytes(b.file) +
                     " written (each chunk once each way)";
+  if (in.drive_gb_per_s > 0.0) {
+    // With DPU the update overlaps the next step's forward and backward (6 flop per parameter
+    // and token): hidden from seconds x F / (6 N) tokens a step.
+    const double seconds = 2.0 * double(b.file) / (in.drive_gb_per_s * 1e9);
+    const double tokens =
+        seconds * in.device_tflops * 1e12 / (6.0 * double(in.spec.num_parameters()));
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "; %.2f s at %.3g GB/s each way, hidden behind the device's work (DPU) from "
+                  "%.0f tokens per step at %.0f TFLOP/s",
+                  seconds, in.drive_gb_per_s, std::ceil(tokens), in.device_tflops);
+    p.drive_traffic += text;
+  }
 }
 
 }  // namespace
@@ -157,11 +170,16 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (!p.device_fits) advice << "; ";
     advice << "host needs " << format_bytes(p.host_total) << " but has "
            << format_bytes(in.host_available) << " available: ";
-    if (in.optimizer_state != StateFormat::kQ8) {
+    if (in.optimizer_state != StateFormat::kQ8 && !in.engine.state_on_drive) {
       advice << "use --optimizer-state "
              << (in.optimizer_state == StateFormat::kF32 ? "bf16 or q8, " : "q8, ");
     }
-    if (!in.resident && in.engine.master == DType::kF32) advice << "--master-weights bf16, ";
+    if (!in.resident && in.engine.master == DType::kF32 && !in.engine.state_on_drive)
+      advice << "--master-weights bf16, ";
+    if (!in.resident && !in.engine.state_on_drive) {
+      advice << "--state-dir DIR (master, m and v on a drive), ";
+    }
+    if (in.engine.state_on_drive && in.engine.dpu) advice << "drop --dpu (one landing buffer), ";
     advice << "or a smaller model";
   }
   p.advice = advice.str();

@@ -42,6 +42,7 @@ struct PlanInput {
   // The optimizer state on a drive (engine.state_on_drive): its chunks and staging slots.
   std::size_t state_chunk_elements = optim::kDefaultChunkElements;
   std::size_t state_slots = optim::kDefaultStagingSlots;
+  double drive_gb_per_s = 0.0;  // the drive's rate each way; 0 = no time predicted
 };
 
 struct PlanLine {
