@@ -3,7 +3,9 @@
 // plan of a model that size.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -150,6 +152,17 @@ TEST(PlanDrive, TheFileAndTheStagingAreThePagersOwn) {
     EXPECT_EQ(p.drive_traffic,
               "per step: " + file + " read and " + file + " written (each chunk once each way)");
     EXPECT_NE(p.format(in).find("drive (--state-dir):"), std::string::npos);
+    // With the drive's rate: read and write of the file at 2 GB/s each way, and the tokens whose
+    // 6 N flop a token at 400 TFLOP/s take as long.
+    in.drive_gb_per_s = 2.0;
+    const std::string timed = zo::train::plan_memory(in).drive_traffic;
+    const double seconds = 2.0 * double(opt.pager()->file_bytes()) / 2e9;
+    char want[64];
+    std::snprintf(want, sizeof want, "; %.2f s at 2 GB/s each way", seconds);
+    EXPECT_NE(timed.find(want), std::string::npos) << timed;
+    std::snprintf(want, sizeof want, "from %.0f tokens per step at 400 TFLOP/s",
+                  std::ceil(seconds * 400e12 / (6.0 * double(in.spec.num_parameters()))));
+    EXPECT_NE(timed.find(want), std::string::npos) << timed;
   }
   std::filesystem::remove_all(dir);
 }
