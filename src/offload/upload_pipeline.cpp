@@ -106,13 +106,10 @@ void UploadPipeline::start(cpu_adam::ConstArrayView grads, std::int64_t t, float
 
 void UploadPipeline::run_update(cpu_adam::ConstArrayView grads, std::int64_t t, float lr,
                                 float mult) {
-  // The kernels write 16-bit copies as they update; an fp32 copy of a bf16 master (the host
-  // backend) is widened group by group after.
+  // The update writes the uploads' copy as it goes: 16-bit from the kernels, fp32 (the host
+  // backend, with a bf16 master or one on a drive) from the new master of each piece it updated.
   cpu_adam::ArrayView out;
-  // fp32 uploads from a copy (a bf16 master, or a master on a drive): copied after each group's
-  // update, since Adam writes 16-bit parameters only.
-  const bool widen = act_ == DType::kF32 && !uploads_from_master();
-  if (!uploads_from_master() && !widen) out = {upload_.data(), opt_.size(), act_};
+  if (!uploads_from_master()) out = {upload_.data(), opt_.size(), act_};
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -121,7 +118,6 @@ void UploadPipeline::run_update(cpu_adam::ConstArrayView grads, std::int64_t t, 
       groups_[g].up_end->synchronize();
       const model::Range& r = groups_[g].range;
       opt_.update_range(r.begin, r.end, grads, t, lr, mult, out);
-      if (widen) opt_.copy_master_as(r.begin, r.end, act_, upload_.data());
       {
         std::lock_guard lock(mu_);
         adam_done_[g] = 1;

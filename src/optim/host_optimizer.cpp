@@ -152,8 +152,7 @@ cpu_adam::StepResult HostOptimizer::update_range(std::size_t begin, std::size_t 
         buf.exp_avg = {s.m, n, moment};
         buf.exp_avg_sq = {s.v, n, moment};
         buf.grads = slice(grads, s.begin, s.end);
-        buf.params_out = slice(params_out, s.begin, s.end);
-        const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+        const auto r = update_piece(buf, s, t, grad_multiplier, params_out);
         result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
       });
     }
@@ -183,10 +182,9 @@ cpu_adam::StepResult HostOptimizer::update_q8(std::size_t begin, std::size_t end
       cpu_adam::AdamBuffers buf;
       set_master(buf, s, seg.layout + (s.begin - seg.begin));
       buf.grads = slice(grads, s.begin, s.end);
-      buf.params_out = slice(params_out, s.begin, s.end);
       buf.q8 = {reinterpret_cast<std::uint8_t*>(s.m), reinterpret_cast<std::uint8_t*>(s.v),
                 s.m_absmax + block, s.v_absmax + block, cpu_adam::q8_blocks(n)};
-      const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+      const auto r = update_piece(buf, s, t, grad_multiplier, params_out);
       result.found_nonfinite = result.found_nonfinite || r.found_nonfinite;
     });
   }
@@ -232,6 +230,19 @@ void HostOptimizer::visit(std::size_t begin, std::size_t end, bool write, F&& f)
 }
 
 HostOptimizer::~HostOptimizer() = default;
+
+cpu_adam::StepResult HostOptimizer::update_piece(cpu_adam::AdamBuffers& buf, const StateSpan& s,
+                                                 std::int64_t t, float grad_multiplier,
+                                                 cpu_adam::ArrayView params_out) {
+  const bool fp32_out = params_out.data != nullptr && params_out.dtype == DType::kF32;
+  buf.params_out = fp32_out ? cpu_adam::ArrayView{} : slice(params_out, s.begin, s.end);
+  const auto r = adam_.update(buf, t, {grad_multiplier, cpu_adam::NonFinitePolicy::kReport});
+  if (fp32_out) {
+    convert_to_float(s.master, config_.master_dtype, static_cast<float*>(params_out.data) + s.begin,
+                     s.end - s.begin);
+  }
+  return r;
+}
 
 void HostOptimizer::refuse_whole_arrays(const char* what) const {
   if (pager_) {

@@ -150,7 +150,8 @@ class HostOptimizer {
   void write_moment(int k, std::size_t begin, std::span<const float> values);
 
   // One update of every owned parameter from grads (size(), any dtype): t = state().step + 1. If
-  // params_out has data, the new params are also written there in its 16-bit dtype.
+  // params_out has data, the new params are also written there in its dtype (16-bit by the
+  // kernels; fp32 copied from the new master of each piece, while it is in memory).
   cpu_adam::StepResult step(cpu_adam::ConstArrayView grads, float lr, float grad_multiplier,
                             cpu_adam::ArrayView params_out = {});
   // Update number t over the owned elements of layout range [begin, end) only, without touching
@@ -191,6 +192,10 @@ class HostOptimizer {
   template <class F>
   void visit(std::size_t begin, std::size_t end, bool write, F&& f) const;
   void refuse_whole_arrays(const char* what) const;
+  // cpu_adam over one piece (buf's master, moments and grads set), its new parameters into
+  // params_out (whole local array, or none) in params_out's dtype.
+  cpu_adam::StepResult update_piece(cpu_adam::AdamBuffers& buf, const StateSpan& s, std::int64_t t,
+                                    float grad_multiplier, cpu_adam::ArrayView params_out);
   cpu_adam::ArrayView moment_view(pinned::HostBuffer& b);
   // The update's master-weight arguments for span s, whose first element is layout index
   // `layout`.
