@@ -6,7 +6,7 @@
 # recover, see CMakeLists.txt), on any test failure and on a test that runs past its time limit.
 #   ASAN_BUILD_DIR   build directory (default: build-asan)
 #   ASAN_JOBS        parallel compile and test jobs (default: nproc)
-#   ASAN_TESTS       suites to build and run, space-separated (default: the nine below)
+#   ASAN_TESTS       suites to build and run, space-separated (default: the eleven below)
 #   ASAN_CTEST_ARGS  extra ctest arguments, e.g. "-R Trainer" or "-E LearnsTheSyntheticTask"
 #   ASAN_TIMEOUT     seconds each test may run (default: 1800)
 #   ASAN_INPUTS      1 (default): then tests/run_asan_inputs.sh, the hostile inputs; 0: not
@@ -23,7 +23,7 @@ bash .ci/install-deps
 build_dir=${ASAN_BUILD_DIR:-build-asan}
 jobs=${ASAN_JOBS:-$(nproc)}
 read -r -a suites <<<"${ASAN_TESTS:-test_core test_checkpoint test_data test_model test_train \
-test_cli test_reliability test_offload test_host_device test_resident_updater}"
+test_cli test_reliability test_offload test_host_device test_resident_updater test_state_io}"
 limit=${ASAN_TIMEOUT:-1800}
 
 start=$SECONDS

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # ThreadSanitizer job (docs/testing.md, "ThreadSanitizer job"): builds the threaded host code with
 # -fsanitize=thread in its own build directory and runs the suites that exercise host streams,
-# pinned buffers, the offload engine and the trainer. Exits non-zero on any TSan report (data race,
-# lock-order inversion, ...), on any test failure and on a suite that runs past its time limit.
+# pinned buffers, the offload engine, the trainer and the state files' I/O queues. Exits non-zero
+# on any TSan report (data race, lock-order inversion, ...), on any test failure and on a suite
+# that runs past its time limit.
 #   TSAN_BUILD_DIR     build directory (default: build-tsan)
 #   TSAN_JOBS          parallel compile jobs (default: nproc)
 #   TSAN_GTEST_FILTER  gtest filter for every suite (default: * = all tests)
-#   TSAN_TESTS         suites to build and run, space-separated (default: the five below)
+#   TSAN_TESTS         suites to build and run, space-separated (default: the seven below)
 #   TSAN_TIMEOUT       seconds each suite may run (default: 1800)
 #   TSAN_OPTIONS       extra runtime options, appended to the ones set here
 # Measured on 2 cores: build ~5 min from scratch, runs ~5 min (test_train ~4.8 min of it, mostly
@@ -20,7 +21,7 @@ bash .ci/install-deps
 build_dir=${TSAN_BUILD_DIR:-build-tsan}
 jobs=${TSAN_JOBS:-$(nproc)}
 read -r -a suites <<<"${TSAN_TESTS:-test_core test_host_device test_pinned_memory test_offload test_train \
-test_resident_updater}"
+test_resident_updater test_state_io}"
 filter=${TSAN_GTEST_FILTER:-*}
 limit=${TSAN_TIMEOUT:-1800}
 
