@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <random>
 #include <utility>
 
@@ -76,6 +77,7 @@ std::string try_direct(int fd) {
     void operator()(void* p) const noexcept { std::free(p); }
   };
   const std::unique_ptr<void, Free> block(std::aligned_alloc(kAlignment, kAlignment));
+  if (!block) throw std::bad_alloc();
   std::memset(block.get(), 0, kAlignment);
   if (::pwrite(fd, block.get(), kAlignment, 0) == ssize_t(kAlignment) &&
       ::pread(fd, block.get(), kAlignment, 0) == ssize_t(kAlignment)) {
