@@ -260,10 +260,11 @@ phase_drive() {
   step info_state_dir 60 bash -c "df -hT $d; $B info --state-dir $d"
   step bench_state_dir 120 "$here/bin/bench_state_dir" --dir "$d" --model gpt2-1558m \
     --state q8 --steps 2 --json
-  local big=(--model llama3.1-8b -b 1 --seq-len 2048 --grad-accum 8 --precision bf16
-    --optimizer-state q8 --master-weights bf16 --device cuda --mode offload --steps 4 --dpu
-    --dpu-warmup 2)
-  step plan_llama_8b_state_dir 60 "$B" plan "${big[@]}" --host-memory 48GiB --state-dir "$d"
+  local shape=(--model llama3.1-8b -b 1 --seq-len 2048 --grad-accum 8 --precision bf16
+    --optimizer-state q8 --master-weights bf16 --mode offload --dpu)
+  step plan_llama_8b_state_dir 60 "$B" plan "${shape[@]}" --host-memory 48GiB --state-dir "$d" \
+    --drive-rate 1.8
+  local big=("${shape[@]}" --device cuda --steps 4 --dpu-warmup 2)
   train llama_8b_memory 150 "${big[@]}"
   train llama_8b_state_dir 300 "${big[@]}" --host-memory 48GiB --state-dir "$d"
 }
