@@ -333,6 +333,20 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
   EXPECT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["host_costs"]["combinations"].size(), 6u) << r.out;
+  // The table of host bytes per parameter is the plan's own arithmetic: with --grad-accum summed
+  // on the device and the state on a drive, the row of the run's formats gives its host total.
+  r = run("plan --model gpt2-350m --precision bf16 -b 2 --seq-len 256 --grad-accum 4 --dpu "
+          "--optimizer-state q8 --master-weights bf16 --mode offload --state-dir . --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto d = nlohmann::json::parse(r.out);
+  const double n = double(d["offload"]["parameters"].get<std::size_t>());
+  for (const auto& row : d["host_costs"]["combinations"]) {
+    if (row["master_weights"] != "bf16" || row["optimizer_state"] != "q8") continue;
+    EXPECT_NEAR(row["bytes_per_parameter"].get<double>() * n +
+                    double(row["fixed_bytes"].get<std::size_t>()),
+                double(d["offload"]["host"]["total"].get<std::size_t>()), 1.0)
+        << r.out;
+  }
   r = run("plan --model gpt2-124m --precision bf16 --master-weights bf16 --optimizer-state q8");
   EXPECT_NE(r.out.find("bf16 master weights"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("16-bit upload buffer"), std::string::npos) << "uploads read the master";

@@ -149,6 +149,7 @@ int run_plan(const PlanCommand& cmd) {
   // Offload mode's host bytes per parameter of every combination, and what each admits.
   if (mode != "resident") {
     pi.resident = false;
+    pi.engine = choice.offload_engine;  // where --grad-accum sums, as offload mode's plan has it
     const auto costs = train::host_costs(pi);
     const std::size_t device_limit = train::largest_on_device(pi, choice.offload);
     if (cmd.json) {
