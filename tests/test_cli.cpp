@@ -335,7 +335,8 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
   EXPECT_EQ(j["host_costs"]["combinations"].size(), 6u) << r.out;
   // The table of host bytes per parameter is the plan's own arithmetic: with --grad-accum summed
   // on the device and the state on a drive, the row of the run's formats gives its host total.
-  r = run("plan --model gpt2-350m --precision bf16 -b 2 --seq-len 256 --grad-accum 4 --dpu "
+  r =
+      run("plan --model gpt2-350m --precision bf16 -b 2 --seq-len 256 --grad-accum 4 --dpu "
           "--optimizer-state q8 --master-weights bf16 --mode offload --state-dir . --json");
   EXPECT_EQ(r.code, 0) << r.out;
   const auto d = nlohmann::json::parse(r.out);

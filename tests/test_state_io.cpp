@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -76,10 +77,14 @@ void round_trip(const StateFile& f, QueueOptions o, int chunks, std::uint32_t se
   for (auto t = tickets.rbegin(); t != tickets.rend(); ++t)
     q->wait(*t);
   tickets.clear();
+  const auto submitted = std::chrono::steady_clock::now();
   for (Piece& p : pieces)
     tickets.push_back(q->submit({IoRequest::Op::kRead, &f, p.offset, p.in.get(), p.bytes}));
-  for (const std::uint64_t t : tickets)
-    q->wait(t);
+  for (const std::uint64_t t : tickets) {
+    const auto completed = q->wait(t);  // for traces: when the queue saw it done
+    EXPECT_GE(completed, submitted);
+    EXPECT_LE(completed, std::chrono::steady_clock::now());
+  }
   for (const Piece& p : pieces)
     ASSERT_EQ(std::memcmp(p.in.get(), p.out.get(), p.bytes), 0) << q->name() << " at " << p.offset;
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "input_test.h"
 #include "model/hf_weights.h"
 #include "optim/host_optimizer.h"
+#include "optim/state_pager.h"
 #include "train/checkpoint_io.h"
 #include "train/plan.h"
 #include "train/trainer.h"
@@ -696,6 +698,62 @@ TEST(Trainer, StreamModeEqualsOffloadAndTrainsWithinItsPlan) {
       EXPECT_NE(out.find("stream mode: AdamW on the CPU"), std::string::npos) << out;
     }
   }
+}
+
+// --trace with --state-dir: every staging slot's reads and writes on its own track, one at a time,
+// each chunk written once a step (and once at initialisation) and read back for the next update.
+TEST(Trainer, TraceShowsTheDrivesTransfers) {
+  TempDir d, sd;
+  TrainConfig c = tiny_config(3);
+  c.state_dir = sd.path.string();
+  c.state_chunk_elements = 3 * 2048;
+  c.trace = (d.path / "trace.json").string();
+  c.quiet = false;
+  std::string out;
+  Trainer(c).run([&](const std::string& l) { out += l + "\n"; });
+  const auto at = out.find(" chunks, ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::size_t chunks = std::stoul(out.substr(out.rfind(", ", at) + 2));
+  ASSERT_GT(chunks, 4u) << "more chunks than slots: every update reads the drive";
+  std::ifstream in(c.trace);
+  const auto j = nlohmann::json::parse(in);
+  std::map<int, std::string> tracks;
+  for (const auto& ev : j.at("traceEvents")) {
+    if (ev.at("ph") == "M" && ev.at("name") == "thread_name")
+      tracks[ev.at("tid").get<int>()] = ev.at("args").at("name").get<std::string>();
+  }
+  std::map<std::string, std::vector<std::pair<double, double>>> by_slot;  // [begin, end) spans
+  std::vector<int> reads(chunks), writes(chunks);
+  for (const auto& ev : j.at("traceEvents")) {
+    if (ev.at("ph") != "X") continue;
+    const std::string track = tracks[ev.at("tid").get<int>()];
+    if (!track.starts_with("drive slot ")) continue;
+    const std::string name = ev.at("name");
+    const bool write = name.starts_with("write chunk ");
+    ASSERT_TRUE(write || name.starts_with("read chunk ")) << name;
+    const std::size_t k = std::stoul(name.substr(name.rfind(' ') + 1));
+    ASSERT_LT(k, chunks);
+    ++(write ? writes : reads)[k];
+    EXPECT_GT(ev.at("args").at("bytes").get<std::size_t>(), 0u);
+    const double ts = ev.at("ts").get<double>();
+    by_slot[track].emplace_back(ts, ts + ev.at("dur").get<double>());
+  }
+  EXPECT_EQ(by_slot.size(), zo::optim::kDefaultStagingSlots);
+  for (auto& [track, spans] : by_slot) {
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i)
+      EXPECT_LE(spans[i - 1].second, spans[i].first) << track << ": one transfer at a time";
+  }
+  // The last update's final chunks may still sit dirty in their slots when the run ends: the
+  // file is scratch, so they are never written.
+  std::size_t unwritten = 0;
+  for (std::size_t k = 0; k < chunks; ++k) {
+    EXPECT_GE(writes[k], c.steps) << "chunk " << k;
+    EXPECT_LE(writes[k], c.steps + 1) << "chunk " << k;
+    unwritten += writes[k] == c.steps;
+    EXPECT_GE(reads[k], c.steps - 1) << "chunk " << k;
+  }
+  EXPECT_LE(unwritten, zo::optim::kDefaultStagingSlots);
 }
 
 // --trace writes a Chrome trace with a track per stream / thread and spans of every stage.

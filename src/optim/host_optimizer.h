@@ -95,6 +95,7 @@ class HostOptimizer {
   bool on_drive() const { return pager_ != nullptr; }
   // The drive's pager (null in memory): chunks, bytes moved, what the log says.
   const StatePager* pager() const { return pager_.get(); }
+  StatePager* pager() { return pager_.get(); }
   // The master weights (size() elements of master_dtype()).
   void* master_data();
   // The fp32 master weights (throws std::logic_error with a bf16 master: see read_master).

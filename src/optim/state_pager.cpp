@@ -132,15 +132,33 @@ StatePager::Slot* StatePager::slot_of(std::size_t c) {
   return nullptr;
 }
 
+void StatePager::submit(Slot& s, bool write) {
+  const Record& r = records_[s.chunk];
+  using Op = state_io::IoRequest::Op;
+  s.submitted = std::chrono::steady_clock::now();
+  s.ticket = queue_->submit(
+      {write ? Op::kWrite : Op::kRead, &file_, r.offset, s.buffer.data(), r.at.bytes});
+}
+
+void StatePager::wait(Slot& s, bool write) {
+  const auto called = std::chrono::steady_clock::now();
+  const auto completed = queue_->wait(s.ticket);
+  if (!observer_) return;
+  const auto back = std::chrono::steady_clock::now();
+  observer_({write, s.chunk, std::size_t(&s - slots_.data()), records_[s.chunk].at.bytes,
+             s.submitted, completed,
+             completed > called ? std::chrono::duration<double>(back - called).count() : 0.0});
+}
+
 // Both consume the slot's ticket whatever the wait says: a slot is never waited for twice.
 void StatePager::finish_write(Slot& s) {
   s.state = SlotState::kCached;  // the slot holds what the drive now holds
-  queue_->wait(s.ticket);
+  wait(s, true);
 }
 
 void StatePager::finish_read(Slot& s) {
   s.state = SlotState::kFree;
-  queue_->wait(s.ticket);
+  wait(s, false);
   const Record& r = records_[s.chunk];
   bytes_read_ += r.at.bytes;
   if (checksums(s) != crc_[s.chunk]) {
@@ -216,25 +234,21 @@ void StatePager::prefetch(std::size_t c) {
     if (s == nullptr) return;
     finish_write(*s);
   }
-  const Record& r = records_[c];
   s->chunk = c;
   s->state = SlotState::kReading;
   s->last_use = ++clock_;
-  s->ticket = queue_->submit(
-      {state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.at.bytes});
+  submit(*s, false);
 }
 
 void StatePager::write_behind(std::size_t keep) {
   for (Slot& s : slots_) {
     if (s.state != SlotState::kCached || !s.dirty || s.chunk == keep) continue;
-    const Record& r = records_[s.chunk];
     crc_[s.chunk] = checksums(s);
     written_[s.chunk] = true;
-    bytes_written_ += r.at.bytes;
+    bytes_written_ += records_[s.chunk].at.bytes;
     s.dirty = false;
     s.state = SlotState::kWriting;
-    s.ticket = queue_->submit(
-        {state_io::IoRequest::Op::kWrite, &file_, r.offset, s.buffer.data(), r.at.bytes});
+    submit(s, true);
   }
 }
 
@@ -252,10 +266,8 @@ StatePager::View StatePager::acquire(std::size_t c) {
     if (s == nullptr) throw std::logic_error("StatePager::acquire: every slot is held");
     s->chunk = c;
     if (written_[c]) {
-      const Record& r = records_[c];
       s->state = SlotState::kReading;
-      s->ticket = queue_->submit(
-          {state_io::IoRequest::Op::kRead, &file_, r.offset, s->buffer.data(), r.at.bytes});
+      submit(*s, false);
       finish_read(*s);
     } else {
       std::fill_n(static_cast<char*>(s->buffer.data()), records_[c].at.bytes, 0);

@@ -5,6 +5,7 @@
 // kept in memory, so a chunk changed on the drive between steps is caught when read.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -76,6 +77,15 @@ class StatePager {
   };
   // Fills a chunk that was never written (the starting state: zero moments, the master set later).
   using Fresh = std::function<void(const ChunkSpan&, const View&)>;
+  // One finished transfer between a slot and the drive (for --trace): when it was queued, when
+  // the queue saw it done, and how long the update stood waiting for it (0 when it was done).
+  struct Transfer {
+    bool write = false;
+    std::size_t chunk = 0, slot = 0, bytes = 0;
+    std::chrono::steady_clock::time_point submitted, completed;
+    double waited_s = 0.0;
+  };
+  using Observer = std::function<void(const Transfer&)>;
 
   struct Options {
     std::filesystem::path dir;
@@ -113,6 +123,9 @@ class StatePager {
   // failed.
   void flush();
 
+  // Called on the pager's thread for every transfer once it is waited for; must not throw.
+  void observe(Observer o) { observer_ = std::move(o); }
+
   // Bytes read from and written to the drive so far.
   std::uint64_t bytes_read() const { return bytes_read_; }
   std::uint64_t bytes_written() const { return bytes_written_; }
@@ -130,6 +143,7 @@ class StatePager {
     std::uint64_t ticket = 0;
     std::uint64_t last_use = 0;
     bool dirty = false;  // cached, changed since the drive's copy
+    std::chrono::steady_clock::time_point submitted;
   };
 
   View view(std::size_t c, Slot& s);
@@ -138,6 +152,10 @@ class StatePager {
   Slot* take_slot();
   void finish_write(Slot& s);
   void finish_read(Slot& s);
+  // Queues slot s's transfer of its chunk's record.
+  void submit(Slot& s, bool write);
+  // Waits for slot s's transfer and tells the observer.
+  void wait(Slot& s, bool write);
   // Queues the writes of every dirty cached slot but chunk `keep`'s.
   void write_behind(std::size_t keep);
   std::vector<std::uint32_t> checksums(const Slot& s) const;
@@ -157,6 +175,7 @@ class StatePager {
   std::vector<std::vector<std::uint32_t>> crc_;
   std::vector<bool> written_;  // per chunk: on the drive (else fresh)
   std::uint64_t clock_ = 0, bytes_read_ = 0, bytes_written_ = 0;
+  Observer observer_;
 };
 
 }  // namespace zo::optim

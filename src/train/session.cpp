@@ -349,6 +349,23 @@ void Session::make_optimizer_state() {
 
 void Session::make_updater_and_model() {
   if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
+  if (optim::StatePager* pager = opt->pager(); pager && trace.enabled()) {
+    // Each staging slot's reads and writes on its own track (one transfer at a time per slot),
+    // and the update's waits for them on another.
+    pager->observe([t = &trace](const optim::StatePager::Transfer& x) {
+      try {
+        const double done = t->to_us(x.completed);
+        t->span("drive slot " + std::to_string(x.slot),
+                (x.write ? "write chunk " : "read chunk ") + std::to_string(x.chunk),
+                t->to_us(x.submitted), done, {{"bytes", x.bytes}});
+        if (x.waited_s > 0.0) {
+          t->span("drive waits", "wait for chunk " + std::to_string(x.chunk),
+                  done - x.waited_s * 1e6, done);
+        }
+      } catch (...) {  // a trace that cannot record loses the event, never the step
+      }
+    });
+  }
   stream = dev->create_stream();
   updater = resident ? make_resident_updater(*dev, *stream, *layout, *opt, cfg.grad_accum)
                      : make_offload_updater(*dev, *stream, *layout, *opt, engine_config(), &trace,

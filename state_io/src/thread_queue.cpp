@@ -41,10 +41,10 @@ class ThreadQueue final : public IoQueue {
     return ticket;
   }
 
-  void wait(std::uint64_t ticket) override {
+  std::chrono::steady_clock::time_point wait(std::uint64_t ticket) override {
     std::unique_lock<std::mutex> lock(mu_);
-    tickets_.finish(ticket,
-                    [&](const Transfer& t) { done_.wait(lock, [&] { return t.complete; }); });
+    return tickets_.finish(
+        ticket, [&](const Transfer& t) { done_.wait(lock, [&] { return t.complete; }); });
   }
 
   std::string name() const override { return "threads"; }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -20,7 +21,8 @@ struct Transfer {
   IoRequest request;
   std::size_t done = 0;
   bool complete = false;
-  std::string error;  // set with complete when it failed
+  std::string error;                               // set with complete when it failed
+  std::chrono::steady_clock::time_point finished;  // set with complete
 
   IoRequest part() const {
     IoRequest p = request;
@@ -46,6 +48,7 @@ struct Transfer {
       done += std::size_t(result);
     }
     complete = !error.empty() || done == request.bytes;
+    if (complete) finished = std::chrono::steady_clock::now();
     return complete;
   }
 };
@@ -61,15 +64,17 @@ class Tickets {
   }
   Transfer& at(std::uint64_t ticket) { return map_.at(ticket); }
   // Calls until_complete(transfer), which returns once the transfer is complete, then forgets
-  // the ticket and throws its error if it failed.
+  // the ticket and throws its error if it failed; else returns when it completed.
   template <class Wait>
-  void finish(std::uint64_t ticket, Wait&& until_complete) {
+  std::chrono::steady_clock::time_point finish(std::uint64_t ticket, Wait&& until_complete) {
     const auto it = map_.find(ticket);
     if (it == map_.end()) throw std::logic_error("IoQueue::wait: unknown ticket");
     until_complete(it->second);
     const std::string error = std::move(it->second.error);
+    const auto finished = it->second.finished;
     map_.erase(it);
     if (!error.empty()) throw IoError(error);
+    return finished;
   }
 
  private:

@@ -43,12 +43,14 @@ class UringQueue final : public IoQueue {
     const std::uint64_t ticket = tickets_.add(r);
     backlog_.push_back(ticket);
     fill();
+    reap_ready();
     return ticket;
   }
 
-  void wait(std::uint64_t ticket) override {
+  std::chrono::steady_clock::time_point wait(std::uint64_t ticket) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    tickets_.finish(ticket, [&](const Transfer& t) {
+    reap_ready();
+    return tickets_.finish(ticket, [&](const Transfer& t) {
       while (!t.complete)
         reap_one();
     });
@@ -92,6 +94,18 @@ class UringQueue final : public IoQueue {
       r = io_uring_wait_cqe(&ring_, &cqe);
     } while (r == -EINTR);
     if (r < 0) throw IoError(std::string("io_uring_wait_cqe failed: ") + std::strerror(-r));
+    take(cqe);
+  }
+
+  // Takes the completions already there without waiting: a transfer's completion time is then
+  // when the queue was next used after it, not when it was waited for.
+  void reap_ready() {
+    io_uring_cqe* cqe = nullptr;
+    while (in_flight_ > 0 && io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr)
+      take(cqe);
+  }
+
+  void take(io_uring_cqe* cqe) {
     const std::uint64_t ticket = io_uring_cqe_get_data64(cqe);
     const long result = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);

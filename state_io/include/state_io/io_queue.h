@@ -4,6 +4,7 @@
 // way, through one completion path a test can perturb.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -41,9 +42,10 @@ class IoQueue {
   virtual ~IoQueue() = default;
   // Starts a transfer (checked by StateFile::check_transfer); returns its ticket.
   virtual std::uint64_t submit(const IoRequest& r) = 0;
-  // Returns when the ticket's transfer is complete; throws IoError if it failed. Each ticket is
-  // waited for once; tickets may be waited for in any order.
-  virtual void wait(std::uint64_t ticket) = 0;
+  // Returns when the ticket's transfer is complete, with the time the queue saw it complete
+  // (for traces); throws IoError if it failed. Each ticket is waited for once; tickets may be
+  // waited for in any order.
+  virtual std::chrono::steady_clock::time_point wait(std::uint64_t ticket) = 0;
   // "io_uring" or "threads".
   virtual std::string name() const = 0;
 };
