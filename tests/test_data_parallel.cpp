@@ -191,6 +191,51 @@ TEST(DataParallel, TwoRankResumeEqualsUninterruptedBitForBit) {
   }
 }
 
+// --state-dir with 2 ranks: each rank pages its own share of the state through its own file,
+// bit for bit as in memory (losses, norms, the checkpoint's model file and both shards, byte for
+// byte), and a resume onto the drives continues the uninterrupted run exactly.
+TEST(DataParallel, StateOnADriveTrainsAsInMemory) {
+  NEED_MPI();
+  for (const std::string flags :
+       {"--optimizer-state fp32",
+        "--optimizer-state q8 --master-weights bf16 --dpu --dpu-warmup 2"}) {
+    SCOPED_TRACE(flags);
+    TempDir d;
+    const fs::path state = d.path / "state";
+    fs::create_directories(state);
+    const std::string common = "--micro-batch 2 --checkpoint-every 3 --keep 0 " + flags;
+    auto run = [&](const std::string& name, const std::string& extra) {
+      const Result r =
+          ranks(2, common + " --checkpoint-dir " + (d.path / name).string() + " --metrics " +
+                       (d.path / (name + ".jsonl")).string() + " " + extra);
+      EXPECT_EQ(r.code, 0) << r.out;
+      return zo::test::read_jsonl(d.path / (name + ".jsonl"));
+    };
+    const auto mem = run("mem", ""), on_drive = run("drive", "--state-dir " + state.string());
+    ASSERT_EQ(mem.size(), 6u);
+    ASSERT_EQ(on_drive.size(), 6u);
+    for (std::size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(mem[i]["loss"], on_drive[i]["loss"]) << "step " << i + 1;
+      EXPECT_EQ(mem[i]["grad_norm"], on_drive[i]["grad_norm"]) << "step " << i + 1;
+    }
+    for (const char* f : {"model.safetensors", "optimizer.rank0-of2.safetensors",
+                          "optimizer.rank1-of2.safetensors"}) {
+      for (const char* step : {"step_00000003", "step_00000006"}) {
+        EXPECT_EQ(bytes_of(d.path / "mem" / step / f), bytes_of(d.path / "drive" / step / f))
+            << step << "/" << f;
+      }
+    }
+    fs::create_directories(d.path / "resumed");
+    fs::copy(d.path / "drive" / "step_00000003", d.path / "resumed" / "step_00000003",
+             fs::copy_options::recursive);
+    const auto resumed = run("resumed", "--resume latest --state-dir " + state.string());
+    ASSERT_EQ(resumed.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(resumed[i]["loss"], on_drive[3 + i]["loss"]) << "step " << i + 4;
+    EXPECT_TRUE(fs::is_empty(state)) << "nothing left in --state-dir";
+  }
+}
+
 TEST(DataParallel, ResumesWithAnotherRankCountAtTheSameGlobalBatch) {
   NEED_MPI();
   TempDir d;

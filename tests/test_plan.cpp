@@ -14,6 +14,7 @@
 #include "cpu_adam/cpu_adam.h"
 #include "model/layout.h"
 #include "model/spec.h"
+#include "offload/engine_config.h"
 #include "optim/host_optimizer.h"
 #include "train/plan.h"
 
@@ -163,6 +164,15 @@ TEST(PlanDrive, TheFileAndTheStagingAreThePagersOwn) {
     std::snprintf(want, sizeof want, "from %.0f tokens per step at 400 TFLOP/s",
                   std::ceil(seconds * 400e12 / (6.0 * double(in.spec.num_parameters()))));
     EXPECT_NE(timed.find(want), std::string::npos) << timed;
+    // Data parallel: each rank's file holds its share, as a pager over rank 1's partition makes.
+    in.engine.ranks = 2;
+    in.engine.rank = 1;
+    const zo::train::MemoryPlan two = zo::train::plan_memory(in);
+    const zo::optim::HostOptimizer share(
+        layout, c, zo::offload::engine_partition(layout, in.act_dtype, in.engine));
+    EXPECT_EQ(two.drive_total, share.pager()->file_bytes());
+    EXPECT_LT(two.drive_total, p.drive_total * 3 / 4);
+    EXPECT_NE(two.drive.front().what.find("(1/2)"), std::string::npos) << two.drive.front().what;
   }
   std::filesystem::remove_all(dir);
 }

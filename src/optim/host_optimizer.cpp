@@ -442,16 +442,26 @@ void HostOptimizer::write_moment(int k, std::size_t begin, std::span<const float
   });
 }
 
-std::size_t q8_block_count(const model::ParameterLayout& layout,
-                           const std::vector<OwnedRange>& owned) {
+std::vector<SegmentSpan> state_segments(const model::ParameterLayout& layout,
+                                        const std::vector<OwnedRange>& owned) {
+  std::vector<SegmentSpan> out;
   std::size_t blocks = 0;
   for (const OwnedRange& o : owned) {
     for (const auto& t : layout.tensors()) {
       const std::size_t lb = std::max(o.begin, t.offset), le = std::min(o.end, t.offset + t.numel);
-      if (lb < le) blocks += cpu_adam::q8_blocks(le - lb);
+      if (lb >= le) continue;
+      const std::size_t b = o.local + (lb - o.begin);
+      out.push_back({b, b + (le - lb), blocks});
+      blocks += cpu_adam::q8_blocks(le - lb);
     }
   }
-  return blocks;
+  return out;
+}
+
+std::size_t q8_block_count(const model::ParameterLayout& layout,
+                           const std::vector<OwnedRange>& owned) {
+  const std::vector<SegmentSpan> s = state_segments(layout, owned);
+  return s.empty() ? 0 : s.back().block + cpu_adam::q8_blocks(s.back().end - s.back().begin);
 }
 
 std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {

@@ -220,8 +220,12 @@ class HostOptimizer {
   cpu_adam::AdamState state_;
 };
 
-// q8 blocks of a rank that owns `owned` of `layout`: each tensor's part in each range starts a
-// block. For the plan.
+// The segments of a rank that owns `owned` of `layout`, in local order: each tensor's part in each
+// range, its q8 blocks numbered on from the previous segment's (as a HostOptimizer over them
+// keeps them). For the plan.
+std::vector<SegmentSpan> state_segments(const model::ParameterLayout& layout,
+                                        const std::vector<OwnedRange>& owned);
+// q8 blocks over those segments.
 std::size_t q8_block_count(const model::ParameterLayout& layout,
                            const std::vector<OwnedRange>& owned);
 

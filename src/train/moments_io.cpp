@@ -263,6 +263,45 @@ void add_ranged_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout
   }
 }
 
+// add_shard_moments for a state on a drive: the same tensors, every fill read by range.
+void add_ranged_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& opt) {
+  const StateFormat f = opt.state_format();
+  const std::size_t n = opt.size(), sb = state_element_bytes(f);
+  for (int k = 0; k < 2; ++k) {
+    auto moments = [&opt, k, sb](std::uint64_t first, std::span<std::byte> out) {
+      opt.read_moment_stored(k, first, out.size() / sb, out.data());
+    };
+    if (f != StateFormat::kQ8) {
+      w.add_filled(kMoments[k], {n}, f == StateFormat::kF32 ? DType::kF32 : DType::kBF16, moments);
+      continue;
+    }
+    w.add_filled_u8(kMoments[k], {n}, moments);
+    // The block maxima of every segment, back to back: blocks [first, first + count) are read
+    // from the segments they fall in.
+    const auto& segs = opt.segments();
+    const std::size_t blocks =
+        segs.empty() ? 0
+                     : segs.back().block + cpu_adam::q8_blocks(segs.back().end - segs.back().begin);
+    w.add_filled(kAbsmax[k], {blocks}, DType::kF32,
+                 [&opt, k](std::uint64_t first, std::span<std::byte> out) {
+                   const std::size_t count = out.size() / sizeof(float);
+                   std::vector<float> seg_max;
+                   for (std::size_t i = 0; i < opt.segments().size(); ++i) {
+                     const optim::HostOptimizer::Segment& s = opt.segments()[i];
+                     const std::size_t b0 = s.block,
+                                       b1 = s.block + cpu_adam::q8_blocks(s.end - s.begin);
+                     const std::size_t lo = std::max<std::size_t>(b0, first),
+                                       hi = std::min<std::size_t>(b1, first + count);
+                     if (lo >= hi) continue;
+                     seg_max.resize(b1 - b0);
+                     opt.read_q8_absmax(k, i, seg_max);
+                     std::memcpy(out.data() + (lo - first) * sizeof(float),
+                                 seg_max.data() + (lo - b0), (hi - lo) * sizeof(float));
+                   }
+                 });
+  }
+}
+
 }  // namespace
 
 void add_whole_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
@@ -308,6 +347,10 @@ void add_whole_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout&
 
 void add_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& opt) {
   const std::size_t n = opt.size();
+  if (opt.on_drive()) {
+    add_ranged_shard_moments(w, opt);
+    return;
+  }
   for (int k = 0; k < 2; ++k) {
     if (opt.state_format() == StateFormat::kQ8) {
       const optim::HostOptimizer::Q8Arrays q = opt.q8();

@@ -24,15 +24,12 @@ AccumPlacement parse_accum_placement(const std::string& s) {
 
 namespace {
 
-// The optimizer state on a drive (one rank): the file of chunk records, its staging slots in host
-// memory, and the bytes a step moves (every record read once and written once).
-void plan_drive(MemoryPlan& p, const PlanInput& in, const model::ParameterLayout& layout) {
-  std::vector<optim::SegmentSpan> segments;
-  std::size_t block = 0;
-  for (const auto& t : layout.tensors()) {
-    segments.push_back({t.offset, t.offset + t.numel, block});
-    block += cpu_adam::q8_blocks(t.numel);
-  }
+// The optimizer state of one rank on a drive (its share with data parallelism): the file of chunk
+// records, its staging slots in host memory, and the bytes a step moves (every record read once
+// and written once).
+void plan_drive(MemoryPlan& p, const PlanInput& in, const model::ParameterLayout& layout,
+                const std::vector<optim::OwnedRange>& owned) {
+  const std::vector<optim::SegmentSpan> segments = optim::state_segments(layout, owned);
   const optim::StateShape shape{dtype_size(in.engine.master),
                                 state_element_bytes(in.optimizer_state),
                                 in.optimizer_state == StateFormat::kQ8};
@@ -49,6 +46,7 @@ void plan_drive(MemoryPlan& p, const PlanInput& in, const model::ParameterLayout
   }
   std::string what = std::string(dtype_name(in.engine.master)) + " master, m and v (";
   what.append(state_format_name(in.optimizer_state)).append(")");
+  if (in.engine.ranks > 1) what += " (1/" + std::to_string(in.engine.ranks) + ")";
   p.drive.push_back({what, b.file});
   p.drive_traffic = "per step: " + format_bytes(b.file) + " read and " + format_bytes(b.file) +
                     " written (each chunk once each way)";
@@ -109,19 +107,18 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.host.push_back({"checkpoint staging (master, m, v)", n * (4 + 2 * sb)});
   } else {
     // Data parallel: this rank's partition only.
+    const std::vector<optim::OwnedRange> partition =
+        offload::engine_partition(layout, in.act_dtype, in.engine);
     std::size_t owned = 0;
-    for (const auto& o : offload::engine_partition(layout, in.act_dtype, in.engine))
+    for (const auto& o : partition)
       owned += o.end - o.begin;
     const std::string part =
         in.engine.ranks > 1 ? " (1/" + std::to_string(in.engine.ranks) + ")" : "";
     // q8: each block of 2048 of a tensor's owned part carries an fp32 maximum.
     const std::size_t scales =
-        in.optimizer_state == StateFormat::kQ8
-            ? 4 * optim::q8_block_count(layout,
-                                        offload::engine_partition(layout, in.act_dtype, in.engine))
-            : 0;
+        in.optimizer_state == StateFormat::kQ8 ? 4 * optim::q8_block_count(layout, partition) : 0;
     if (in.engine.state_on_drive) {
-      plan_drive(p, in, layout);
+      plan_drive(p, in, layout, partition);
     } else {
       p.host.push_back({std::string(dtype_name(in.engine.master)) + " master weights" + part,
                         owned * dtype_size(in.engine.master)});

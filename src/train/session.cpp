@@ -262,11 +262,6 @@ void Session::open_device_and_plan() {
         "--mode stream runs one rank: data parallelism would need a per-group all-gather into "
         "the window; use --mode offload with mpirun");
   }
-  if (!cfg.state_dir.empty() && ranks > 1) {
-    throw std::invalid_argument(
-        "--state-dir runs one rank for now (each rank's files and the drive they share are the "
-        "next step, docs/state_dir.md); keep the optimizer state in memory with mpirun");
-  }
   // auto: resident on a GPU when everything fits there (and the state is fp32), else offload,
   // else stream when only the window fits the device.
   const ModeChoice choice = choose_mode(pi, dev->backend() == dev::Backend::kCuda);
