@@ -173,6 +173,19 @@ TEST(PlanDrive, TheFileAndTheStagingAreThePagersOwn) {
     EXPECT_EQ(two.drive_total, share.pager()->file_bytes());
     EXPECT_LT(two.drive_total, p.drive_total * 3 / 4);
     EXPECT_NE(two.drive.front().what.find("(1/2)"), std::string::npos) << two.drive.front().what;
+    // A host too small for the state in memory: the advice gives the host bytes with the drive.
+    zo::train::PlanInput mem = in;
+    mem.engine.ranks = 1;
+    mem.engine.rank = 0;
+    mem.engine.state_on_drive = false;
+    mem.host_available = p.host_total;
+    const zo::train::MemoryPlan short_host = zo::train::plan_memory(mem);
+    ASSERT_FALSE(short_host.host_fits);
+    EXPECT_NE(short_host.advice.find("--state-dir DIR (master, m and v on a drive: the host then "
+                                     "needs " +
+                                     zo::format_bytes(p.host_total) + ", which fits)"),
+              std::string::npos)
+        << short_host.advice;
   }
   std::filesystem::remove_all(dir);
 }

@@ -174,7 +174,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (!in.resident && in.engine.master == DType::kF32 && !in.engine.state_on_drive)
       advice << "--master-weights bf16, ";
     if (!in.resident && !in.engine.state_on_drive) {
-      advice << "--state-dir DIR (master, m and v on a drive), ";
+      PlanInput on_drive = in;
+      on_drive.engine.state_on_drive = true;
+      const std::size_t host = plan_memory(on_drive).host_total;
+      advice << "--state-dir DIR (master, m and v on a drive: the host then needs "
+             << format_bytes(host) << (host <= in.host_available ? ", which fits" : "") << "), ";
     }
     if (in.engine.state_on_drive && in.engine.dpu) advice << "drop --dpu (one landing buffer), ";
     advice << "or a smaller model";
