@@ -114,7 +114,7 @@ class TargetRows(unittest.TestCase):
 
     def test_missing_inputs_say_not_run(self):
         rows = targets.target_rows({}, lambda s: [])
-        self.assertEqual(len(rows), 14)
+        self.assertEqual(len(rows), 15)
         for r in rows:
             self.assertIsNone(r[3], r[0])
             self.assertEqual(r[5], "not run", r[0])

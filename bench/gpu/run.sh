@@ -207,7 +207,7 @@ phase_offload() {
   # The host's memory roofline (a triad on every core) and CPU Adam alone on every core: the
   # yardsticks for CPU Adam inside the offloaded step (summarize.py's targets).
   step cpu_adam_roofline 180 "$here/bin/bench_cpu_adam" --sizes 256M --grad-dtype bf16 \
-    --state-dtype fp32,bf16,q8 --json
+    --state-dtype fp32,bf16,q8 --master fp32,bf16 --isa avx512bf16 --json
   # ZO_OFFLOAD_MODELS: the sizes (default the target's 1.5B alone; 350M and 774M were measured
   # on 2026-11-24 and cost a minute of the lease).
   local model
@@ -228,6 +228,11 @@ phase_offload() {
     --optimizer-state bf16
   train offload_dpu_q8_bf16master_1558m 150 "${big[@]}" --mode offload --dpu --dpu-warmup 3 \
     --optimizer-state q8 --master-weights bf16
+  # bf16 master and bf16 state: 14 bytes moved per parameter (the uploads read the master), half
+  # of fp32's 28, at 1.24 cycles per parameter of compute on the VM: memory-bound on 16 cores if
+  # the stochastic rounding keeps up there (2026-11-27: q8 with a bf16 master did not).
+  train offload_dpu_bf16_bf16master_1558m 150 "${big[@]}" --mode offload --dpu --dpu-warmup 3 \
+    --optimizer-state bf16 --master-weights bf16
   train trace_350m 120 --model gpt2-350m -b 8 --seq-len 1024 --steps 6 --device cuda \
     --precision bf16 --mode offload --trace "$out/trace.json"
 }

@@ -123,6 +123,8 @@ def target_rows(by_name, log_lines_of):
                "resident", 0.8)
     tokens_row("1.5B offload + DPU, bf16 state: practicality", "offload_dpu_bf16_1558m",
                "resident_1558m", "resident", 0.9)
+    tokens_row("1.5B offload + DPU, bf16 state and master: practicality",
+               "offload_dpu_bf16_bf16master_1558m", "resident_1558m", "resident", 0.9)
 
     # Llama 3.2 1B: against plain PyTorch of the same shape, and offloaded against resident.
     llama, peer = metrics("llama_1b_resident"), first_bench(by_name, "pytorch_llama_1b", "pytorch_llama")
