@@ -142,19 +142,30 @@ TEST(StatePager, ReadsBackWhatWasReleasedInEveryFormatAndQueue) {
   }
 }
 
-TEST(StatePager, AChunkChangedOnTheDriveIsCaught) {
-  const zo::test::TempDir d{"zo_state_pager_"};
-  const std::vector<ChunkSpan> chunks = zo::optim::plan_chunks(odd_segments(), 2 * kBlock);
+// A two-slot pager of fp32 state over odd_segments() in dir, with the given queue.
+StatePager two_slot_pager(const fs::path& dir, zo::state_io::QueueOptions queue = {}) {
   StatePager::Options o;
-  o.dir = d.path;
+  o.dir = dir;
   o.slots = 2;
-  StatePager pager(
-      chunks, {4, 4, false}, [](const ChunkSpan&, const StatePager::View&) {}, o);
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
+  o.queue = std::move(queue);
+  return StatePager(
+      zo::optim::plan_chunks(odd_segments(), 2 * kBlock), {4, 4, false},
+      [](const ChunkSpan&, const StatePager::View&) {}, o);
+}
+
+// Every chunk changed and written to the drive.
+void write_every_chunk(StatePager& pager) {
+  for (std::size_t c = 0; c < pager.chunks().size(); ++c) {
     pager.acquire(c);
     pager.release(c, true);
   }
   pager.flush();
+}
+
+TEST(StatePager, AChunkChangedOnTheDriveIsCaught) {
+  const zo::test::TempDir d{"zo_state_pager_"};
+  StatePager pager = two_slot_pager(d.path);
+  write_every_chunk(pager);
   // Another program writes into the (unnamed) file through /proc: chunk 0's first byte.
   const std::string fd_path = "/proc/self/fd/" + std::to_string([&] {
                                 for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
@@ -183,22 +194,16 @@ TEST(StatePager, AChunkChangedOnTheDriveIsCaught) {
 
 TEST(StatePager, AFailedWriteSurfacesWithTheFile) {
   const zo::test::TempDir d{"zo_state_pager_"};
-  const std::vector<ChunkSpan> chunks = zo::optim::plan_chunks(odd_segments(), 2 * kBlock);
-  StatePager::Options o;
-  o.dir = d.path;
-  o.slots = 2;
-  o.queue.kind = zo::state_io::QueueKind::kThreads;
-  o.queue.hook = [](const zo::state_io::IoRequest& r, long res) {
-    return r.op == zo::state_io::IoRequest::Op::kWrite && r.offset > 0 ? -long(EIO) : res;
-  };
-  StatePager pager(
-      chunks, {4, 4, false}, [](const ChunkSpan&, const StatePager::View&) {}, o);
+  StatePager pager = two_slot_pager(
+      d.path, {.kind = zo::state_io::QueueKind::kThreads,
+               .depth = 16,
+               .threads = 2,
+               .hook = [](const zo::state_io::IoRequest& r, long res) {
+                 return r.op == zo::state_io::IoRequest::Op::kWrite && r.offset > 0 ? -long(EIO)
+                                                                                    : res;
+               }});
   try {
-    for (std::size_t c = 0; c < chunks.size(); ++c) {
-      pager.acquire(c);
-      pager.release(c, true);
-    }
-    pager.flush();
+    write_every_chunk(pager);
     ADD_FAILURE() << "no error";
   } catch (const zo::state_io::IoError& e) {
     EXPECT_NE(std::string(e.what()).find("Input/output error"), std::string::npos) << e.what();

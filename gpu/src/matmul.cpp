@@ -114,6 +114,24 @@ void* advance(void* p, std::size_t elements, DType t) {
   return p == nullptr ? nullptr : static_cast<char*>(p) + elements * dtype_size(t);
 }
 
+// The key of one GEMM without epilogue, from its operands' addresses and row pitches in bytes.
+PlanKey plain_key(Gemm op, DType t, int N, int C, int OC, int ld, const void* a,
+                  std::size_t a_pitch, const void* b, std::size_t b_pitch, const void* d,
+                  std::size_t d_pitch) {
+  return {op,
+          Epilogue::kNone,
+          t,
+          N,
+          C,
+          OC,
+          ld,
+          alignment(a, a_pitch),
+          alignment(b, b_pitch),
+          alignment(d, d_pitch),
+          0,
+          0};
+}
+
 // Runs the GEMM with key's epilogue. False, with nothing enqueued, when cuBLASLt has no algorithm
 // for it or refuses the call; a refused plan is not tried again.
 bool try_epilogue(MatmulContext& ctx, const PlanKey& key, const Operands& ops, cudaStream_t s) {
@@ -146,18 +164,8 @@ void forward(MatmulContext& ctx, void* out, const void* inp, const void* weight,
     return;
   }
   const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
-  const PlanKey key{Gemm::kForward,
-                    Epilogue::kNone,
-                    t,
-                    N,
-                    C,
-                    OC,
-                    ld,
-                    alignment(weight, c_pitch),
-                    alignment(inp, c_pitch),
-                    alignment(out, std::size_t(ld) * es),
-                    0,
-                    0};
+  const PlanKey key = plain_key(Gemm::kForward, t, N, C, OC, ld, weight, c_pitch, inp, c_pitch, out,
+                                std::size_t(ld) * es);
   Operands ops{weight, inp, out, 0.0f, const_cast<void*>(bias), nullptr};
   if (bias != nullptr) {
     PlanKey with_bias = key;
@@ -177,18 +185,8 @@ void backward_input(MatmulContext& ctx, void* dinp, const void* dout, const void
                     const void* pre, float beta, int N, int C, int OC, int ld, DType t,
                     cudaStream_t s) {
   const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
-  const PlanKey key{Gemm::kBackwardInput,
-                    Epilogue::kNone,
-                    t,
-                    N,
-                    C,
-                    OC,
-                    ld,
-                    alignment(weight, c_pitch),
-                    alignment(dout, std::size_t(ld) * es),
-                    alignment(dinp, c_pitch),
-                    0,
-                    0};
+  const PlanKey key = plain_key(Gemm::kBackwardInput, t, N, C, OC, ld, weight, c_pitch, dout,
+                                std::size_t(ld) * es, dinp, c_pitch);
   const Operands ops{weight, dout, dinp, beta, nullptr, const_cast<void*>(pre)};
   if (pre != nullptr && C % 8 == 0) {  // cuBLASLt wants the aux leading dimension a multiple of 8
     PlanKey k = key;
@@ -204,18 +202,8 @@ void backward_input(MatmulContext& ctx, void* dinp, const void* dout, const void
 void backward_weight(MatmulContext& ctx, void* dweight, void* dbias, const void* dout,
                      const void* inp, int N, int C, int OC, int ld, DType t, cudaStream_t s) {
   const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
-  const PlanKey key{Gemm::kBackwardWeight,
-                    Epilogue::kNone,
-                    t,
-                    N,
-                    C,
-                    OC,
-                    ld,
-                    alignment(inp, c_pitch),
-                    alignment(dout, std::size_t(ld) * es),
-                    alignment(dweight, c_pitch),
-                    0,
-                    0};
+  const PlanKey key = plain_key(Gemm::kBackwardWeight, t, N, C, OC, ld, inp, c_pitch, dout,
+                                std::size_t(ld) * es, dweight, c_pitch);
   Operands ops{inp, dout, dweight, 1.0f, nullptr, nullptr};
   if (dbias != nullptr && std::size_t(OC) * es <= kBiasGradBytes) {
     PlanKey k = key;
@@ -321,18 +309,11 @@ void launch_matmul_gelu_forward(MatmulContext* ctx, void* out, void* pre, const 
   const std::size_t es = dtype_size(t), c_pitch = std::size_t(C) * es;
   const std::size_t oc_pitch = std::size_t(OC) * es;
   if (OC % 8 == 0) {  // cuBLASLt wants the aux leading dimension a multiple of 8
-    const PlanKey key{Gemm::kForward,
-                      bias != nullptr ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux,
-                      t,
-                      N,
-                      C,
-                      OC,
-                      OC,
-                      alignment(weight, c_pitch),
-                      alignment(inp, c_pitch),
-                      alignment(out, oc_pitch),
-                      static_cast<std::uint16_t>(bias != nullptr ? alignment(bias, 0) : 0),
-                      alignment(pre, oc_pitch)};
+    PlanKey key =
+        plain_key(Gemm::kForward, t, N, C, OC, OC, weight, c_pitch, inp, c_pitch, out, oc_pitch);
+    key.epilogue = bias != nullptr ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux;
+    key.align_bias = bias != nullptr ? alignment(bias, 0) : 0;
+    key.align_aux = alignment(pre, oc_pitch);
     if (try_epilogue(*ctx, key, {weight, inp, out, 0.0f, const_cast<void*>(bias), pre}, s)) return;
   }
   forward(*ctx, pre, inp, weight, bias, N, C, OC, OC, t, s);
