@@ -348,6 +348,9 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
                 double(d["offload"]["host"]["total"].get<std::size_t>()), 1.0)
         << r.out;
   }
+  r = run("plan --model gpt2-124m --precision bf16 --mode offload --state-dir .");
+  EXPECT_NE(r.out.find("(--state-dir: master, m and v are on the drive"), std::string::npos)
+      << r.out;
   r = run("plan --model gpt2-124m --precision bf16 --master-weights bf16 --optimizer-state q8");
   EXPECT_NE(r.out.find("bf16 master weights"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("16-bit upload buffer"), std::string::npos) << "uploads read the master";

@@ -160,6 +160,11 @@ int run_plan(const PlanCommand& cmd) {
           format_bytes(pi.host_available) +
           (cmd.host_memory.text.empty() ? " (available here)" : " (--host-memory)");
       std::fputs(train::format_host_costs(costs, pi.host_available, budget).c_str(), stdout);
+      if (pi.engine.state_on_drive) {
+        std::printf(
+            "  (--state-dir: master, m and v are on the drive, so the format changes the drive's "
+            "bytes, not the host's)\n");
+      }
       if (device_limit) {
         std::printf(
             "  device: offload mode keeps every 16-bit weight there: up to %.2f billion "
