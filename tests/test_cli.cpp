@@ -333,20 +333,34 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
   EXPECT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["host_costs"]["combinations"].size(), 6u) << r.out;
-  // The table of host bytes per parameter is the plan's own arithmetic: with --grad-accum summed
-  // on the device and the state on a drive, the row of the run's formats gives its host total.
-  r =
-      run("plan --model gpt2-350m --precision bf16 -b 2 --seq-len 256 --grad-accum 4 --dpu "
-          "--optimizer-state q8 --master-weights bf16 --mode offload --state-dir . --json");
-  EXPECT_EQ(r.code, 0) << r.out;
-  const auto d = nlohmann::json::parse(r.out);
-  const double n = double(d["offload"]["parameters"].get<std::size_t>());
-  for (const auto& row : d["host_costs"]["combinations"]) {
-    if (row["master_weights"] != "bf16" || row["optimizer_state"] != "q8") continue;
-    EXPECT_NEAR(row["bytes_per_parameter"].get<double>() * n +
-                    double(row["fixed_bytes"].get<std::size_t>()),
-                double(d["offload"]["host"]["total"].get<std::size_t>()), 1.0)
-        << r.out;
+  // The table of host bytes per parameter is the plan's own arithmetic: the row of the run's
+  // formats gives its host total, with --grad-accum summed where that mode sums it (offload: on
+  // the device, here with the state on a drive; stream: on the host).
+  for (const std::string mode : {"offload", "stream"}) {
+    const std::string formats = mode == "offload"
+                                    ? "--optimizer-state q8 --master-weights bf16 --state-dir ."
+                                    : "--optimizer-state fp32 --master-weights fp32";
+    r = run("plan --model gpt2-350m --precision bf16 -b 2 --seq-len 256 --grad-accum 4 --mode " +
+            mode + " " + formats + " --json");
+    EXPECT_EQ(r.code, 0) << r.out;
+    const auto d = nlohmann::json::parse(r.out);
+    const double n = double(d[mode]["parameters"].get<std::size_t>());
+    int rows = 0;
+    for (const auto& row : d["host_costs"]["combinations"]) {
+      if (formats.find("--optimizer-state " + row["optimizer_state"].get<std::string>()) ==
+              std::string::npos ||
+          formats.find("--master-weights " + row["master_weights"].get<std::string>()) ==
+              std::string::npos) {
+        continue;
+      }
+      ++rows;
+      EXPECT_NEAR(row["bytes_per_parameter"].get<double>() * n +
+                      double(row["fixed_bytes"].get<std::size_t>()),
+                  double(d[mode]["host"]["total"].get<std::size_t>()), 1.0)
+          << mode << "\n"
+          << r.out;
+    }
+    EXPECT_EQ(rows, 1) << mode;
   }
   r = run("plan --model gpt2-124m --precision bf16 --mode offload --state-dir .");
   EXPECT_NE(r.out.find("(--state-dir: master, m and v are on the drive"), std::string::npos)

@@ -211,7 +211,17 @@ TEST(DataParallel, StateOnADriveTrainsAsInMemory) {
       EXPECT_EQ(r.code, 0) << r.out;
       return zo::test::read_jsonl(d.path / (name + ".jsonl"));
     };
-    const auto mem = run("mem", ""), on_drive = run("drive", "--state-dir " + state.string());
+    // Chunks of 3 q8 blocks: 10 or more per rank, more than the 4 staging slots, so every step
+    // reads and writes each rank's file (its trace shows the transfers).
+    const fs::path trace = d.path / "trace.json";
+    const auto mem = run("mem", ""),
+               on_drive = run("drive", "--state-dir " + state.string() +
+                                           " --state-chunk 6144 --trace " + trace.string());
+    for (const fs::path& t : {trace, d.path / "trace.rank1.json"}) {
+      const std::string events = bytes_of(t);
+      EXPECT_NE(events.find("\"read chunk 9\""), std::string::npos) << t;
+      EXPECT_NE(events.find("\"write chunk 9\""), std::string::npos) << t;
+    }
     ASSERT_EQ(mem.size(), 6u);
     ASSERT_EQ(on_drive.size(), 6u);
     for (std::size_t i = 0; i < 6; ++i) {
@@ -228,7 +238,8 @@ TEST(DataParallel, StateOnADriveTrainsAsInMemory) {
     fs::create_directories(d.path / "resumed");
     fs::copy(d.path / "drive" / "step_00000003", d.path / "resumed" / "step_00000003",
              fs::copy_options::recursive);
-    const auto resumed = run("resumed", "--resume latest --state-dir " + state.string());
+    const auto resumed =
+        run("resumed", "--resume latest --state-chunk 6144 --state-dir " + state.string());
     ASSERT_EQ(resumed.size(), 3u);
     for (std::size_t i = 0; i < 3; ++i)
       EXPECT_EQ(resumed[i]["loss"], on_drive[3 + i]["loss"]) << "step " << i + 4;

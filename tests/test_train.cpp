@@ -723,10 +723,16 @@ TEST(Trainer, TraceShowsTheDrivesTransfers) {
       tracks[ev.at("tid").get<int>()] = ev.at("args").at("name").get<std::string>();
   }
   std::map<std::string, std::vector<std::pair<double, double>>> by_slot;  // [begin, end) spans
+  std::vector<std::pair<double, double>> waits;
   std::vector<int> reads(chunks), writes(chunks);
   for (const auto& ev : j.at("traceEvents")) {
     if (ev.at("ph") != "X") continue;
     const std::string track = tracks[ev.at("tid").get<int>()];
+    if (track == "drive waits") {  // the update's thread waits for one transfer at a time
+      const double ts = ev.at("ts").get<double>();
+      waits.emplace_back(ts, ts + ev.at("dur").get<double>());
+      continue;
+    }
     if (!track.starts_with("drive slot ")) continue;
     const std::string name = ev.at("name");
     const bool write = name.starts_with("write chunk ");
@@ -739,6 +745,7 @@ TEST(Trainer, TraceShowsTheDrivesTransfers) {
     by_slot[track].emplace_back(ts, ts + ev.at("dur").get<double>());
   }
   EXPECT_EQ(by_slot.size(), zo::optim::kDefaultStagingSlots);
+  by_slot["drive waits"] = waits;
   for (auto& [track, spans] : by_slot) {
     std::sort(spans.begin(), spans.end());
     for (std::size_t i = 1; i < spans.size(); ++i)

@@ -469,6 +469,8 @@ TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
       {[&](auto& c) { c.comm_timeout = inf; }, "--comm-timeout"},
       {[&](auto& c) { c.comm_timeout = 1e300; }, "--comm-timeout"},
       {[&](auto& c) { c.comm_timeout = nan; }, "--comm-timeout"},
+      {[&](auto& c) { c.state_chunk_elements = 2047; }, "--state-chunk must be 2048 to"},
+      {[&](auto& c) { c.state_chunk_elements = std::size_t{1} << 31; }, "--state-chunk"},
   };
   for (const auto& [set, flag] : cases) {
     zo::train::TrainConfig c = tiny(1);

@@ -98,6 +98,10 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
   t->add_option("--state-dir", c.state_dir,
                 "offload/stream: keep master weights, m and v in an unnamed file in DIR (a fast "
                 "drive) instead of host memory, paged through a few staging chunks");
+  t->add_option("--state-chunk", c.state_chunk_elements,
+                "--state-dir: elements per chunk of the state file (whole q8 blocks of 2048); "
+                "a staging slot holds one")
+      ->capture_default_str();
   t->add_option("--adam-threads", c.adam_threads,
                 "CPU Adam threads; 0 = all cores (this rank's share with mpirun), less two "
                 "with a GPU");

@@ -56,6 +56,9 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_option("--state-dir", cmd.state_dir,
                 "offload/stream: plan the optimizer state in a file there (a drive) instead of "
                 "host memory");
+  p->add_option("--state-chunk", cmd.state_chunk,
+                "--state-dir: elements per chunk of the state file (whole q8 blocks of 2048)")
+      ->capture_default_str();
   p->add_flag("--json", cmd.json, "print one JSON object: every term in bytes, per mode");
   p->add_option("--ranks", cmd.ranks,
                 "data-parallel ranks: plan one rank's share (offload, 1/N of the optimizer)")
@@ -79,6 +82,7 @@ int run_plan(const PlanCommand& cmd) {
   if (!cmd.bucket.text.empty()) c.bucket_size = cmd.bucket.bytes();
   c.dpu = cmd.dpu;
   c.state_dir = cmd.state_dir;
+  c.state_chunk_elements = cmd.state_chunk;
   train::PlanInput pi;
   pi.spec = model::load_model_spec(c.model);
   c.validate(pi.spec);
@@ -107,6 +111,7 @@ int run_plan(const PlanCommand& cmd) {
   pi.engine.bucket_bytes = c.bucket_size;
   pi.engine.master = c.master_weights;
   pi.engine.state_on_drive = !c.state_dir.empty();
+  pi.state_chunk_elements = c.state_chunk_elements;
   if (!(cmd.link_gb_per_s > 0.0 && cmd.link_gb_per_s < 1e6) ||
       !(cmd.device_tflops > 0.0 && cmd.device_tflops < 1e6)) {
     throw std::invalid_argument("--link-rate and --device-tflops must be positive and finite");
@@ -149,7 +154,10 @@ int run_plan(const PlanCommand& cmd) {
   // Offload mode's host bytes per parameter of every combination, and what each admits.
   if (mode != "resident") {
     pi.resident = false;
-    pi.engine = choice.offload_engine;  // where --grad-accum sums, as offload mode's plan has it
+    // Where --grad-accum sums, as the plan of the mode run has it (stream mode: on the host).
+    const bool stream = mode == "stream" || (mode == "auto" && pick == "stream");
+    pi.engine = stream ? choice.stream_engine : choice.offload_engine;
+    pi.engine.param_window = 0;
     const auto costs = train::host_costs(pi);
     const std::size_t device_limit = train::largest_on_device(pi, choice.offload);
     if (cmd.json) {

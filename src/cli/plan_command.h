@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common_options.h"
+#include "optim/state_pager.h"
 
 namespace zo::cli {
 
@@ -14,8 +15,9 @@ struct PlanCommand {
   std::string grad_accum_on = "auto", master_weights = "fp32", state_dir;
   int micro_batch = 4, seq_len = 0, grad_accum = 1, ranks = 1, param_window = 0;
   bool recompute = false, dpu = false, json = false;
-  double link_gb_per_s = 55.0, device_tflops = 400.0;  // train::PlanInput's
-  double drive_gb_per_s = 0.0;                         // --state-dir's drive, each way
+  double link_gb_per_s = 55.0, device_tflops = 400.0;      // train::PlanInput's
+  double drive_gb_per_s = 0.0;                             // --state-dir's drive, each way
+  std::size_t state_chunk = optim::kDefaultChunkElements;  // --state-chunk
   ByteSize device_memory, host_memory, bucket;
 };
 

@@ -384,16 +384,19 @@ void HostOptimizer::read_moment_stored(int k, std::size_t begin, std::size_t n, 
   });
 }
 
-void HostOptimizer::read_q8_absmax(int k, std::size_t i, std::span<float> out) const {
+void HostOptimizer::read_q8_absmax(int k, std::size_t i, std::size_t first,
+                                   std::span<float> out) const {
   const Segment& seg = segments_.at(i);
-  if (config_.state_format != StateFormat::kQ8 ||
-      out.size() != cpu_adam::q8_blocks(seg.end - seg.begin)) {
-    throw std::logic_error("read_q8_absmax: q8 state and one segment's blocks only");
+  const std::size_t blocks = cpu_adam::q8_blocks(seg.end - seg.begin);
+  if (config_.state_format != StateFormat::kQ8 || first > blocks || out.size() > blocks - first) {
+    throw std::logic_error("read_q8_absmax: q8 state and blocks of one segment only");
   }
-  visit(seg.begin, seg.end, false, [&](const StateSpan& s) {
-    const std::size_t first = (s.begin - seg.begin) / cpu_adam::kQ8Block;
-    const float* absmax = (k == 0 ? s.m_absmax : s.v_absmax) + seg.block + first - s.block0;
-    std::copy_n(absmax, cpu_adam::q8_blocks(s.end - s.begin), out.data() + first);
+  const std::size_t begin = seg.begin + first * cpu_adam::kQ8Block;
+  const std::size_t end = std::min(seg.end, begin + out.size() * cpu_adam::kQ8Block);
+  visit(begin, end, false, [&](const StateSpan& s) {
+    const std::size_t from = (s.begin - seg.begin) / cpu_adam::kQ8Block;  // in the segment
+    const float* absmax = (k == 0 ? s.m_absmax : s.v_absmax) + seg.block + from - s.block0;
+    std::copy_n(absmax, cpu_adam::q8_blocks(s.end - s.begin), out.data() + (from - first));
   });
 }
 

@@ -142,8 +142,9 @@ class HostOptimizer {
   // Moment k of local elements [begin, begin + n) as stored (fp32, bf16 bits or q8 codes), into
   // out (n elements of state_element_bytes). Any store, on a drive too.
   void read_moment_stored(int k, std::size_t begin, std::size_t n, void* out) const;
-  // The q8 block maxima of moment k of segments()[i], all its blocks, into out.
-  void read_q8_absmax(int k, std::size_t i, std::span<float> out) const;
+  // The q8 block maxima of moment k of segments()[i], its blocks [first, first + out.size()),
+  // into out (on a drive only the chunks holding them are read).
+  void read_q8_absmax(int k, std::size_t i, std::size_t first, std::span<float> out) const;
   // Sets moment k of local elements [begin, begin + values.size()) from fp32 values, stored in
   // the state format (bf16: rounded to nearest even; q8: quantized over new block maxima, so the
   // range must start at a block of one segment and end at a block's end or the segment's end).

@@ -100,6 +100,7 @@ StatePager::~StatePager() {
       }
     }
   }
+  queue_.reset();  // drains whatever is still in flight before the slots' buffers go
 }
 
 std::string StatePager::describe() const {
@@ -132,22 +133,24 @@ StatePager::Slot* StatePager::slot_of(std::size_t c) {
   return nullptr;
 }
 
+// The slot's state changes only once the queue took the request, so that a refused submit leaves
+// no slot waiting on a ticket it never got.
 void StatePager::submit(Slot& s, bool write) {
   const Record& r = records_[s.chunk];
   using Op = state_io::IoRequest::Op;
-  s.submitted = std::chrono::steady_clock::now();
+  const auto submitted = std::chrono::steady_clock::now();
   s.ticket = queue_->submit(
       {write ? Op::kWrite : Op::kRead, &file_, r.offset, s.buffer.data(), r.at.bytes});
+  s.submitted = submitted;
+  s.state = write ? SlotState::kWriting : SlotState::kReading;
 }
 
 void StatePager::wait(Slot& s, bool write) {
-  const auto called = std::chrono::steady_clock::now();
+  const auto began = std::chrono::steady_clock::now();
   const auto completed = queue_->wait(s.ticket);
   if (!observer_) return;
-  const auto back = std::chrono::steady_clock::now();
   observer_({write, s.chunk, std::size_t(&s - slots_.data()), records_[s.chunk].at.bytes,
-             s.submitted, completed,
-             completed > called ? std::chrono::duration<double>(back - called).count() : 0.0});
+             s.submitted, completed, began, std::chrono::steady_clock::now(), completed > began});
 }
 
 // Both consume the slot's ticket whatever the wait says: a slot is never waited for twice.
@@ -235,7 +238,7 @@ void StatePager::prefetch(std::size_t c) {
     finish_write(*s);
   }
   s->chunk = c;
-  s->state = SlotState::kReading;
+  s->state = SlotState::kFree;  // until the read is queued
   s->last_use = ++clock_;
   submit(*s, false);
 }
@@ -244,11 +247,10 @@ void StatePager::write_behind(std::size_t keep) {
   for (Slot& s : slots_) {
     if (s.state != SlotState::kCached || !s.dirty || s.chunk == keep) continue;
     crc_[s.chunk] = checksums(s);
+    submit(s, true);
     written_[s.chunk] = true;
     bytes_written_ += records_[s.chunk].at.bytes;
     s.dirty = false;
-    s.state = SlotState::kWriting;
-    submit(s, true);
   }
 }
 
@@ -266,7 +268,7 @@ StatePager::View StatePager::acquire(std::size_t c) {
     if (s == nullptr) throw std::logic_error("StatePager::acquire: every slot is held");
     s->chunk = c;
     if (written_[c]) {
-      s->state = SlotState::kReading;
+      s->state = SlotState::kFree;  // until the read is queued
       submit(*s, false);
       finish_read(*s);
     } else {

@@ -78,12 +78,13 @@ class StatePager {
   // Fills a chunk that was never written (the starting state: zero moments, the master set later).
   using Fresh = std::function<void(const ChunkSpan&, const View&)>;
   // One finished transfer between a slot and the drive (for --trace): when it was queued, when
-  // the queue saw it done, and how long the update stood waiting for it (0 when it was done).
+  // the queue saw it done (io_uring sees it when next used, so a span may run long), and when
+  // the pager waited for it; `waited` when it was not done as the wait began.
   struct Transfer {
     bool write = false;
     std::size_t chunk = 0, slot = 0, bytes = 0;
-    std::chrono::steady_clock::time_point submitted, completed;
-    double waited_s = 0.0;
+    std::chrono::steady_clock::time_point submitted, completed, wait_began, wait_ended;
+    bool waited = false;
   };
   using Observer = std::function<void(const Transfer&)>;
 

@@ -17,6 +17,10 @@ void TrainConfig::validate_flags() const {
   if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
     bad("--checkpoint-every needs --checkpoint-dir");
   }
+  if (state_chunk_elements < 2048 || state_chunk_elements > (std::size_t{1} << 30)) {
+    bad("--state-chunk must be 2048 to 1073741824 elements (whole q8 blocks of 2048; default "
+        "4194304)");
+  }
   if (!state_dir.empty() && mode == "resident") {
     bad("--state-dir keeps the optimizer state on a drive for the CPU update; resident mode "
         "keeps it on the device: use --mode offload or stream");

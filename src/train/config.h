@@ -50,8 +50,8 @@ struct TrainConfig {
   DType master_weights = DType::kF32;  // kBF16: rounded stochastically (offload mode)
   int adam_threads = 0;
   // Non-empty: master, m and v in an unnamed, preallocated file in this directory instead of
-  // host memory (offload and stream modes; docs/state_dir.md), paged in chunks of
-  // state_chunk_elements (a testing knob, not a CLI flag).
+  // host memory (offload and stream modes; docs/state_dir.md), paged in chunks of at most
+  // state_chunk_elements (--state-chunk; whole q8 blocks).
   std::string state_dir;
   std::size_t state_chunk_elements = optim::kDefaultChunkElements;
 

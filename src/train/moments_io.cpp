@@ -254,10 +254,10 @@ void add_ranged_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout
       // One process: one segment per tensor, in the layout's order.
       const std::size_t blocks = cpu_adam::q8_blocks(t.numel);
       w.add_filled(std::string(kAbsmax[k]) + "." + t.name, {blocks}, DType::kF32,
-                   [&opt, k, i, blocks](std::uint64_t first, std::span<std::byte> out) {
-                     std::vector<float> all(blocks);
-                     opt.read_q8_absmax(k, i, all);
-                     std::memcpy(out.data(), all.data() + first, out.size());
+                   [&opt, k, i](std::uint64_t first, std::span<std::byte> out) {
+                     std::vector<float> piece(out.size() / sizeof(float));
+                     opt.read_q8_absmax(k, i, first, piece);
+                     std::memcpy(out.data(), piece.data(), out.size());
                    });
     }
   }
@@ -285,7 +285,7 @@ void add_ranged_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& 
     w.add_filled(kAbsmax[k], {blocks}, DType::kF32,
                  [&opt, k](std::uint64_t first, std::span<std::byte> out) {
                    const std::size_t count = out.size() / sizeof(float);
-                   std::vector<float> seg_max;
+                   std::vector<float> part;
                    for (std::size_t i = 0; i < opt.segments().size(); ++i) {
                      const optim::HostOptimizer::Segment& s = opt.segments()[i];
                      const std::size_t b0 = s.block,
@@ -293,10 +293,10 @@ void add_ranged_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& 
                      const std::size_t lo = std::max<std::size_t>(b0, first),
                                        hi = std::min<std::size_t>(b1, first + count);
                      if (lo >= hi) continue;
-                     seg_max.resize(b1 - b0);
-                     opt.read_q8_absmax(k, i, seg_max);
-                     std::memcpy(out.data() + (lo - first) * sizeof(float),
-                                 seg_max.data() + (lo - b0), (hi - lo) * sizeof(float));
+                     part.resize(hi - lo);
+                     opt.read_q8_absmax(k, i, lo - b0, part);
+                     std::memcpy(out.data() + (lo - first) * sizeof(float), part.data(),
+                                 part.size() * sizeof(float));
                    }
                  });
   }

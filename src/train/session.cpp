@@ -349,13 +349,12 @@ void Session::make_updater_and_model() {
     // and the update's waits for them on another.
     pager->observe([t = &trace](const optim::StatePager::Transfer& x) {
       try {
-        const double done = t->to_us(x.completed);
         t->span("drive slot " + std::to_string(x.slot),
                 (x.write ? "write chunk " : "read chunk ") + std::to_string(x.chunk),
-                t->to_us(x.submitted), done, {{"bytes", x.bytes}});
-        if (x.waited_s > 1e-5) {  // shorter: the queue's own bookkeeping, not the drive
-          t->span("drive waits", "wait for chunk " + std::to_string(x.chunk),
-                  done - x.waited_s * 1e6, done);
+                t->to_us(x.submitted), t->to_us(x.completed), {{"bytes", x.bytes}});
+        const double began = t->to_us(x.wait_began), ended = t->to_us(x.wait_ended);
+        if (x.waited && ended - began > 10.0) {  // shorter: the queue's bookkeeping, not the drive
+          t->span("drive waits", "wait for chunk " + std::to_string(x.chunk), began, ended);
         }
       } catch (...) {  // a trace that cannot record loses the event, never the step
       }

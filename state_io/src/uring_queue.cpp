@@ -40,10 +40,10 @@ class UringQueue final : public IoQueue {
   std::uint64_t submit(const IoRequest& r) override {
     r.file->check_transfer(r.offset, r.data, r.bytes);
     const std::lock_guard<std::mutex> lock(mu_);
+    reap_ready();  // before this request is queued: a failure here leaves it unqueued
     const std::uint64_t ticket = tickets_.add(r);
     backlog_.push_back(ticket);
     fill();
-    reap_ready();
     return ticket;
   }
 
