@@ -505,7 +505,7 @@ TEST(Cli, EvalAndSampleStreamTheBlocksWhenAskedOrShortOfMemory) {
   const Result want_tokens = run(sample), want_loss = run(eval);
   ASSERT_EQ(want_tokens.code, 0) << want_tokens.out;
   ASSERT_EQ(want_loss.code, 0) << want_loss.out;
-  for (const std::string flags :
+  for (const std::string& flags :
        {std::string(" --param-window 2"), std::string(" --param-window 6"),
         " --device-memory " + std::to_string(weight_bytes) + "B"}) {
     r = run(sample + flags);

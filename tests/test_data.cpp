@@ -180,7 +180,7 @@ TEST(Shard, Uint32RoundTripAndMixedWithUint16) {
   std::vector<uint32_t> tokens(7777);
   std::mt19937 rng(5);
   for (auto& t : tokens)
-    t = rng() % 128256;  // Llama 3's vocabulary: most tokens above 65535
+    t = std::uint32_t(rng() % 128256);  // Llama 3's vocabulary: most tokens above 65535
   const std::string path = dir.file("llama.bin");
   write_token_shard(path, tokens);
   EXPECT_EQ(fs::file_size(path), 1024 + 4 * tokens.size());

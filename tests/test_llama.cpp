@@ -311,7 +311,7 @@ TEST_P(LlamaModel, RecomputeGivesIdenticalGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaModel, ::testing::ValuesIn(kVariants),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         [](const auto& test) { return std::string(test.param.name); });
 
 // One GEMM writes q|k|v (and gate|up): a bucket boundary inside would hand it two buckets.
 TEST(LlamaBuckets, FusedTensorsStayInOneBucket) {

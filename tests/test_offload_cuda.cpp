@@ -189,7 +189,7 @@ TEST_P(CudaEngine, InfInOneMicroBatchIsReported) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEngine, ::testing::Values(DType::kBF16, DType::kF16),
-                         [](const auto& info) { return std::string(zo::dtype_name(info.param)); });
+                         [](const auto& test) { return std::string(zo::dtype_name(test.param)); });
 
 // The one place the two differ: in fp16 a sum beyond 65504 of finite micro-batch gradients is
 // an overflow when the device rounds it to fp16 (CPU Adam would read Inf), while the host's fp32

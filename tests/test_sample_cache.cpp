@@ -196,7 +196,9 @@ void expect_frequencies(zo::train::TokenSampler& pick, const KnownDistribution& 
     const double want = r < p.size() ? p[r] / total : 0.0;
     const double got = double(count[static_cast<std::size_t>(d.id[r])]) / draws;
     EXPECT_NEAR(got, want, 0.015) << "rank " << r;  // 4 standard deviations at most
-    if (r >= p.size()) EXPECT_EQ(count[static_cast<std::size_t>(d.id[r])], 0) << "rank " << r;
+    if (r >= p.size()) {
+      EXPECT_EQ(count[static_cast<std::size_t>(d.id[r])], 0) << "rank " << r;
+    }
   }
 }
 

@@ -102,8 +102,8 @@ TEST_P(LlamaTraining, ResumeContinuesBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaTraining, ::testing::Values("tiny-llama", "tiny-qwen2"),
-                         [](const auto& info) {
-                           std::string n = info.param;
+                         [](const auto& test) {
+                           std::string n = test.param;
                            for (char& ch : n)
                              if (ch == '-') ch = '_';
                            return n;
@@ -145,7 +145,9 @@ TEST(LlamaTraining, ExportImportExportIsByteIdentical) {
     zo::model::import_hf_weights(first, layout, back);
     zo::model::export_hf_weights(second, layout, zo::model::hf_source(back), dt);
     EXPECT_EQ(bytes_of(first), bytes_of(second)) << zo::dtype_name(dt);
-    if (dt == zo::DType::kF32) EXPECT_EQ(back, w);
+    if (dt == zo::DType::kF32) {
+      EXPECT_EQ(back, w);
+    }
   }
   // Fine-tuning starts from imported Llama weights.
   TrainConfig f = llama_config("tiny-llama", 1);
