@@ -725,9 +725,17 @@ TEST(Trainer, TraceShowsTheDrivesTransfers) {
   std::map<std::string, std::vector<std::pair<double, double>>> by_slot;  // [begin, end) spans
   std::vector<std::pair<double, double>> waits;
   std::vector<int> reads(chunks), writes(chunks);
+  std::vector<std::pair<double, double>> first_group_updates;  // [begin, end)
+  std::vector<double> chunk0_reads;                            // queued at
   for (const auto& ev : j.at("traceEvents")) {
     if (ev.at("ph") != "X") continue;
     const std::string track = tracks[ev.at("tid").get<int>()];
+    if (track == "adam" && ev.at("name") == "adam embeddings") {
+      const double ts = ev.at("ts").get<double>();
+      first_group_updates.emplace_back(ts, ts + ev.at("dur").get<double>());
+    }
+    if (track.starts_with("drive slot ") && ev.at("name") == "read chunk 0")
+      chunk0_reads.push_back(ev.at("ts").get<double>());
     if (track == "drive waits") {  // the update's thread waits for one transfer at a time
       const double ts = ev.at("ts").get<double>();
       waits.emplace_back(ts, ts + ev.at("dur").get<double>());
@@ -761,6 +769,18 @@ TEST(Trainer, TraceShowsTheDrivesTransfers) {
     EXPECT_GE(reads[k], c.steps - 1) << "chunk " << k;
   }
   EXPECT_LE(unwritten, zo::optim::kDefaultStagingSlots);
+  // Each update from the second on finds its first chunk read ahead: queued after the previous
+  // update was done with it (at that update's end) and before this one began.
+  ASSERT_EQ(first_group_updates.size(), std::size_t(c.steps));
+  std::sort(first_group_updates.begin(), first_group_updates.end());
+  for (std::size_t u = 1; u < first_group_updates.size(); ++u) {
+    EXPECT_TRUE(std::any_of(chunk0_reads.begin(), chunk0_reads.end(),
+                            [&](double t) {
+                              return t >= first_group_updates[u - 1].second &&
+                                     t < first_group_updates[u].first;
+                            }))
+        << "update " << u + 1;
+  }
 }
 
 // --trace writes a Chrome trace with a track per stream / thread and spans of every stage.

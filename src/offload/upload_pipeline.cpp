@@ -132,9 +132,14 @@ void UploadPipeline::run_update(cpu_adam::ConstArrayView grads, std::int64_t t, 
     done_cv_.notify_all();
     throw;
   }
-  std::lock_guard lock(mu_);
-  adam_ms_ =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard lock(mu_);
+    adam_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // A state on a drive: the next update's first chunks are read while the device works (a write
+  // that fails here surfaces through the Adam thread as any update's would).
+  opt_.read_ahead_first_chunks();
 }
 
 void UploadPipeline::enqueue(std::size_t g) {

@@ -231,6 +231,12 @@ void HostOptimizer::visit(std::size_t begin, std::size_t end, bool write, F&& f)
 
 HostOptimizer::~HostOptimizer() = default;
 
+void HostOptimizer::read_ahead_first_chunks() {
+  if (!pager_) return;
+  for (std::size_t c = 0; c < pager_->read_ahead(); ++c)
+    pager_->prefetch(c);
+}
+
 cpu_adam::StepResult HostOptimizer::update_piece(cpu_adam::AdamBuffers& buf, const StateSpan& s,
                                                  std::int64_t t, float grad_multiplier,
                                                  cpu_adam::ArrayView params_out) {

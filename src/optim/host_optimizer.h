@@ -93,6 +93,9 @@ class HostOptimizer {
   // The state is in files on a drive (OptimizerConfig::state_dir): the whole-array accessors
   // (master_data, master, exp_avg, exp_avg_sq, q8) throw std::logic_error; read and write by range.
   bool on_drive() const { return pager_ != nullptr; }
+  // On a drive: starts reading the chunks an update begins with (the lowest local elements), so
+  // that they arrive while the device computes the next step. Nothing in memory.
+  void read_ahead_first_chunks();
   // The drive's pager (null in memory): chunks, bytes moved, what the log says.
   const StatePager* pager() const { return pager_.get(); }
   StatePager* pager() { return pager_.get(); }
