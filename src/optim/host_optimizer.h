@@ -131,6 +131,8 @@ class HostOptimizer {
     bool decay;
   };
   const std::vector<Segment>& segments() const { return segments_; }
+  // q8 blocks over every segment (each segment's blocks numbered on from the previous one's).
+  std::size_t q8_block_total() const { return blocks_; }
 
   // q8 state: codes of m and v (size()), and each segment's block maxima.
   struct Q8Arrays {

@@ -150,7 +150,7 @@ void StatePager::wait(Slot& s, bool write) {
   const auto completed = queue_->wait(s.ticket);
   if (!observer_) return;
   observer_({write, s.chunk, std::size_t(&s - slots_.data()), records_[s.chunk].at.bytes,
-             s.submitted, completed, began, std::chrono::steady_clock::now(), completed > began});
+             s.submitted, completed, began, std::chrono::steady_clock::now()});
 }
 
 // Both consume the slot's ticket whatever the wait says: a slot is never waited for twice.

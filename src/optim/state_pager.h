@@ -79,12 +79,11 @@ class StatePager {
   using Fresh = std::function<void(const ChunkSpan&, const View&)>;
   // One finished transfer between a slot and the drive (for --trace): when it was queued, when
   // the queue saw it done (io_uring sees it when next used, so a span may run long), and when
-  // the pager waited for it; `waited` when it was not done as the wait began.
+  // the pager waited for it (it stood waiting where completed > wait_began).
   struct Transfer {
     bool write = false;
     std::size_t chunk = 0, slot = 0, bytes = 0;
     std::chrono::steady_clock::time_point submitted, completed, wait_began, wait_ended;
-    bool waited = false;
   };
   using Observer = std::function<void(const Transfer&)>;
 

@@ -204,14 +204,6 @@ class ShardedSource final : public MomentSource {
   std::vector<std::uint8_t> codes_;
 };
 
-// fill(first, n, out): writes n stored values of one tensor from element `first`.
-template <class T>
-ckpt::SafetensorsWriter::Fill copy_fill(const T* data) {
-  return [data](std::uint64_t first, std::span<std::byte> out) {
-    std::memcpy(out.data(), data + first, out.size());
-  };
-}
-
 // A reader of moment k as stored, T its storage type (float, bf16 bits or q8 codes).
 template <class T>
 std::shared_ptr<model::RangedHfReader<T>> stored_moment(optim::HostOptimizer& opt, int k) {
@@ -263,45 +255,6 @@ void add_ranged_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout
   }
 }
 
-// add_shard_moments for a state on a drive: the same tensors, every fill read by range.
-void add_ranged_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& opt) {
-  const StateFormat f = opt.state_format();
-  const std::size_t n = opt.size(), sb = state_element_bytes(f);
-  for (int k = 0; k < 2; ++k) {
-    auto moments = [&opt, k, sb](std::uint64_t first, std::span<std::byte> out) {
-      opt.read_moment_stored(k, first, out.size() / sb, out.data());
-    };
-    if (f != StateFormat::kQ8) {
-      w.add_filled(kMoments[k], {n}, f == StateFormat::kF32 ? DType::kF32 : DType::kBF16, moments);
-      continue;
-    }
-    w.add_filled_u8(kMoments[k], {n}, moments);
-    // The block maxima of every segment, back to back: blocks [first, first + count) are read
-    // from the segments they fall in.
-    const auto& segs = opt.segments();
-    const std::size_t blocks =
-        segs.empty() ? 0
-                     : segs.back().block + cpu_adam::q8_blocks(segs.back().end - segs.back().begin);
-    w.add_filled(kAbsmax[k], {blocks}, DType::kF32,
-                 [&opt, k](std::uint64_t first, std::span<std::byte> out) {
-                   const std::size_t count = out.size() / sizeof(float);
-                   std::vector<float> part;
-                   for (std::size_t i = 0; i < opt.segments().size(); ++i) {
-                     const optim::HostOptimizer::Segment& s = opt.segments()[i];
-                     const std::size_t b0 = s.block,
-                                       b1 = s.block + cpu_adam::q8_blocks(s.end - s.begin);
-                     const std::size_t lo = std::max<std::size_t>(b0, first),
-                                       hi = std::min<std::size_t>(b1, first + count);
-                     if (lo >= hi) continue;
-                     part.resize(hi - lo);
-                     opt.read_q8_absmax(k, i, lo - b0, part);
-                     std::memcpy(out.data() + (lo - first) * sizeof(float), part.data(),
-                                 part.size() * sizeof(float));
-                   }
-                 });
-  }
-}
-
 }  // namespace
 
 void add_whole_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout& layout,
@@ -345,28 +298,38 @@ void add_whole_moments(ckpt::SafetensorsWriter& w, const model::ParameterLayout&
   }
 }
 
+// Read by range whatever the store (in memory or on a drive): the same bytes either way.
 void add_shard_moments(ckpt::SafetensorsWriter& w, optim::HostOptimizer& opt) {
-  const std::size_t n = opt.size();
-  if (opt.on_drive()) {
-    add_ranged_shard_moments(w, opt);
-    return;
-  }
+  const StateFormat f = opt.state_format();
+  const std::size_t n = opt.size(), sb = state_element_bytes(f);
   for (int k = 0; k < 2; ++k) {
-    if (opt.state_format() == StateFormat::kQ8) {
-      const optim::HostOptimizer::Q8Arrays q = opt.q8();
-      w.add_filled_u8(kMoments[k], {n}, copy_fill((k == 0 ? q.m : q.v).data()));
-      const std::span<float> absmax = k == 0 ? q.m_absmax : q.v_absmax;
-      w.add(kAbsmax[k], {absmax.size()}, std::span<const float>(absmax));
+    auto moments = [&opt, k, sb](std::uint64_t first, std::span<std::byte> out) {
+      opt.read_moment_stored(k, first, out.size() / sb, out.data());
+    };
+    if (f != StateFormat::kQ8) {
+      w.add_filled(kMoments[k], {n}, f == StateFormat::kF32 ? DType::kF32 : DType::kBF16, moments);
       continue;
     }
-    const cpu_adam::ArrayView a = k == 0 ? opt.exp_avg() : opt.exp_avg_sq();
-    if (a.dtype == DType::kF32) {
-      w.add(kMoments[k], {n}, std::span<const float>(static_cast<const float*>(a.data), n));
-    } else {
-      w.add_u16(kMoments[k], {n},
-                std::span<const std::uint16_t>(static_cast<const std::uint16_t*>(a.data), n),
-                a.dtype);
-    }
+    w.add_filled_u8(kMoments[k], {n}, moments);
+    // The block maxima of every segment, back to back: blocks [first, first + count) are read
+    // from the segments they fall in.
+    w.add_filled(kAbsmax[k], {opt.q8_block_total()}, DType::kF32,
+                 [&opt, k](std::uint64_t first, std::span<std::byte> out) {
+                   const std::size_t count = out.size() / sizeof(float);
+                   std::vector<float> part;
+                   for (std::size_t i = 0; i < opt.segments().size(); ++i) {
+                     const optim::HostOptimizer::Segment& s = opt.segments()[i];
+                     const std::size_t b0 = s.block,
+                                       b1 = s.block + cpu_adam::q8_blocks(s.end - s.begin);
+                     const std::size_t lo = std::max<std::size_t>(b0, first),
+                                       hi = std::min<std::size_t>(b1, first + count);
+                     if (lo >= hi) continue;
+                     part.resize(hi - lo);
+                     opt.read_q8_absmax(k, i, lo - b0, part);
+                     std::memcpy(out.data() + (lo - first) * sizeof(float), part.data(),
+                                 part.size() * sizeof(float));
+                   }
+                 });
   }
 }
 
