@@ -112,7 +112,9 @@ train() {  # train NAME LIMIT ARGS...: offload_train train on the synthetic task
 }
 
 phase_check() {
-  step device_info 60 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; $B info"
+  # lscpu: the host's CPU (vendor, cores per socket, threads per core) decides what bounds CPU
+  # Adam's codecs (vector ports, SMT), which the cpu_adam_roofline step measures.
+  step device_info 60 bash -c "nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; lscpu; $B info"
   gtest_run test_gpu 120
   gtest_run test_pinned_memory 120
   gtest_run test_cuda_ops 240

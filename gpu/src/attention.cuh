@@ -76,11 +76,6 @@
 #include "gpu/ops.h"
 #include "launch_util.h"
 
-// The kernels' dynamic shared memory (the SIMT emulator in tests/simt defines it its own way).
-#ifndef ZO_DYNAMIC_SHARED
-#define ZO_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
-#endif
-
 namespace zo::gpu {
 
 // Problem shape and derived tiling constants, computed once on the host.

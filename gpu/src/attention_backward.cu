@@ -35,6 +35,40 @@ __global__ void attention_backward_d_kernel(float* __restrict__ D, const T* __re
   if (lane == 0) D[row] = sum;
 }
 
+// The same D in 16-byte packs, when every head row starts 16-byte aligned (sh.async16): kGroup
+// lanes per row, lane k summing packs k, k + kGroup, ..., then a butterfly within its group.
+// (A warp per row with 2-byte loads moved 0.66 TB/s on an H100, 0.9 ms of the 124M step.)
+template <typename T>
+__global__ void attention_backward_d_packed_kernel(float* __restrict__ D,
+                                                   const T* __restrict__ dout,
+                                                   const T* __restrict__ out,
+                                                   const AttentionShape sh) {
+  constexpr int kVec = 16 / sizeof(T), kGroup = 8;
+  const std::int64_t row =
+      (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kGroup;
+  const int sub = static_cast<int>(threadIdx.x) % kGroup;
+  const bool live = row < static_cast<std::int64_t>(sh.B) * sh.NH * sh.T;
+  float sum = 0.0f;
+  if (live) {
+    const std::int64_t bh = row / sh.T;
+    const int t = static_cast<int>(row - bh * sh.T);
+    const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
+    const std::int64_t off = (static_cast<std::int64_t>(b) * sh.T + t) * sh.C + h * sh.hs;
+    for (int p = sub * kVec; p < sh.hs; p += kGroup * kVec) {
+      float a[kVec], o[kVec];
+      load_floats<T, kVec>(dout + off + p, a);
+      load_floats<T, kVec>(out + off + p, o);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k)
+        sum = fmaf(a[k], o[k], sum);
+    }
+  }
+#pragma unroll
+  for (int o = kGroup / 2; o > 0; o >>= 1)  // every lane of the warp takes part
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (live && sub == 0) D[row] = sum;
+}
+
 // dk, dv: one block per (b, kv head g, key tile); loops over the query heads of g's group and for
 // each over query tiles tile..n_tiles-1. The thread owns keys 4ty..4ty+3 of the tile and queries
 // tx, tx+16, ... of each query tile.
@@ -199,11 +233,19 @@ void backward_typed(void* dqkv, const void* dout, const void* qkv, const void* o
   const auto* qkv_t = static_cast<const T*>(qkv);
   auto* dqkv_t = static_cast<T*>(dqkv);
 
-  constexpr int kDThreads = 256;  // one warp per (b, h, t) row
+  constexpr int kDThreads = 256;
   const std::int64_t rows = std::int64_t{sh.B} * sh.NH * sh.T;
-  const auto d_blocks = static_cast<unsigned>(detail::ceil_div(rows, std::int64_t{kDThreads / 32}));
-  ZO_LAUNCH(d_blocks, kDThreads, 0, s, attention_backward_d_kernel<T>)
-  (scratch, dout_t, static_cast<const T*>(out), sh);
+  if (sh.async16) {  // 8 lanes per (b, h, t) row
+    const auto d_blocks =
+        static_cast<unsigned>(detail::ceil_div(rows, std::int64_t{kDThreads / 8}));
+    ZO_LAUNCH(d_blocks, kDThreads, 0, s, attention_backward_d_packed_kernel<T>)
+    (scratch, dout_t, static_cast<const T*>(out), sh);
+  } else {  // one warp per row
+    const auto d_blocks =
+        static_cast<unsigned>(detail::ceil_div(rows, std::int64_t{kDThreads / 32}));
+    ZO_LAUNCH(d_blocks, kDThreads, 0, s, attention_backward_d_kernel<T>)
+    (scratch, dout_t, static_cast<const T*>(out), sh);
+  }
   ZO_CUDA_CHECK_LAUNCH();
 
   if (attention_tc::eligible(sh.hs, t)) {

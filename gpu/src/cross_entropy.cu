@@ -7,9 +7,13 @@
 //
 // Launch shape: one block of kCrossEntropyThreads threads per row (grid = N); V up to ~50k.
 //   Pass 1: each thread keeps an online (max, sum of exp(x - max)) pair over its strided
-//   elements in fp32; the block combines the pairs with a fixed shuffle tree (deterministic) into
-//   the row's log-sum-exp. Pass 2 (only when dlogits is non-null): each thread re-reads its own
-//   elements and writes dloss_scale * (exp(x - lse) - onehot).
+//   elements in fp32, raising the max once per pack and taking one exp2 per element; the block
+//   combines the pairs with a fixed shuffle tree (deterministic) into the row's log-sum-exp.
+//   Pass 2 (only when dlogits is non-null): each thread re-reads its own elements and writes
+//   dloss_scale * (exp(x - lse) - onehot).
+//   kStaged: pass 1 also keeps the row's packs in shared memory, where pass 2 reads them, so the
+//   logits cross HBM once. Chosen when two rows fit an SM's shared memory (GPT-2's bf16 rows on
+//   an H100); otherwise pass 2 counts on L2, which a few hundred 100 KB rows in flight overrun.
 //   The row is walked as a scalar head up to the first 16-byte boundary, whole packs of kVec
 //   (16 B), then a scalar tail, so odd V (e.g. GPT-2's 50257) still moves most bytes in packs
 //   when its rows are not 16-byte aligned. kVec == 1 when dlogits and logits are not at the same
@@ -35,6 +39,7 @@
 namespace zo::gpu {
 
 constexpr int kCrossEntropyThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Adds exp(x - m) to s, raising m first if x is larger. -inf logits add nothing (also when m is
 // still -inf); NaN makes s NaN; exp(inf - inf) = NaN as in the host reference.
@@ -45,6 +50,30 @@ __device__ __forceinline__ void online_logsumexp_add(float& m, float& s, float x
   } else if (x != -INFINITY) {
     s += expf(x - m);
   }
+}
+
+// Adds a pack of logits: m raised once to the pack's max, then s += exp2(x log2e - m log2e) per
+// element (-inf adds 0, NaN makes s NaN). A non-finite max (+inf, or m still -inf) takes the
+// element-wise path, whose edge cases are the host reference's.
+template <int kVec>
+__device__ __forceinline__ void online_logsumexp_add_pack(float& m, float& s,
+                                                          const float (&x)[kVec]) {
+  float top = m;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    top = fmaxf(top, x[k]);  // ignores NaN
+  if (!isfinite(top)) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      online_logsumexp_add(m, s, x[k]);
+    return;
+  }
+  if (top > m) s *= exp2f((m - top) * kLog2e);  // 0 * s while m is -inf
+  m = top;
+  const float mb = m * kLog2e;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    s += exp2f(fmaf(x[k], kLog2e, -mb));
 }
 
 // (m1, s1) := (m1, s1) combined with (m2, s2). Symmetric in its operands (bit for bit), so an xor
@@ -75,11 +104,13 @@ struct RowSplit {
 };
 
 // losses (N) written; dlogits (N,V) written when non-null (may alias logits); grid = N.
-template <typename T, int kVec>
+template <typename T, int kVec, bool kStaged>
 __global__ void __launch_bounds__(kCrossEntropyThreads)
     cross_entropy_kernel(float* __restrict__ losses, T* dlogits, const T* logits,
                          const std::int32_t* __restrict__ targets, int V, std::size_t ld,
                          float dloss_scale) {
+  ZO_DYNAMIC_SHARED(float4, cross_entropy_smem);
+  auto* staged = reinterpret_cast<Pack<T, kVec>*>(cross_entropy_smem);  // (packs) when kStaged
   __shared__ float shared_m[32];
   __shared__ float shared_s[32];
   const std::size_t row = blockIdx.x;
@@ -92,11 +123,15 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   float s = 0.0f;
   for (int j = threadIdx.x; j < split.head; j += blockDim.x)
     online_logsumexp_add(m, s, to_float(x[j]));
+#pragma unroll 4  // several 16-byte loads in flight per thread
   for (int p = threadIdx.x; p < split.packs; p += blockDim.x) {
     const Pack<T, kVec> v = x_packs[p];
+    if constexpr (kStaged) staged[p] = v;
+    float f[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k)
-      online_logsumexp_add(m, s, to_float(v.v[k]));
+      f[k] = to_float(v.v[k]);
+    online_logsumexp_add_pack(m, s, f);
   }
   for (int j = split.tail_begin + threadIdx.x; j < V; j += blockDim.x)
     online_logsumexp_add(m, s, to_float(x[j]));
@@ -136,13 +171,15 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   // Pass 2: each thread rewrites exactly the elements it read in pass 1.
   T* d = dlogits + row * ld;
   auto* d_packs = reinterpret_cast<Pack<T, kVec>*>(d + split.head);
+  const float lse2 = lse * kLog2e;
   auto grad = [&](int j, float xj) {
-    return from_float<T>(dloss_scale * (expf(xj - lse) - (j == target ? 1.0f : 0.0f)));
+    return from_float<T>(dloss_scale *
+                         (exp2f(fmaf(xj, kLog2e, -lse2)) - (j == target ? 1.0f : 0.0f)));
   };
   for (int j = threadIdx.x; j < split.head; j += blockDim.x)
     d[j] = grad(j, to_float(x[j]));
   for (int p = threadIdx.x; p < split.packs; p += blockDim.x) {
-    const Pack<T, kVec> v = x_packs[p];
+    const Pack<T, kVec> v = kStaged ? staged[p] : x_packs[p];  // staged by this thread
     Pack<T, kVec> out;
 #pragma unroll
     for (int k = 0; k < kVec; ++k)
@@ -163,10 +200,22 @@ void launch_typed(float* losses, T* dlogits, const T* logits, const std::int32_t
   const auto gap =
       reinterpret_cast<std::uintptr_t>(dlogits) - reinterpret_cast<std::uintptr_t>(logits);
   if (dlogits == nullptr || gap % 16 == 0) {
-    ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, kVec>)
-    (losses, dlogits, logits, targets, V, ld, dloss_scale);
+    // The row's packs, staged when two such blocks fit an SM (no dlogits: nothing to re-read).
+    const std::size_t staged = static_cast<std::size_t>(V / kVec) * 16;
+    const int device = detail::current_device();
+    if (dlogits != nullptr && 2 * staged <= static_cast<std::size_t>(detail::device_attribute(
+                                                cudaDevAttrMaxSharedMemoryPerBlockOptin, device))) {
+      auto* const kernel = &cross_entropy_kernel<T, kVec, true>;
+      if (staged > 48 * 1024)
+        detail::opt_in_shared_memory(device, reinterpret_cast<const void*>(kernel), staged);
+      ZO_LAUNCH(N, kCrossEntropyThreads, staged, s, cross_entropy_kernel<T, kVec, true>)
+      (losses, dlogits, logits, targets, V, ld, dloss_scale);
+    } else {
+      ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, kVec, false>)
+      (losses, dlogits, logits, targets, V, ld, dloss_scale);
+    }
   } else {
-    ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, 1>)
+    ZO_LAUNCH(N, kCrossEntropyThreads, 0, s, cross_entropy_kernel<T, 1, false>)
     (losses, dlogits, logits, targets, V, ld, dloss_scale);
   }
   ZO_CUDA_CHECK_LAUNCH();

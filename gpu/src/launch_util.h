@@ -22,6 +22,11 @@
 #define ZO_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
 #endif
 
+// The kernels' dynamic shared memory (the SIMT emulator in tests/simt defines it its own way).
+#ifndef ZO_DYNAMIC_SHARED
+#define ZO_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 namespace zo::gpu::detail {
 
 // A pointer argument with its parameter name, for the null checks.

@@ -19,10 +19,11 @@
 //      dinp = dresidual (0 when null) + (g - mean(g) - norm * mean(g * norm)) * rstd; dresidual
 //      may be dinp itself (the residual stream's gradient, accumulated in place).
 //   2. layernorm_backward_partials_kernel: the column sums over N rows. Block (32, 8): x over
-//      32 consecutive channels (coalesced), y over 8 interleaved rows; grid (ceil(C/32), chunks),
-//      each blockIdx.y a contiguous chunk of rows. Every thread adds norm*dout and dout over its
-//      rows in row order in fp32, the block adds its 8 row groups in y order, and writes one fp32
-//      partial per (chunk, channel) to scratch.
+//      32 consecutive 16-byte packs of channels (one channel each when C or a pointer does not
+//      allow packs), y over 8 interleaved rows; grid (column blocks, chunks), each blockIdx.y a
+//      contiguous chunk of rows. Every thread adds norm*dout and dout over its rows in row order
+//      in fp32, the block adds its 8 row groups in y order, and writes one fp32 partial per
+//      (chunk, channel) to scratch.
 //   3. layernorm_backward_finish_kernel: one thread per channel adds the chunks' partials in
 //      chunk order and adds the total into dweight/dbias (one rounding to T).
 //   The chunking is a function of (N, C) only (layernorm_backward_chunks), so the summation tree
@@ -175,43 +176,55 @@ __global__ void __launch_bounds__(kLayerNormThreads)
 }
 
 // partial_w, partial_b (chunks, C) fp32 written: per chunk of rows, sum of norm*dout and dout.
-// blockDim (kLnPartialX, kLnPartialY); grid (ceil(C / kLnPartialX), chunks).
-template <typename T>
+// blockDim (kLnPartialX, kLnPartialY): x over kLnPartialX packs of kVec channels (16-byte loads
+// when kVec > 1, C % kVec == 0), y over interleaved rows; grid (ceil(C / (kLnPartialX kVec)),
+// chunks). Each thread adds its rows in row order, then the block its row groups in y order.
+template <typename T, int kVec>
 __global__ void __launch_bounds__(kLnPartialX* kLnPartialY)
     layernorm_backward_partials_kernel(float* __restrict__ partial_w, float* __restrict__ partial_b,
                                        const T* __restrict__ dout, const T* __restrict__ inp,
                                        const float* __restrict__ mean,
                                        const float* __restrict__ rstd, int N, int C,
                                        int rows_per_chunk) {
-  __shared__ float shared_w[kLnPartialY][kLnPartialX];
-  __shared__ float shared_b[kLnPartialY][kLnPartialX];
-  const int c = blockIdx.x * kLnPartialX + threadIdx.x;
+  constexpr int kCols = kLnPartialX * kVec;  // channels per block
+  __shared__ float shared_w[kLnPartialY][kCols];
+  __shared__ float shared_b[kLnPartialY][kCols];
+  const int col0 = blockIdx.x * kCols;
+  const int c = col0 + static_cast<int>(threadIdx.x) * kVec;
   const int row_begin = blockIdx.y * rows_per_chunk;
   const int row_end = row_begin + min(N - row_begin, rows_per_chunk);  // no int overflow
-  float acc_w = 0.0f;
-  float acc_b = 0.0f;
+  float acc_w[kVec] = {}, acc_b[kVec] = {};
   if (c < C) {
 #pragma unroll 4
     for (int n = row_begin + static_cast<int>(threadIdx.y); n < row_end; n += kLnPartialY) {
       const std::size_t i = static_cast<std::size_t>(n) * C + c;
-      const float d = to_float(dout[i]);
-      const float norm = (to_float(inp[i]) - mean[n]) * rstd[n];
-      acc_w = fmaf(norm, d, acc_w);
-      acc_b += d;
+      float d[kVec], x[kVec];
+      load_floats<T, kVec>(dout + i, d);
+      load_floats<T, kVec>(inp + i, x);
+      const float m = mean[n], r = rstd[n];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        acc_w[k] = fmaf((x[k] - m) * r, d[k], acc_w[k]);
+        acc_b[k] += d[k];
+      }
     }
   }
-  shared_w[threadIdx.y][threadIdx.x] = acc_w;
-  shared_b[threadIdx.y][threadIdx.x] = acc_b;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    shared_w[threadIdx.y][threadIdx.x * kVec + k] = acc_w[k];
+    shared_b[threadIdx.y][threadIdx.x * kVec + k] = acc_b[k];
+  }
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
+  const int tid = threadIdx.y * kLnPartialX + threadIdx.x;
+  for (int j = tid; j < kCols && col0 + j < C; j += kLnPartialX * kLnPartialY) {
     float w = 0.0f;
     float b = 0.0f;
 #pragma unroll
     for (int y = 0; y < kLnPartialY; ++y) {
-      w += shared_w[y][threadIdx.x];
-      b += shared_b[y][threadIdx.x];
+      w += shared_w[y][j];
+      b += shared_b[y][j];
     }
-    const std::size_t o = static_cast<std::size_t>(blockIdx.y) * C + c;
+    const std::size_t o = static_cast<std::size_t>(blockIdx.y) * C + col0 + j;
     partial_w[o] = w;
     partial_b[o] = b;
   }
@@ -305,9 +318,16 @@ void backward_typed(T* dinp, const T* dres, T* dweight, T* dbias, const T* dout,
   float* partial_w = scratch;                     // (chunks, C)
   float* partial_b = scratch + partial_elements;  // (chunks, C)
   const dim3 block(kLnPartialX, kLnPartialY);
-  const dim3 grid(detail::ceil_div(C, kLnPartialX), chunks);
-  ZO_LAUNCH(grid, block, 0, s, layernorm_backward_partials_kernel<T>)
-  (partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  constexpr int kVec = 16 / sizeof(T);
+  if (C % kVec == 0 && aligned(dout, 16) && aligned(inp, 16)) {
+    const dim3 grid(detail::ceil_div(C, kLnPartialX * kVec), chunks);
+    ZO_LAUNCH(grid, block, 0, s, layernorm_backward_partials_kernel<T, kVec>)
+    (partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  } else {
+    const dim3 grid(detail::ceil_div(C, kLnPartialX), chunks);
+    ZO_LAUNCH(grid, block, 0, s, layernorm_backward_partials_kernel<T, 1>)
+    (partial_w, partial_b, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  }
   ZO_CUDA_CHECK_LAUNCH();
   ZO_LAUNCH(detail::ceil_div(C, kLayerNormThreads), kLayerNormThreads, 0, s,
             layernorm_backward_finish_kernel<T>)
