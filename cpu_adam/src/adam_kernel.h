@@ -162,6 +162,37 @@ bool nonfinite_range(const void* grads, float grad_mult, std::size_t begin, std:
 // so that memory streams steadily while the quantizing computes. b1 * m_old is computed as
 // value * (b1 * absmax), one rounding fewer than dequantizing first.
 
+// Software prefetch ahead of pass 1, one hint per cache line of each stream. The q8 loop computes
+// about 1.8 cycles per parameter, and the hardware prefetchers alone left it ~30% slower from
+// DRAM than in cache (one thread: 1.52 against 2.19 Gparam/s; 2.06 with these hints). The fp32
+// and bf16 kernels, memory-bound, ran slower with hints, so only this loop has them.
+inline constexpr std::size_t kQ8PrefetchAhead = 1024;  // elements: 4 KiB of an fp32 master
+
+// Hints the line of `base` (elements of kSize bytes) kQ8PrefetchAhead elements past lane i, on
+// the vector whose bytes start a new 64-byte line. (Always inlined: GCC 12 counts a prefetch as
+// no side effect, finds an out-of-line wrapper `const` and deletes its calls.)
+template <class V, std::size_t kSize>
+[[gnu::always_inline]] inline void prefetch_ahead(const void* base, std::size_t i,
+                                                  std::size_t end) {
+  const std::size_t f = i + kQ8PrefetchAhead;
+  if ((i * kSize) % 64 < V::kWidth * kSize && f < end)
+    __builtin_prefetch(static_cast<const char*>(base) + f * kSize, 1, 3);
+}
+
+template <class V, DType G, int O, bool kB16>
+[[gnu::always_inline]] inline void q8_prefetch(const detail::AdamArrays& a, std::size_t i,
+                                               std::size_t end) {
+  prefetch_ahead<V, G == DType::kF32 ? 4 : 2>(a.g, i, end);
+  if constexpr (kB16) {
+    prefetch_ahead<V, 2>(a.p16, i, end);
+  } else {
+    prefetch_ahead<V, 4>(a.p, i, end);
+  }
+  prefetch_ahead<V, 1>(a.m, i, end);
+  prefetch_ahead<V, 1>(a.v, i, end);
+  if constexpr (O != detail::kOutNone) prefetch_ahead<V, 2>(a.out, i, end);
+}
+
 template <class V>
 struct Q8Codecs {
   Q8Decoder<V> m_decoder, v_decoder;
@@ -277,6 +308,7 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
     // test only skips it in a range's first block, which has none pending).
     std::size_t i = b0, j = pending.b0;
     for (; i + V::kWidth <= b1; i += V::kWidth) {
+      q8_prefetch<V, G, O, kB16>(a, i, end);
       q8_update_lanes<V, G, O, kL2, kB16>(a, q, k, sr, vm, vv, i, mt + (i - b0), vt + (i - b0), max,
                                           typename V::Full{});
       if (j < pending.b1) {
