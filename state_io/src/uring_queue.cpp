@@ -2,6 +2,7 @@
 // no room for waits in a backlog; a short transfer is resubmitted for the rest.
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -40,6 +41,7 @@ class UringQueue final : public IoQueue {
   std::uint64_t submit(const IoRequest& r) override {
     r.file->check_transfer(r.offset, r.data, r.bytes);
     const std::lock_guard<std::mutex> lock(mu_);
+    check_usable();
     reap_ready();  // before this request is queued: a failure here leaves it unqueued
     const std::uint64_t ticket = tickets_.add(r);
     backlog_.push_back(ticket);
@@ -49,6 +51,7 @@ class UringQueue final : public IoQueue {
 
   std::chrono::steady_clock::time_point wait(std::uint64_t ticket) override {
     const std::lock_guard<std::mutex> lock(mu_);
+    check_usable();
     reap_ready();
     return tickets_.finish(ticket, [&](const Transfer& t) {
       while (!t.complete)
@@ -82,7 +85,19 @@ class UringQueue final : public IoQueue {
     do {
       r = io_uring_submit(&ring_);
     } while (r == -EINTR);
-    if (r < 0) throw IoError(std::string("io_uring_submit failed: ") + std::strerror(-r));
+    if (r >= 0 && unsigned(r) == queued) return;
+    // Requests the kernel did not take stay prepared in the ring and are never waited for (the
+    // destructor waits only for what the kernel took); their tickets never complete, so the
+    // queue refuses all further use.
+    in_flight_ -= queued - unsigned(std::max(r, 0));
+    failed_ = std::string("io_uring_submit failed: ") +
+              (r < 0 ? std::strerror(-r)
+                     : "took " + std::to_string(r) + " of " + std::to_string(queued) + " requests");
+    throw IoError(failed_);
+  }
+
+  void check_usable() const {
+    if (!failed_.empty()) throw IoError("the io_uring queue failed earlier (" + failed_ + ")");
   }
 
   // Takes one completion: the transfer advances, is resubmitted for its rest, or completes.
@@ -121,7 +136,8 @@ class UringQueue final : public IoQueue {
   std::mutex mu_;
   Tickets tickets_;
   std::deque<std::uint64_t> backlog_;
-  unsigned in_flight_ = 0;
+  unsigned in_flight_ = 0;  // taken by the kernel, not yet reaped
+  std::string failed_;      // why the ring cannot be used any more; empty while it can
 };
 
 }  // namespace
