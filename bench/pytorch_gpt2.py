@@ -6,12 +6,12 @@ Usage: python3 bench/pytorch_gpt2.py --layers 12 --heads 12 --embd 768 --batch 1
 """
 import argparse
 import json
-import math
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from pytorch_timing import time_steps
 
 
 class Block(nn.Module):
@@ -65,26 +65,13 @@ def main():
     step = torch.compile(model)
     x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
-    times = []
-    for i in range(a.steps + 3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    sec = times[len(times) // 2]
+    sec, losses = time_steps(step, opt, x, y, a.steps)
     tokens_per_s = a.batch * a.seq / sec
     flops_per_token = 6 * n_params + 12 * a.layers * a.embd * a.seq
     print(json.dumps({"name": "pytorch_gpt2", "params": n_params, "batch": a.batch, "seq": a.seq,
                       "step_ms": sec * 1e3, "tokens_per_s": tokens_per_s,
                       "model_tflops": flops_per_token * tokens_per_s * 1e-12,
-                      "torch": torch.__version__, "loss": float(loss)}))
+                      "torch": torch.__version__, "loss": losses[-1]}))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ Usage: python3 bench/pytorch_llama.py --batch 4 --seq 2048      (Llama 3.2 1B's 
 """
 import argparse
 import json
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from pytorch_timing import time_steps
 
 
 def rms_norm(x, w, eps):
@@ -100,21 +101,7 @@ def main():
     fwd = torch.compile(model) if a.compile else model
     x = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
-    times, losses = [], []
-    for i in range(a.steps + 3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        losses.append(float(loss))
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    sec = times[len(times) // 2]
+    sec, losses = time_steps(fwd, opt, x, y, a.steps)
     tokens_per_s = a.batch * a.seq / sec
     flops_per_token = 6 * n_params + 12 * a.layers * a.embd * a.seq  # q width = C here
     print(json.dumps({"name": "pytorch_llama", "params": n_params, "batch": a.batch,

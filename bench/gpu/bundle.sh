@@ -32,7 +32,8 @@ for t in "${targets[@]}"; do
   cp "$f" "$bundle/bin/"
   strip "$bundle/bin/$t"
 done
-cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py bench/pytorch_llama.py "$bundle/"
+cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py bench/pytorch_llama.py \
+  bench/pytorch_timing.py "$bundle/"
 # The check phase's host-backend step, made here by this commit's offload_train (docs/gpu.md).
 if [ -n "${ZO_BUNDLE_REF:-}" ]; then
   mkdir -p "$bundle/ref"
