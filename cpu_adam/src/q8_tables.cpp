@@ -53,23 +53,23 @@ void fill_decoder(Q8Map& m) {
   if (m.value[codes - 1] != 1.0f) broken("the top code is not 1");
 }
 
-// The AVX-512 layer finds the decade from the octave tables, the others count thresholds: both
-// must agree at every threshold and octave edge, and one float either side.
-void check_octaves(const Q8Map& m) {
+// The AVX-512 layer finds the decade from the bin tables, the others count thresholds: both must
+// agree at every threshold and bin edge, and one float either side.
+void check_bins(const Q8Map& m) {
   const ScalarIsa::Decades count(m);
-  const auto by_octave = [&m](float x) {
-    const auto field = std::int32_t(std::bit_cast<std::uint32_t>(x) >> 23);
-    const int o = std::min(std::max(field, kOctaveLo), kOctaveLo + 31) & 31;
-    return m.octave_decade[o] + (x < m.octave_threshold[o] ? 1 : 0);
+  const auto by_bin = [&m](float x) {
+    const auto half_field = std::int32_t(std::bit_cast<std::uint32_t>(x) >> 24);
+    const int b = std::min(std::max(half_field, kBinLo), kBinLo + 15) & 15;
+    return m.bin_decade[b] + (x < m.bin_threshold[b] ? 1 : 0);
   };
   std::vector<float> edges = {0.0f, std::numeric_limits<float>::denorm_min(), 1.0f, 2.0f};
   for (int k = 0; k < m.bits; ++k)
     edges.push_back(m.threshold[k]);
-  for (int o = 1; o < 32; ++o)
-    edges.push_back(std::ldexp(1.0f, o + kOctaveLo - 127));
+  for (int b = 1; b < 16; ++b)
+    edges.push_back(std::ldexp(1.0f, 2 * (b + kBinLo) - 127));
   for (const float edge : edges) {
     for (const float x : {std::nextafter(edge, 0.0f), edge, std::nextafter(edge, 4.0f)}) {
-      if (by_octave(x) != count.of(x)) broken("octave tables disagree at " + std::to_string(x));
+      if (by_bin(x) != count.of(x)) broken("bin tables disagree at " + std::to_string(x));
     }
   }
 }
@@ -93,12 +93,12 @@ void fill_encoder(Q8Map& m) {
     m.fraction_max[e] = float((1 << f) - 1);
     m.code_base[e] = m.zero_code + (1 << f);
   }
-  // Octave o covers [2^(o + kOctaveLo - 127), twice that); the first reaches down to 0, the last
+  // Bin b covers [2^(2 (b + kBinLo) - 127), 4 times that); the first reaches down to 0, the last
   // up to infinity.
-  for (int o = 0; o < 32; ++o) {
-    const double lo = o == 0 ? 0.0 : std::ldexp(1.0, o + kOctaveLo - 127);
-    const double hi = o == 31 ? std::numeric_limits<double>::infinity()
-                              : std::ldexp(1.0, o + 1 + kOctaveLo - 127);
+  for (int b = 0; b < 16; ++b) {
+    const double lo = b == 0 ? 0.0 : std::ldexp(1.0, 2 * (b + kBinLo) - 127);
+    const double hi = b == 15 ? std::numeric_limits<double>::infinity()
+                              : std::ldexp(1.0, 2 * (b + 1 + kBinLo) - 127);
     int above = 0, inside = 0;
     float t = 0.0f;
     for (int k = 0; k < m.bits; ++k) {
@@ -109,11 +109,11 @@ void fill_encoder(Q8Map& m) {
         if (k != above) broken("thresholds do not descend");
       }
     }
-    if (inside > 1) broken("two thresholds in one octave");
-    m.octave_decade[o] = above;
-    m.octave_threshold[o] = t;
+    if (inside > 1) broken("two thresholds in one bin");
+    m.bin_decade[b] = above;
+    m.bin_threshold[b] = t;
   }
-  check_octaves(m);
+  check_bins(m);
   // Every code quantizes to itself.
   const Q8Encoder<ScalarIsa> encoder(m);
   for (int c = 0; c < (1 << m.bits); ++c) {

@@ -16,10 +16,11 @@ inline constexpr int q8_slot_of_fraction_bits(int f) {
   return (127 + f) & 15;
 }
 
-// The decade of x in [0, 2) by octaves (AVX-512): its exponent field, raised to at least
-// kOctaveLo, read & 31. Entry 0 holds everything below 2^-30 (zero included), entry 31 [1, 2) and
-// NaN (exponent field 255).
-inline constexpr std::int32_t kOctaveLo = 96;
+// The decade of x in [0, 2) by pairs of octaves (AVX-512): its exponent field halved (the float's
+// bits >> 24), raised to at least kBinLo, read & 15. Bin 0 holds everything below 2^-29 (zero
+// included), bin 15 [0.5, 2) and NaN (exponent field 255). A bin spans a factor of 4 and the
+// thresholds lie about 6.5x apart, so at most one falls inside a bin (checked at start-up).
+inline constexpr std::int32_t kBinLo = 48;
 
 struct Q8Map {
   int bits = 0;
@@ -40,10 +41,10 @@ struct Q8Map {
   alignas(64) float to_fraction_offset[16];
   alignas(64) float fraction_max[16];
   alignas(64) std::int32_t code_base[16];
-  // The decade by the octave of x (see kOctaveLo): octave_decade[o] thresholds lie above the
-  // octave; x is below one more where x < octave_threshold[o] (0 if no threshold lies inside).
-  alignas(64) std::int32_t octave_decade[32];
-  alignas(64) float octave_threshold[32];
+  // The decade by the bin of x (see kBinLo): bin_decade[b] thresholds lie above the bin; x is
+  // below one more where x < bin_threshold[b] (0 if no threshold lies inside).
+  alignas(64) std::int32_t bin_decade[16];
+  alignas(64) float bin_threshold[16];
   // value[c]: the magnitude of every code, ascending, 0 first (2^bits entries used).
   float value[256];
 };

@@ -128,20 +128,19 @@ struct Avx512Isa {
     return _mm512_mask_sub_epi32(c, _mm512_cmp_ps_mask(x, set1(0.0f), _CMP_LT_OQ), set1_i(254), c);
   }
   static F abs(F x) { return _mm512_abs_ps(x); }
-  // The decade of x from its octave (q8_tables.h): two 32-entry permutes and one compare. The
-  // octave needs no upper clamp: x < 2, and NaN's exponent field (255) reads entry 31 anyway.
+  // The decade of x from its bin of two octaves (q8_tables.h): two 16-entry permutes (half the
+  // cost of the 32-entry two-table ones by octave) and one compare. The bin needs no upper clamp:
+  // x < 2, and NaN's halved exponent field (127) reads bin 15 anyway.
   struct Decades {
-    I decade_lo, decade_hi;
-    F threshold_lo, threshold_hi;
+    I decade;
+    F threshold;
     explicit Decades(const detail::Q8Map& m)
-        : decade_lo(_mm512_load_si512(m.octave_decade)),
-          decade_hi(_mm512_load_si512(m.octave_decade + 16)),
-          threshold_lo(_mm512_load_ps(m.octave_threshold)),
-          threshold_hi(_mm512_load_ps(m.octave_threshold + 16)) {}
+        : decade(_mm512_load_si512(m.bin_decade)), threshold(_mm512_load_ps(m.bin_threshold)) {}
     I of(F x) const {
-      const I o = _mm512_max_epi32(exponent_field(x), set1_i(detail::kOctaveLo));
-      const I e = _mm512_permutex2var_epi32(decade_lo, o, decade_hi);
-      const F t = _mm512_permutex2var_ps(threshold_lo, o, threshold_hi);
+      const I b =
+          _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 24), set1_i(detail::kBinLo));
+      const I e = _mm512_permutexvar_epi32(b, decade);
+      const F t = _mm512_permutexvar_ps(b, threshold);
       return _mm512_mask_add_epi32(e, _mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), e, set1_i(1));
     }
     I finish(I code, F) const { return code; }
