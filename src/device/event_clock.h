@@ -5,6 +5,8 @@
 // however long the stream took to reach the origin). Read after, it is late by however long the
 // host took to notice (a preempted thread: milliseconds on a loaded machine), so the calibration
 // is repeated and the earliest estimate kept: each is late by its own delay, never early. The
+// repeats poll the event (yielding) rather than block on it: a blocking wait's wake-up makes
+// every sample late by about the same scheduler delay, which no minimum removes. The
 // trainer and the offload engine keep a clock each; without this their spans could disagree
 // with the order the streams ran them in.
 #pragma once
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "device/device.h"
 
@@ -31,7 +34,8 @@ class EventClock {
     const auto again = device.create_event();
     for (int i = 0; i < kCalibrations; ++i) {
       device.record(*again, s);
-      again->synchronize();
+      while (!again->query())
+        std::this_thread::yield();
       const double t = now_us();
       origin_us_ = std::min(origin_us_, t - 1000.0 * again->elapsed_ms_since(*origin_));
     }
