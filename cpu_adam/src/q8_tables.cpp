@@ -53,23 +53,53 @@ void fill_decoder(Q8Map& m) {
   if (m.value[codes - 1] != 1.0f) broken("the top code is not 1");
 }
 
-// The AVX-512 layer finds the decade from the bin tables, the others count thresholds: both must
-// agree at every threshold and bin edge, and one float either side.
+// Bin b of `bins` covers exponent fields [(kLo + b) << kShift, (kLo + b + 1) << kShift); the
+// first reaches down to 0, the last up to infinity. At most `most` thresholds may lie inside one.
+template <int kShift>
+void fill_bins(const Q8Map& m, Q8Bins<kShift>& bins, int most) {
+  using B = Q8Bins<kShift>;
+  for (int b = 0; b < B::kCount; ++b) {
+    const double lo = b == 0 ? 0.0 : std::ldexp(1.0, ((B::kLo + b) << kShift) - 127);
+    const double hi = b == B::kCount - 1 ? std::numeric_limits<double>::infinity()
+                                         : std::ldexp(1.0, ((B::kLo + b + 1) << kShift) - 127);
+    int above = 0;
+    std::vector<float> inside;
+    for (int k = 0; k < m.bits; ++k) {
+      if (m.threshold[k] >= hi) ++above;
+      if (m.threshold[k] >= lo && m.threshold[k] < hi) {
+        if (k != above + int(inside.size())) broken("thresholds do not descend");
+        inside.push_back(m.threshold[k]);
+      }
+    }
+    if (int(inside.size()) > most) broken("too many thresholds in one bin");
+    bins.decade[b] = above;
+    bins.upper[b] = inside.size() > 0 ? inside[0] : 0.0f;
+    bins.lower[b] = inside.size() > 1 ? inside[1] : 0.0f;
+  }
+}
+
+// The decade of x by `bins`, as the vector layers compute it.
+template <int kShift>
+int decade_by_bins(const Q8Bins<kShift>& bins, float x) {
+  using B = Q8Bins<kShift>;
+  const auto key = std::int32_t(std::bit_cast<std::uint32_t>(x) >> (23 + kShift));
+  const int b = std::min(std::max(key, B::kLo), B::kLo + B::kCount - 1) & (B::kCount - 1);
+  return bins.decade[b] + (x < bins.upper[b] ? 1 : 0) + (x < bins.lower[b] ? 1 : 0);
+}
+
+// The vector layers find the decade from the bin tables, the scalar path counts thresholds: they
+// must agree at every threshold and bin edge, and one float either side.
 void check_bins(const Q8Map& m) {
   const ScalarIsa::Decades count(m);
-  const auto by_bin = [&m](float x) {
-    const auto half_field = std::int32_t(std::bit_cast<std::uint32_t>(x) >> 24);
-    const int b = std::min(std::max(half_field, kBinLo), kBinLo + 15) & 15;
-    return m.bin_decade[b] + (x < m.bin_threshold[b] ? 1 : 0);
-  };
   std::vector<float> edges = {0.0f, std::numeric_limits<float>::denorm_min(), 1.0f, 2.0f};
   for (int k = 0; k < m.bits; ++k)
     edges.push_back(m.threshold[k]);
-  for (int b = 1; b < 16; ++b)
-    edges.push_back(std::ldexp(1.0f, 2 * (b + kBinLo) - 127));
+  for (int field = 97; field < 128; ++field)
+    edges.push_back(std::ldexp(1.0f, field - 127));
   for (const float edge : edges) {
     for (const float x : {std::nextafter(edge, 0.0f), edge, std::nextafter(edge, 4.0f)}) {
-      if (by_bin(x) != count.of(x)) broken("bin tables disagree at " + std::to_string(x));
+      if (decade_by_bins(m.pairs, x) != count.of(x) || decade_by_bins(m.quads, x) != count.of(x))
+        broken("bin tables disagree at " + std::to_string(x));
     }
   }
 }
@@ -93,26 +123,8 @@ void fill_encoder(Q8Map& m) {
     m.fraction_max[e] = float((1 << f) - 1);
     m.code_base[e] = m.zero_code + (1 << f);
   }
-  // Bin b covers [2^(2 (b + kBinLo) - 127), 4 times that); the first reaches down to 0, the last
-  // up to infinity.
-  for (int b = 0; b < 16; ++b) {
-    const double lo = b == 0 ? 0.0 : std::ldexp(1.0, 2 * (b + kBinLo) - 127);
-    const double hi = b == 15 ? std::numeric_limits<double>::infinity()
-                              : std::ldexp(1.0, 2 * (b + 1 + kBinLo) - 127);
-    int above = 0, inside = 0;
-    float t = 0.0f;
-    for (int k = 0; k < m.bits; ++k) {
-      if (m.threshold[k] >= hi) ++above;
-      if (m.threshold[k] >= lo && m.threshold[k] < hi) {
-        ++inside;
-        t = m.threshold[k];
-        if (k != above) broken("thresholds do not descend");
-      }
-    }
-    if (inside > 1) broken("two thresholds in one bin");
-    m.bin_decade[b] = above;
-    m.bin_threshold[b] = t;
-  }
+  fill_bins(m, m.pairs, 1);
+  fill_bins(m, m.quads, 2);
   check_bins(m);
   // Every code quantizes to itself.
   const Q8Encoder<ScalarIsa> encoder(m);

@@ -16,11 +16,20 @@ inline constexpr int q8_slot_of_fraction_bits(int f) {
   return (127 + f) & 15;
 }
 
-// The decade of x in [0, 2) by pairs of octaves (AVX-512): its exponent field halved (the float's
-// bits >> 24), raised to at least kBinLo, read & 15. Bin 0 holds everything below 2^-29 (zero
-// included), bin 15 [0.5, 2) and NaN (exponent field 255). A bin spans a factor of 4 and the
-// thresholds lie about 6.5x apart, so at most one falls inside a bin (checked at start-up).
-inline constexpr std::int32_t kBinLo = 48;
+// The decade of x in [0, 2) by bins of 2^kShift octaves: the float's exponent field >> kShift
+// (its bits >> (23 + kShift)), raised to at least 96 >> kShift, read & (bins - 1); the first bin
+// holds everything below it (zero included), the last reaches up to 2 and takes NaN (exponent
+// field 255). The thresholds lie about 6.5x apart, so a bin of two octaves (4x, AVX-512: 16 bins)
+// holds at most one of them and one of four octaves (16x, AVX2: 8 bins) at most two (checked
+// at start-up).
+template <int kShift>
+struct Q8Bins {
+  static constexpr int kCount = 32 >> kShift;
+  static constexpr std::int32_t kLo = 96 >> kShift;
+  alignas(64) std::int32_t decade[kCount];  // the thresholds above the bin
+  alignas(64) float upper[kCount];          // the higher threshold inside the bin, else 0
+  alignas(64) float lower[kCount];          // a second, lower one inside it, else 0
+};
 
 struct Q8Map {
   int bits = 0;
@@ -41,10 +50,10 @@ struct Q8Map {
   alignas(64) float to_fraction_offset[16];
   alignas(64) float fraction_max[16];
   alignas(64) std::int32_t code_base[16];
-  // The decade by the bin of x (see kBinLo): bin_decade[b] thresholds lie above the bin; x is
-  // below one more where x < bin_threshold[b] (0 if no threshold lies inside).
-  alignas(64) std::int32_t bin_decade[16];
-  alignas(64) float bin_threshold[16];
+  // The decade by the bin of x (Q8Bins): decade[b] plus one for each threshold of the bin that x
+  // lies below. AVX-512 reads `pairs` (never a lower threshold), AVX2 `quads`.
+  Q8Bins<1> pairs;
+  Q8Bins<2> quads;
   // value[c]: the magnitude of every code, ascending, 0 first (2^bits entries used).
   float value[256];
 };

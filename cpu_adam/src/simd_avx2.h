@@ -90,25 +90,33 @@ struct Avx2Isa {
     return _mm256_blendv_epi8(c, _mm256_sub_epi32(set1_i(254), c), neg);
   }
   static F abs(F x) { return _mm256_andnot_ps(set1(-0.0f), x); }
-  // The decade of x: how many thresholds it lies below (compare masks are -1). An 8-entry
-  // permute cannot tell decade 8 (below all of v's thresholds) from 0, so `of` counts the first
-  // 7 and `finish` gives the code of 0 below the last.
+  // The decade of x from its bin of four octaves (q8_tables.h): three 8-entry permutes and two
+  // compares (masks are -1), in place of a compare per threshold. The bin needs no upper clamp:
+  // x < 2, and NaN's exponent field (255) reads bin 7 anyway. An 8-entry permute cannot tell
+  // decade 8 (below all of v's thresholds) from 0 in the later lookups, so `finish` gives the
+  // code of 0 below the last threshold.
   struct Decades {
-    F threshold[8];
+    I decade;
+    F upper, lower, last;
     I zero_code;
-    explicit Decades(const detail::Q8Map& m) : zero_code(set1_i(m.zero_code)) {
-      for (int k = 0; k < 8; ++k)
-        threshold[k] = set1(m.threshold[k]);
-    }
+    explicit Decades(const detail::Q8Map& m)
+        : decade(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.quads.decade))),
+          upper(_mm256_load_ps(m.quads.upper)),
+          lower(_mm256_load_ps(m.quads.lower)),
+          last(set1(m.threshold[7])),
+          zero_code(set1_i(m.zero_code)) {}
     I of(F x) const {
-      I e = _mm256_setzero_si256();
-      for (int k = 0; k < 7; ++k)
-        e = _mm256_sub_epi32(e, _mm256_castps_si256(_mm256_cmp_ps(x, threshold[k], _CMP_LT_OQ)));
-      return e;
+      const I b = _mm256_max_epi32(_mm256_srli_epi32(_mm256_castps_si256(x), 25),
+                                   set1_i(detail::Q8Bins<2>::kLo));
+      I e = _mm256_permutevar8x32_epi32(decade, b);
+      e = _mm256_sub_epi32(
+          e, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(upper, b), _CMP_LT_OQ)));
+      return _mm256_sub_epi32(
+          e, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(lower, b), _CMP_LT_OQ)));
     }
     I finish(I code, F x) const {
       return _mm256_blendv_epi8(code, zero_code,
-                                _mm256_castps_si256(_mm256_cmp_ps(x, threshold[7], _CMP_LT_OQ)));
+                                _mm256_castps_si256(_mm256_cmp_ps(x, last, _CMP_LT_OQ)));
     }
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).

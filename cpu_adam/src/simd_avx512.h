@@ -135,10 +135,10 @@ struct Avx512Isa {
     I decade;
     F threshold;
     explicit Decades(const detail::Q8Map& m)
-        : decade(_mm512_load_si512(m.bin_decade)), threshold(_mm512_load_ps(m.bin_threshold)) {}
+        : decade(_mm512_load_si512(m.pairs.decade)), threshold(_mm512_load_ps(m.pairs.upper)) {}
     I of(F x) const {
-      const I b =
-          _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 24), set1_i(detail::kBinLo));
+      const I b = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 24),
+                                   set1_i(detail::Q8Bins<1>::kLo));
       const I e = _mm512_permutexvar_epi32(b, decade);
       const F t = _mm512_permutexvar_ps(b, threshold);
       return _mm512_mask_add_epi32(e, _mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), e, set1_i(1));
