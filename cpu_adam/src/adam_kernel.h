@@ -168,29 +168,30 @@ bool nonfinite_range(const void* grads, float grad_mult, std::size_t begin, std:
 // and bf16 kernels, memory-bound, ran slower with hints, so only this loop has them.
 inline constexpr std::size_t kQ8PrefetchAhead = 1024;  // elements: 4 KiB of an fp32 master
 
-// Hints the line of `base` (elements of kSize bytes) kQ8PrefetchAhead elements past lane i, on
-// the vector whose bytes start a new 64-byte line. (Always inlined: GCC 12 counts a prefetch as
-// no side effect, finds an out-of-line wrapper `const` and deletes its calls.)
+// Hints the line of `base` (elements of kSize bytes) holding element f, on the vector (lanes i..)
+// whose bytes start a new 64-byte line. (Always inlined: GCC 12 counts a prefetch as no side
+// effect, finds an out-of-line wrapper `const` and deletes its calls.)
 template <class V, std::size_t kSize>
-[[gnu::always_inline]] inline void prefetch_ahead(const void* base, std::size_t i,
-                                                  std::size_t end) {
-  const std::size_t f = i + kQ8PrefetchAhead;
-  if ((i * kSize) % 64 < V::kWidth * kSize && f < end)
+[[gnu::always_inline]] inline void prefetch_line(const void* base, std::size_t i, std::size_t f) {
+  if ((i * kSize) % 64 < V::kWidth * kSize)
     __builtin_prefetch(static_cast<const char*>(base) + f * kSize, 1, 3);
 }
 
+// Every stream of pass 1 at element i + kQ8PrefetchAhead, when that is inside the range.
 template <class V, DType G, int O, bool kB16>
 [[gnu::always_inline]] inline void q8_prefetch(const detail::AdamArrays& a, std::size_t i,
                                                std::size_t end) {
-  prefetch_ahead<V, G == DType::kF32 ? 4 : 2>(a.g, i, end);
+  const std::size_t f = i + kQ8PrefetchAhead;
+  if (f >= end) return;
+  prefetch_line<V, G == DType::kF32 ? 4 : 2>(a.g, i, f);
   if constexpr (kB16) {
-    prefetch_ahead<V, 2>(a.p16, i, end);
+    prefetch_line<V, 2>(a.p16, i, f);
   } else {
-    prefetch_ahead<V, 4>(a.p, i, end);
+    prefetch_line<V, 4>(a.p, i, f);
   }
-  prefetch_ahead<V, 1>(a.m, i, end);
-  prefetch_ahead<V, 1>(a.v, i, end);
-  if constexpr (O != detail::kOutNone) prefetch_ahead<V, 2>(a.out, i, end);
+  prefetch_line<V, 1>(a.m, i, f);
+  prefetch_line<V, 1>(a.v, i, f);
+  if constexpr (O != detail::kOutNone) prefetch_line<V, 2>(a.out, i, f);
 }
 
 template <class V>

@@ -13,6 +13,15 @@
 namespace zo::gpu {
 
 // ---- backward ---------------------------------------------------------------------------------
+// The first element of (b, h, t) row `row` of the (B, NH, T) D in dout and out (B, T, C).
+__device__ __forceinline__ std::int64_t head_row_offset(std::int64_t row,
+                                                        const AttentionShape& sh) {
+  const std::int64_t bh = row / sh.T;
+  const int t = static_cast<int>(row - bh * sh.T);
+  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
+  return (static_cast<std::int64_t>(b) * sh.T + t) * sh.C + h * sh.hs;
+}
+
 // D (B,NH,T) = rowsum(dout * out) per head: one warp per (b, h, t).
 template <typename T>
 __global__ void attention_backward_d_kernel(float* __restrict__ D, const T* __restrict__ dout,
@@ -22,10 +31,7 @@ __global__ void attention_backward_d_kernel(float* __restrict__ D, const T* __re
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t rows = static_cast<std::int64_t>(sh.B) * sh.NH * sh.T;
   if (row >= rows) return;  // whole warps exit together
-  const std::int64_t bh = row / sh.T;
-  const int t = static_cast<int>(row - bh * sh.T);
-  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
-  const std::int64_t off = (static_cast<std::int64_t>(b) * sh.T + t) * sh.C + h * sh.hs;
+  const std::int64_t off = head_row_offset(row, sh);
   float sum = 0.0f;
   for (int d = lane; d < sh.hs; d += 32)
     sum = fmaf(to_float(dout[off + d]), to_float(out[off + d]), sum);
@@ -50,10 +56,7 @@ __global__ void attention_backward_d_packed_kernel(float* __restrict__ D,
   const bool live = row < static_cast<std::int64_t>(sh.B) * sh.NH * sh.T;
   float sum = 0.0f;
   if (live) {
-    const std::int64_t bh = row / sh.T;
-    const int t = static_cast<int>(row - bh * sh.T);
-    const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
-    const std::int64_t off = (static_cast<std::int64_t>(b) * sh.T + t) * sh.C + h * sh.hs;
+    const std::int64_t off = head_row_offset(row, sh);
     for (int p = sub * kVec; p < sh.hs; p += kGroup * kVec) {
       float a[kVec], o[kVec];
       load_floats<T, kVec>(dout + off + p, a);

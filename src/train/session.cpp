@@ -353,10 +353,10 @@ void Session::make_updater_and_model() {
                 (x.write ? "write chunk " : "read chunk ") + std::to_string(x.chunk),
                 t->to_us(x.submitted), t->to_us(x.completed), {{"bytes", x.bytes}});
         const double began = t->to_us(x.wait_began), ended = t->to_us(x.wait_ended);
-        if (x.completed > x.wait_began &&
-            ended - began > 10.0) {  // shorter: the queue's bookkeeping, not the drive
+        // Only where the transfer was not done as the wait began; under 10 us the wait is the
+        // queue's bookkeeping, not the drive.
+        if (x.completed > x.wait_began && ended - began > 10.0)
           t->span("drive waits", "wait for chunk " + std::to_string(x.chunk), began, ended);
-        }
       } catch (...) {  // a trace that cannot record loses the event, never the step
       }
     });
