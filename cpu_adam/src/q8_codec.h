@@ -33,29 +33,29 @@ struct Q8Decoder {
 template <class V>
 struct Q8Encoder {
   typename V::Decades decades;
-  typename V::Table to_fraction_scale, to_fraction_offset, fraction_max;
-  typename V::TableI code_base;
+  typename V::Table to_code_scale, to_code_offset, code_max;
   explicit Q8Encoder(const detail::Q8Map& map)
       : decades(map),
-        to_fraction_scale(V::table(map.to_fraction_scale)),
-        to_fraction_offset(V::table(map.to_fraction_offset)),
-        fraction_max(V::table(map.fraction_max)),
-        code_base(V::table_i(map.code_base)) {}
+        to_code_scale(V::table(map.to_code_scale)),
+        to_code_offset(V::table(map.to_code_offset)),
+        code_max(V::table(map.code_max)) {}
 
   // The code of x, a moment over its block's absmax (|x| <= 1 or NaN): the decade by thresholds,
-  // then the nearest fraction inside it by one FMA rounded to the nearest integer, clamped to the
-  // decade's codes. Decade `bits` (|x| below every threshold) reads the code of 0. kSigned (m):
-  // 127 + the magnitude code, mirrored around 127 where x < 0.
+  // then the nearest code inside it by one FMA, capped at the decade's top and rounded to the
+  // nearest integer. Decade `bits` (|x| below every threshold) reads the code of 0. kSigned (m):
+  // the magnitude's code takes x's sign before the rounding, which is symmetric, and 127 is
+  // added. Unsigned (v): x is never below zero (a sum of non-negative terms; a NaN's sign bit
+  // sends it to the top bin all the same), so it is used as it is.
   template <bool kSigned>
   typename V::I code(typename V::F x) const {
-    const typename V::F a = V::abs(x);
+    const typename V::F a = kSigned ? V::abs(x) : x;
     const typename V::I e = decades.of(a);
-    typename V::F f = V::fma(a, V::lookup(to_fraction_scale, e), V::lookup(to_fraction_offset, e));
-    f = V::min(V::max(f, V::set1(0.0f)), V::lookup(fraction_max, e));
-    const typename V::I c =
-        decades.finish(V::add_i(V::round_to_int(f), V::lookup_i(code_base, e)), a);
-    if constexpr (kSigned) return V::mirror_where_negative(c, x);
-    return c;
+    typename V::F c = V::fma(a, V::lookup(to_code_scale, e), V::lookup(to_code_offset, e));
+    c = V::min(c, V::lookup(code_max, e));
+    if constexpr (kSigned) c = V::flip_sign_where_negative(c, x);
+    const typename V::I code = decades.finish(V::round_to_int(c), a);
+    if constexpr (kSigned) return V::add_i(code, V::set1_i(127));
+    return code;
   }
 };
 

@@ -112,16 +112,16 @@ void fill_encoder(Q8Map& m) {
     m.threshold[k] = float((double(m.value[lowest]) + double(m.value[lowest - 1])) / 2.0);
   }
   for (int e = 0; e < 16; ++e) {
-    m.to_fraction_scale[e] = m.to_fraction_offset[e] = m.fraction_max[e] = 0.0f;
-    m.code_base[e] = e == m.bits ? m.zero_code : 0;
+    m.to_code_scale[e] = m.to_code_offset[e] = m.code_max[e] = 0.0f;
     if (e >= m.bits) continue;
     const int f = m.bits - 1 - e;
     const double scale = m.scale[q8_slot_of_fraction_bits(f)];
-    // fmaf(x, 1/S, -value(2^F)/S) is (x - value(2^F)) / S: the fraction f at x = value(2^F + f).
-    m.to_fraction_scale[e] = float(1.0 / scale);
-    m.to_fraction_offset[e] = float(-double(m.value[1 << f]) / scale);
-    m.fraction_max[e] = float((1 << f) - 1);
-    m.code_base[e] = m.zero_code + (1 << f);
+    // fmaf(x, 1/S, 2^F - value(2^F)/S) is 2^F + (x - value(2^F)) / S: the code c at x = value(c).
+    // The last decade holds one code, whose lower neighbour is 0, not a step S below: its x all
+    // take that code.
+    m.to_code_scale[e] = f == 0 ? 0.0f : float(1.0 / scale);
+    m.to_code_offset[e] = f == 0 ? 1.0f : float(std::ldexp(1.0, f) - double(m.value[1 << f]) / scale);
+    m.code_max[e] = float((2 << f) - 1);
   }
   fill_bins(m, m.pairs, 1);
   fill_bins(m, m.quads, 2);

@@ -42,14 +42,15 @@ struct Q8Map {
   // between decade k's lowest value and decade k + 1's highest; the last is midway between the
   // smallest value and 0); entries from `bits` on are -inf. Decade `bits` is the code of 0.
   float threshold[8];
-  // By decade E, whose codes are 2^F + f: f = clamp(round_to_even(fmaf(x, to_fraction_scale,
-  // to_fraction_offset)), 0, fraction_max), code = code_base + f, with code_base = zero_code +
-  // 2^F. (Rounding f rather than the code keeps the float's resolution at x: the midpoints hold
-  // within an ulp or two.) At E = bits the entries give zero_code; from bits + 1 on they are 0.
-  alignas(64) float to_fraction_scale[16];
-  alignas(64) float to_fraction_offset[16];
-  alignas(64) float fraction_max[16];
-  alignas(64) std::int32_t code_base[16];
+  // By decade E, whose magnitude codes are 2^F + f: c = round_to_even(min(fmaf(x, to_code_scale,
+  // to_code_offset), code_max)), with code_max = 2^(F+1) - 1 its top code. The thresholds lie
+  // midway between neighbouring codes, one step below a decade's lowest code lies the next
+  // decade's top, so x needs no lower clamp: the smallest x of the decade gives 2^F - 1/2 (within
+  // an ulp or two). The last decade (F = 0, one code above 0) reads fmaf(x, 0, 1). At E = bits and
+  // above every entry is 0: the magnitude code of 0.
+  alignas(64) float to_code_scale[16];
+  alignas(64) float to_code_offset[16];
+  alignas(64) float code_max[16];
   // The decade by the bin of x (Q8Bins): decade[b] plus one for each threshold of the bin that x
   // lies below. AVX-512 reads `pairs` (never a lower threshold), AVX2 `quads`.
   Q8Bins<1> pairs;

@@ -82,13 +82,8 @@ struct Avx2Isa {
     const F zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()));
     return _mm256_andnot_ps(zero, fma(a, b, c));
   }
-  static F max(F a, F b) { return _mm256_max_ps(a, b); }  // a > b ? a : b
   static F min(F a, F b) { return _mm256_min_ps(a, b); }  // a < b ? a : b
   static I round_to_int(F y) { return _mm256_cvtps_epi32(y); }
-  static I mirror_where_negative(I c, F x) {  // around 127
-    const I neg = _mm256_castps_si256(_mm256_cmp_ps(x, set1(0.0f), _CMP_LT_OQ));
-    return _mm256_blendv_epi8(c, _mm256_sub_epi32(set1_i(254), c), neg);
-  }
   static F abs(F x) { return _mm256_andnot_ps(set1(-0.0f), x); }
   // The decade of x from its bin of four octaves (q8_tables.h): three 8-entry permutes and two
   // compares (masks are -1), in place of a compare per threshold. The bin needs no upper clamp:
@@ -98,13 +93,11 @@ struct Avx2Isa {
   struct Decades {
     I decade;
     F upper, lower, last;
-    I zero_code;
     explicit Decades(const detail::Q8Map& m)
         : decade(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.quads.decade))),
           upper(_mm256_load_ps(m.quads.upper)),
           lower(_mm256_load_ps(m.quads.lower)),
-          last(set1(m.threshold[7])),
-          zero_code(set1_i(m.zero_code)) {}
+          last(set1(m.threshold[7])) {}
     I of(F x) const {
       const I b = _mm256_max_epi32(_mm256_srli_epi32(_mm256_castps_si256(x), 25),
                                    set1_i(detail::Q8Bins<2>::kLo));
@@ -115,8 +108,7 @@ struct Avx2Isa {
           e, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(lower, b), _CMP_LT_OQ)));
     }
     I finish(I code, F x) const {
-      return _mm256_blendv_epi8(code, zero_code,
-                                _mm256_castps_si256(_mm256_cmp_ps(x, last, _CMP_LT_OQ)));
+      return _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(x, last, _CMP_LT_OQ)), code);
     }
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).

@@ -121,12 +121,8 @@ struct Avx512Isa {
   static F fma_unless_zero(I d, F a, F b, F c) {
     return _mm512_maskz_fmadd_ps(_mm512_test_epi32_mask(d, d), a, b, c);
   }
-  static F max(F a, F b) { return _mm512_max_ps(a, b); }  // a > b ? a : b
   static F min(F a, F b) { return _mm512_min_ps(a, b); }  // a < b ? a : b
   static I round_to_int(F y) { return _mm512_cvtps_epi32(y); }
-  static I mirror_where_negative(I c, F x) {  // around 127
-    return _mm512_mask_sub_epi32(c, _mm512_cmp_ps_mask(x, set1(0.0f), _CMP_LT_OQ), set1_i(254), c);
-  }
   static F abs(F x) { return _mm512_abs_ps(x); }
   // The decade of x from its bin of two octaves (q8_tables.h): two 16-entry permutes (half the
   // cost of the 32-entry two-table ones by octave) and one compare. The bin needs no upper clamp:

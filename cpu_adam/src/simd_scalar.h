@@ -56,11 +56,9 @@ struct ScalarIsa {
                                          (__builtin_bit_cast(std::uint32_t, s) & 0x80000000u));
   }
   static F fma_unless_zero(I d, F a, F b, F c) { return d != 0 ? fma(a, b, c) : 0.0f; }
-  static F max(F a, F b) { return a > b ? a : b; }  // the vector layers' semantics (NaN: b)
   static F min(F a, F b) { return a < b ? a : b; }
   // y is finite and small here; rounds as the vector conversions do, to nearest even.
   static I round_to_int(F y) { return static_cast<I>(__builtin_rintf(y)); }
-  static I mirror_where_negative(I c, F x) { return x < 0.0f ? 254 - c : c; }  // around 127
   static F abs(F x) { return __builtin_fabsf(x); }
   // The decade of x: how many thresholds it lies below (the definition).
   struct Decades {
