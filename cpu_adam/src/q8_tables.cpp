@@ -120,7 +120,8 @@ void fill_encoder(Q8Map& m) {
     // The last decade holds one code, whose lower neighbour is 0, not a step S below: its x all
     // take that code.
     m.to_code_scale[e] = f == 0 ? 0.0f : float(1.0 / scale);
-    m.to_code_offset[e] = f == 0 ? 1.0f : float(std::ldexp(1.0, f) - double(m.value[1 << f]) / scale);
+    m.to_code_offset[e] =
+        f == 0 ? 1.0f : float(std::ldexp(1.0, f) - double(m.value[1 << f]) / scale);
     m.code_max[e] = float((2 << f) - 1);
   }
   fill_bins(m, m.pairs, 1);
