@@ -43,11 +43,11 @@ struct Q8Map {
   // smallest value and 0); entries from `bits` on are -inf. Decade `bits` is the code of 0.
   float threshold[8];
   // By decade E, whose magnitude codes are 2^F + f: c = round_to_even(min(fmaf(x, to_code_scale,
-  // to_code_offset), code_max)), with code_max = 2^(F+1) - 1 its top code. The thresholds lie
-  // midway between neighbouring codes, one step below a decade's lowest code lies the next
-  // decade's top, so x needs no lower clamp: the smallest x of the decade gives 2^F - 1/2 (within
-  // an ulp or two). The last decade (F = 0, one code above 0) reads fmaf(x, 0, 1). At E = bits and
-  // above every entry is 0: the magnitude code of 0.
+  // to_code_offset), code_max)), with code_max = 2^(F+1) - 1 its top code. No lower clamp: the
+  // thresholds lie midway between neighbouring codes, and one step below a decade's lowest code
+  // lies the next decade's top, so the smallest x of the decade gives 2^F - 1/2 (within an ulp or
+  // two). The last decade (F = 0, one code above 0) reads fmaf(x, 0, 1). At E = bits and above
+  // every entry is 0: the magnitude code of 0.
   alignas(64) float to_code_scale[16];
   alignas(64) float to_code_offset[16];
   alignas(64) float code_max[16];
