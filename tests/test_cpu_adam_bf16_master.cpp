@@ -323,7 +323,9 @@ TEST(CpuAdamBf16Master, RoundingIsUnbiasedOverManyDraws) {
   std::fill(pr.v32.begin(), pr.v32.end(), 0.0f);
   AdamConfig c = config(true, 0.0f);
   c.lr = 1e-3f;
-  CpuAdam(c).update(pr.buffers(0, n, DType::kBF16, false, 11, 0), 1);
+  // Indices across 2^32, where the key of the random bits changes, an odd distance before it.
+  const std::uint64_t first = (std::uint64_t{1} << 32) - 50003;
+  CpuAdam(c).update(pr.buffers(0, n, DType::kBF16, false, 11, first), 1);
   // The fp32 update of each element (scalar, in the kernel's order): p - lr * m / (sqrt(v)+eps).
   const zo::AdamScalars k = zo::adam_scalars(c, 1, 1.0f);
   const float m = std::fma(k.one_minus_beta1, 0.013f, k.beta1 * 0.0f);
@@ -333,6 +335,9 @@ TEST(CpuAdamBf16Master, RoundingIsUnbiasedOverManyDraws) {
   // Less than half a bf16 step: rounding to nearest would never move p at all.
   ASSERT_EQ(zo::float_to_bf16(exact), start);
   EXPECT_TRUE(within_4_sigma(pr.p, exact));
+  // Each element drew the public definition's bits: (seed 11, step 1, its index).
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_EQ(pr.p[i], bf16_round_stochastic(exact, sr_bits(11, 1, first + i))) << i;
 
   // The public rounding, at several distances from the bf16 below.
   for (const float x : {1.0f + 0x1p-9f, 1.0f + 0x1p-12f, -3.0f - 0x1.8p-7f, 0.3e-20f}) {

@@ -122,6 +122,8 @@ struct Avx2Isa {
 
   // Stochastic rounding (bf16 master weights).
   static I xor_i(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I xor3_i(I a, I b, I c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
+  static I xor_and_i(I a, I b, I c) { return _mm256_and_si256(_mm256_xor_si256(a, b), c); }
   template <int kShift>
   static I srli_i(I a) {
     return _mm256_srli_epi32(a, kShift);
@@ -137,7 +139,7 @@ struct Avx2Isa {
   static F bf16_stochastic(F x, I r) {  // as ScalarIsa::bf16_stochastic
     const I u = _mm256_castps_si256(x);
     const I high = set1_i(static_cast<std::int32_t>(0xffff0000u));
-    const I b = _mm256_and_si256(_mm256_add_epi32(u, _mm256_and_si256(r, set1_i(0xffff))), high);
+    const I b = _mm256_and_si256(_mm256_add_epi32(u, r), high);
     const I nan = _mm256_or_si256(_mm256_and_si256(u, high), set1_i(0x00400000));  // quiet NaN
     return _mm256_blendv_ps(_mm256_castsi256_ps(b), _mm256_castsi256_ps(nan),
                             _mm256_cmp_ps(x, x, _CMP_UNORD_Q));

@@ -150,6 +150,8 @@ struct Avx512Isa {
 
   // Stochastic rounding (bf16 master weights).
   static I xor_i(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I xor3_i(I a, I b, I c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
+  static I xor_and_i(I a, I b, I c) { return _mm512_ternarylogic_epi32(a, b, c, 0x28); }
   template <int kShift>
   static I srli_i(I a) {
     return _mm512_srli_epi32(a, kShift);
@@ -164,7 +166,7 @@ struct Avx512Isa {
   static F bf16_stochastic(F x, I r) {  // as ScalarIsa::bf16_stochastic
     const I u = _mm512_castps_si512(x);
     const I high = set1_i(static_cast<std::int32_t>(0xffff0000u));
-    I b = _mm512_and_si512(_mm512_add_epi32(u, _mm512_and_si512(r, set1_i(0xffff))), high);
+    I b = _mm512_and_si512(_mm512_add_epi32(u, r), high);
     b = _mm512_mask_or_epi32(b, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_and_si512(u, high),
                              set1_i(0x00400000));  // quiet NaN
     return _mm512_castsi512_ps(b);

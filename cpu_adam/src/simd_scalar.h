@@ -84,6 +84,8 @@ struct ScalarIsa {
   // Stochastic rounding (bf16 master weights): 32-bit lane arithmetic for the random bits, and
   // H, the 16-bit results of one vector.
   static I xor_i(I a, I b) { return a ^ b; }
+  static I xor3_i(I a, I b, I c) { return a ^ b ^ c; }
+  static I xor_and_i(I a, I b, I c) { return (a ^ b) & c; }
   template <int kShift>
   static I srli_i(I a) {
     return static_cast<I>(static_cast<std::uint32_t>(a) >> kShift);
@@ -93,15 +95,15 @@ struct ScalarIsa {
   }
   static I lane_indices(std::uint32_t first) { return static_cast<I>(first); }
   static I load_i(const std::uint32_t* p) { return static_cast<I>(*p); }
-  // cpu_adam::bf16_round_stochastic, kept as the float it stands for (the low half zero): r's low
-  // 16 bits added below the kept half, then truncated (a carry into the exponent is the next
-  // binade, up to Inf); NaN becomes a quiet NaN.
+  // cpu_adam::bf16_round_stochastic, kept as the float it stands for (the low half zero): r, 16
+  // random bits (its high half zero), added below the kept half, then truncated (a carry into the
+  // exponent is the next binade, up to Inf); NaN becomes a quiet NaN.
   static F bf16_stochastic(F x, I r) {
     const std::uint32_t u = __builtin_bit_cast(std::uint32_t, x);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
       return __builtin_bit_cast(float, (u & 0xffff0000u) | 0x00400000u);
     }
-    return __builtin_bit_cast(float, (u + (static_cast<std::uint32_t>(r) & 0xffffu)) & 0xffff0000u);
+    return __builtin_bit_cast(float, (u + static_cast<std::uint32_t>(r)) & 0xffff0000u);
   }
   // Stores x, a bf16 value, as its 16 bits.
   static void store_bf16_exact(std::uint16_t* p, F x, Full) {

@@ -30,13 +30,27 @@ inline std::uint32_t sr_range_key(std::uint64_t seed, std::int64_t t, std::uint6
 
 // MurmurHash3's 32-bit finalizer on every lane: a bijection whose every output bit depends on
 // every input bit.
+inline constexpr std::uint32_t kSrMul1 = 0x85ebca6bu, kSrMul2 = 0xc2b2ae35u;
 template <class V>
 inline typename V::I sr_mix32(typename V::I x) {
   x = V::xor_i(x, V::template srli_i<16>(x));
-  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(0x85ebca6bu)));
+  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul1)));
   x = V::xor_i(x, V::template srli_i<13>(x));
-  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(0xc2b2ae35u)));
+  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul2)));
   return V::xor_i(x, V::template srli_i<16>(x));
+}
+
+// The low 16 bits of sr_mix32(lanes ^ key), all that a rounding uses, with the xor-shifts at both
+// ends merged into three-input logic (one instruction each on AVX-512): the first is lanes ^
+// (lanes >> 16) ^ folded, with folded = key ^ (key >> 16); the last, masked, is (x ^ (x >> 16)) &
+// 0xffff.
+template <class V>
+inline typename V::I sr_low16(typename V::I lanes, typename V::I folded) {
+  typename V::I x = V::xor3_i(lanes, V::template srli_i<16>(lanes), folded);
+  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul1)));
+  x = V::xor_i(x, V::template srli_i<13>(x));
+  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul2)));
+  return V::xor_and_i(x, V::template srli_i<16>(x), V::set1_i(0xffff));
 }
 
 // cpu_adam::sr_bits: the bits of one element.
@@ -45,9 +59,10 @@ inline std::uint32_t sr_bits_of(std::uint64_t seed, std::int64_t t, std::uint64_
   return static_cast<std::uint32_t>(sr_mix32<ScalarIsa>(static_cast<std::int32_t>(x)));
 }
 
-// The bits of a kernel range's elements, by their position i in the call's arrays: the key is
-// re-derived when index >> 32 changes, and a vector whose lanes straddle that change (once per
-// 2^32 indices) is drawn lane by lane.
+// The random bits of a kernel range's elements (the low 16 of sr_bits, what V::bf16_stochastic
+// takes), by their position i in the call's arrays: the key is re-derived when index >> 32
+// changes, and a vector whose lanes straddle that change (once per 2^32 indices) is drawn lane by
+// lane. Consecutive calls (i up by V::kWidth) advance the lane indices by one addition.
 template <class V>
 class SrStream {
  public:
@@ -59,16 +74,21 @@ class SrStream {
     const std::uint64_t index = first_ + i;
     if ((index >> 32) != hi_) {
       hi_ = index >> 32;
-      key_ = V::set1_i(static_cast<std::int32_t>(sr_range_key(seed_, t_, hi_)));
+      const std::uint32_t key = sr_range_key(seed_, t_, hi_);
+      folded_ = V::set1_i(static_cast<std::int32_t>(key ^ (key >> 16)));
     }
     const auto lo = static_cast<std::uint32_t>(index);
     if (lo > 0xffffffffu - (V::kWidth - 1)) [[unlikely]] {
       alignas(64) std::uint32_t lanes[V::kWidth];
       for (std::size_t k = 0; k < V::kWidth; ++k)
-        lanes[k] = sr_bits_of(seed_, t_, index + k);
+        lanes[k] = sr_bits_of(seed_, t_, index + k) & 0xffffu;
       return V::load_i(lanes);
     }
-    return sr_mix32<V>(V::xor_i(V::lane_indices(lo), key_));
+    if (lo != next_lo_) lanes_ = V::lane_indices(lo);
+    next_lo_ = lo + static_cast<std::uint32_t>(V::kWidth);  // wraps with the lanes
+    const typename V::I r = sr_low16<V>(lanes_, folded_);
+    lanes_ = V::add_i(lanes_, V::set1_i(static_cast<std::int32_t>(V::kWidth)));
+    return r;
   }
 
  private:
@@ -76,7 +96,9 @@ class SrStream {
   std::int64_t t_;
   std::uint64_t first_;
   std::uint64_t hi_ = ~std::uint64_t{0};  // no key yet
-  typename V::I key_{};
+  typename V::I folded_{};
+  std::uint32_t next_lo_ = 0;  // lanes_ holds the indices of the call at next_lo_
+  typename V::I lanes_ = V::lane_indices(0);
 };
 
 }  // namespace

@@ -13,7 +13,7 @@ std::uint32_t sr_bits(std::uint64_t seed, std::int64_t t, std::uint64_t index) {
 }
 
 std::uint16_t bf16_round_stochastic(float x, std::uint32_t r) {
-  const float rounded = ScalarIsa::bf16_stochastic(x, static_cast<std::int32_t>(r));
+  const float rounded = ScalarIsa::bf16_stochastic(x, static_cast<std::int32_t>(r & 0xffffu));
   return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(rounded) >> 16);
 }
 
