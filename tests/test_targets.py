@@ -33,7 +33,16 @@ def full_run():
             "forward": 190.0, "backward": 295.0, "d2h": 70.0, "adam": 450.0, "h2d": 66.0})},
         "cpu_adam_roofline": {"bench": [
             {"name": "triad", "threads": 16, "triad_gbytes_per_s": 110.0},
-            {"name": "cpu_adam", "gbytes_per_s": 120.0}]},
+            {"name": "cpu_adam", "gbytes_per_s": 120.0},
+            # bench_cpu_adam's records: q8 against fp32 state on the same ISA and threads only.
+            {"name": "cpu_adam", "isa": "avx512bf16", "threads": 8, "master_dtype": "fp32",
+             "state_dtype": "fp32", "gparams_per_s": 9.0},
+            {"name": "cpu_adam", "isa": "avx512bf16", "threads": 16, "master_dtype": "bf16",
+             "state_dtype": "fp32", "gparams_per_s": 5.0},
+            {"name": "cpu_adam", "isa": "avx512bf16", "threads": 16, "master_dtype": "fp32",
+             "state_dtype": "fp32", "gparams_per_s": 5.2},
+            {"name": "cpu_adam", "isa": "avx512bf16", "threads": 16, "master_dtype": "fp32",
+             "state_dtype": "q8", "gparams_per_s": 8.32}]},
     }
 
 
@@ -66,6 +75,10 @@ class TargetRows(unittest.TestCase):
         adam = rows["1.5B offload: CPU Adam in the step vs memory roofline"]
         self.assertAlmostEqual(adam[3], 1557611200 * 28 / 0.450 * 1e-9 / 110.0)
         self.assertEqual(adam[5], "met")
+        q8 = rows["CPU Adam alone: q8 state vs fp32 state, same threads"]
+        self.assertAlmostEqual(q8[3], 8.32 / 5.2)
+        self.assertEqual(q8[5], "met")
+        self.assertIn("16 threads", q8[1])
 
     def test_the_gpu_share_falls_back_to_the_offloaded_runs_own_compute(self):
         run = full_run()
@@ -97,7 +110,13 @@ class TargetRows(unittest.TestCase):
         run["llama_1b_offload"] = {"metrics": train_metrics(38000.0, 0, 0, {})}
         run["llama_8b_offload_dpu"] = {"metrics": train_metrics(8000.0, 0, 300.0, {})}
         run["resident_124m_bf16_eager"] = {"metrics": train_metrics(360000.0, 0, 0, {})}
+        run["offload_dpu_q8_1558m"] = {"metrics": train_metrics(19000.0, 0, 0, {})}
+        run["offload_dpu_q8_bf16master_1558m"] = {"metrics": train_metrics(17000.0, 0, 0, {})}
         rows = rows_by_target(run, {})
+        self.assertAlmostEqual(rows["1.5B offload + DPU, q8 state: practicality"][3], 0.95)
+        self.assertEqual(rows["1.5B offload + DPU, q8 state: practicality"][5], "met")
+        self.assertAlmostEqual(
+            rows["1.5B offload + DPU, q8 state and bf16 master: practicality"][3], 0.85)
         self.assertAlmostEqual(rows["1.5B offload, exact update: practicality"][3], 0.75)
         self.assertEqual(rows["1.5B offload, exact update: practicality"][5], "missed")
         peer = rows["Llama 3.2 1B resident: tokens/s vs PyTorch (SDPA)"]
@@ -114,7 +133,7 @@ class TargetRows(unittest.TestCase):
 
     def test_missing_inputs_say_not_run(self):
         rows = targets.target_rows({}, lambda s: [])
-        self.assertEqual(len(rows), 15)
+        self.assertEqual(len(rows), 18)
         for r in rows:
             self.assertIsNone(r[3], r[0])
             self.assertEqual(r[5], "not run", r[0])

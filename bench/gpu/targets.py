@@ -111,6 +111,21 @@ def target_rows(by_name, log_lines_of):
     else:
         row("1.5B offload: CPU Adam in the step vs memory roofline", "-", "triad", None, 0.8)
 
+    # 8-bit state against fp32 state alone, fp32 master, the same ISA and threads: its 16 bytes moved
+    # per parameter against fp32's 28 promise 1.5x wherever fp32 is memory-bound.
+    adam = [b for b in by_name.get("cpu_adam_roofline", {}).get("bench", [])
+            if b.get("name") == "cpu_adam" and b.get("master_dtype") == "fp32"]
+    q8 = next((b for b in adam if b.get("state_dtype") == "q8"), None)
+    fp32 = next((b for b in adam if q8 and b.get("state_dtype") == "fp32"
+                 and b.get("isa") == q8.get("isa") and b.get("threads") == q8.get("threads")), None)
+    if q8 and fp32:
+        row("CPU Adam alone: q8 state vs fp32 state, same threads",
+            f"{q8['gparams_per_s']:.2f} Gparam/s ({q8['isa']}, {q8['threads']} threads)",
+            f"fp32 state {fp32['gparams_per_s']:.2f} Gparam/s",
+            q8["gparams_per_s"] / fp32["gparams_per_s"], 1.5)
+    else:
+        row("CPU Adam alone: q8 state vs fp32 state, same threads", "-", "fp32 state", None, 1.5)
+
     def tokens_row(target, step, peer_step, peer_label, goal):
         a, b = metrics(step), metrics(peer_step)
         if a and b:
@@ -125,6 +140,10 @@ def target_rows(by_name, log_lines_of):
                "resident_1558m", "resident", 0.9)
     tokens_row("1.5B offload + DPU, bf16 state and master: practicality",
                "offload_dpu_bf16_bf16master_1558m", "resident_1558m", "resident", 0.9)
+    tokens_row("1.5B offload + DPU, q8 state: practicality", "offload_dpu_q8_1558m",
+               "resident_1558m", "resident", 0.9)
+    tokens_row("1.5B offload + DPU, q8 state and bf16 master: practicality",
+               "offload_dpu_q8_bf16master_1558m", "resident_1558m", "resident", 0.9)
 
     # Llama 3.2 1B: against plain PyTorch of the same shape, and offloaded against resident.
     llama, peer = metrics("llama_1b_resident"), first_bench(by_name, "pytorch_llama_1b", "pytorch_llama")
