@@ -191,8 +191,10 @@ class IsaBf16Master : public ::testing::TestWithParam<Isa> {
 };
 
 TEST_P(IsaBf16Master, EveryPathEqualsScalarBitForBit) {
-  // Index ranges from 0, across 2^32 (inside a vector) and beyond.
-  const std::uint64_t firsts[] = {0, (std::uint64_t{1} << 32) - 7, (std::uint64_t{5} << 32) + 3};
+  // Index ranges from 0, across 2^31 (where a signed lane index would overflow), across 2^32
+  // (inside a vector) and beyond.
+  const std::uint64_t firsts[] = {0, (std::uint64_t{1} << 31) - 5, (std::uint64_t{1} << 32) - 7,
+                                  (std::uint64_t{5} << 32) + 3};
   int combination = 0;
   for (const std::size_t n : {1, 15, 17, 2049, 100003}) {
     for (const State s : kAllStates) {
@@ -207,7 +209,7 @@ TEST_P(IsaBf16Master, EveryPathEqualsScalarBitForBit) {
             r.with_out = o != 0;
             r.config = decoupled ? config(true, 0.1f) : config(false, 0.05f);
             r.mult = decoupled ? 1.0f : 0.37f;
-            r.first_index = firsts[combination++ % 3];
+            r.first_index = firsts[combination++ % 4];
             EXPECT_EQ(run(GetParam(), r), run(Isa::kScalar, r))
                 << "n " << n << " state " << state_name(s) << " grads " << zo::dtype_name(g)
                 << " out " << o << " decoupled " << decoupled << " first " << r.first_index;

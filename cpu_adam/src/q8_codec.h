@@ -44,11 +44,12 @@ struct Q8Encoder {
   // then the nearest code inside it by one FMA, capped at the decade's top and rounded to the
   // nearest integer. Decade `bits` (|x| below every threshold) reads the code of 0. kSigned (m):
   // the magnitude's code takes x's sign before the rounding, which is symmetric, and 127 is
-  // added. Unsigned (v): x is never below zero (a sum of non-negative terms; a NaN's sign bit
-  // sends it to the top bin all the same), so it is used as it is.
+  // added. Unsigned (v): x is never below zero in an update (a sum of non-negative terms), but a
+  // negative block maximum from elsewhere would make it so, and the bin lookups assume a clear
+  // sign bit: its magnitude is quantized, as every path does the same then.
   template <bool kSigned>
   typename V::I code(typename V::F x) const {
-    const typename V::F a = kSigned ? V::abs(x) : x;
+    const typename V::F a = V::abs(x);
     const typename V::I e = decades.of(a);
     typename V::F c = V::fma(a, V::lookup(to_code_scale, e), V::lookup(to_code_offset, e));
     c = V::min(c, V::lookup(code_max, e));

@@ -56,7 +56,6 @@ struct Avx2Isa {
   // 8-bit state (q8). Tables: the first 8 entries, read at index & 7.
   using I = __m256i;
   using Table = __m256;
-  using TableI = __m256i;
   static I set1_i(std::int32_t x) { return _mm256_set1_epi32(x); }
   static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
   static I sub_i(I a, I b) { return _mm256_sub_epi32(a, b); }
@@ -68,11 +67,7 @@ struct Avx2Isa {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
   static Table table(const float* t) { return _mm256_load_ps(t); }
-  static TableI table_i(const std::int32_t* t) {
-    return _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
-  }
   static F lookup(Table t, I i) { return _mm256_permutevar8x32_ps(t, i); }
-  static I lookup_i(TableI t, I i) { return _mm256_permutevar8x32_epi32(t, i); }
   static F to_float(I x) { return _mm256_cvtepi32_ps(x); }
   static I exponent_field(F x) { return _mm256_srli_epi32(_mm256_castps_si256(x), 23); }
   static F flip_sign_where_negative(F a, F s) {

@@ -94,7 +94,6 @@ struct Avx512Isa {
   // 8-bit state (q8).
   using I = __m512i;
   using Table = __m512;
-  using TableI = __m512i;
   static I set1_i(std::int32_t x) { return _mm512_set1_epi32(x); }
   static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub_i(I a, I b) { return _mm512_sub_epi32(a, b); }
@@ -109,9 +108,7 @@ struct Avx512Isa {
   }
   static void store_u8(std::uint8_t* p, I x, M m) { _mm512_mask_cvtepi32_storeu_epi8(p, m, x); }
   static Table table(const float* t) { return _mm512_load_ps(t); }
-  static TableI table_i(const std::int32_t* t) { return _mm512_load_si512(t); }
   static F lookup(Table t, I i) { return _mm512_permutexvar_ps(i, t); }
-  static I lookup_i(TableI t, I i) { return _mm512_permutexvar_epi32(i, t); }
   static F to_float(I x) { return _mm512_cvtepi32_ps(x); }
   static I exponent_field(F x) { return _mm512_srli_epi32(_mm512_castps_si512(x), 23); }
   static F flip_sign_where_negative(F a, F s) {  // a ^ (s & sign bit), one vpternlogd

@@ -37,16 +37,18 @@ struct ScalarIsa {
   // 8-bit state (q8): codes as int lanes, 16-entry tables, the decade of a magnitude.
   using I = std::int32_t;
   using Table = const float*;
-  using TableI = const std::int32_t*;
   static I set1_i(std::int32_t x) { return x; }
-  static I add_i(I a, I b) { return a + b; }
-  static I sub_i(I a, I b) { return a - b; }
+  // Wrapping, as the vector lanes do (the random bits' lane indices pass 2^31).
+  static I add_i(I a, I b) {
+    return static_cast<I>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(b));
+  }
+  static I sub_i(I a, I b) {
+    return static_cast<I>(static_cast<std::uint32_t>(a) - static_cast<std::uint32_t>(b));
+  }
   static I load_u8(const std::uint8_t* p, Full) { return *p; }
   static void store_u8(std::uint8_t* p, I x, Full) { *p = static_cast<std::uint8_t>(x); }
   static Table table(const float* t) { return t; }
-  static TableI table_i(const std::int32_t* t) { return t; }
   static F lookup(Table t, I i) { return t[i & 15]; }
-  static I lookup_i(TableI t, I i) { return t[i & 15]; }
   static F to_float(I x) { return static_cast<float>(x); }
   static I exponent_field(F x) {
     return static_cast<I>(__builtin_bit_cast(std::uint32_t, x) >> 23);

@@ -96,8 +96,9 @@ struct Q8Moments {
 std::span<const float> q8_map(bool is_signed);
 // The code every path gives x (a moment over its block's absmax): the decade by the midpoints
 // between decades, then the nearest code inside it by one FMA rounded to an integer. That is the
-// nearest map value, except within a float or two of a midpoint, where it may be the other
-// neighbour; every map value gives its own code.
+// nearest map value, except next to a midpoint (within about 2^-15 of the step between the two
+// values), where it may be the other neighbour; every map value gives its own code. Unsigned: the
+// code of |x|.
 std::uint8_t q8_quantize(float x, bool is_signed);
 
 // ---- bf16 master weights -----------------------------------------------------------------------
