@@ -28,16 +28,19 @@ inline std::uint32_t sr_range_key(std::uint64_t seed, std::int64_t t, std::uint6
       sr_mix64(sr_mix64(sr_mix64(seed) ^ static_cast<std::uint64_t>(t)) ^ hi));
 }
 
-// MurmurHash3's 32-bit finalizer on every lane: a bijection whose every output bit depends on
-// every input bit.
-inline constexpr std::uint32_t kSrMul1 = 0x85ebca6bu, kSrMul2 = 0xc2b2ae35u;
+// MurmurHash3's 32-bit finalizer, x ^= x >> 16; x *= c1; x ^= x >> 13; x *= c2; x ^= x >> 16: a
+// bijection whose every output bit depends on every input bit. Its middle, on every lane:
 template <class V>
-inline typename V::I sr_mix32(typename V::I x) {
-  x = V::xor_i(x, V::template srli_i<16>(x));
-  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul1)));
+inline typename V::I sr_mix32_middle(typename V::I x) {
+  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(0x85ebca6bu)));
   x = V::xor_i(x, V::template srli_i<13>(x));
-  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul2)));
-  return V::xor_i(x, V::template srli_i<16>(x));
+  return V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(0xc2b2ae35u)));
+}
+
+inline std::uint32_t sr_mix32(std::uint32_t x) {
+  x = static_cast<std::uint32_t>(
+      sr_mix32_middle<ScalarIsa>(static_cast<std::int32_t>(x ^ (x >> 16))));
+  return x ^ (x >> 16);
 }
 
 // The low 16 bits of sr_mix32(lanes ^ key), all that a rounding uses, with the xor-shifts at both
@@ -46,17 +49,15 @@ inline typename V::I sr_mix32(typename V::I x) {
 // 0xffff.
 template <class V>
 inline typename V::I sr_low16(typename V::I lanes, typename V::I folded) {
-  typename V::I x = V::xor3_i(lanes, V::template srli_i<16>(lanes), folded);
-  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul1)));
-  x = V::xor_i(x, V::template srli_i<13>(x));
-  x = V::mullo_i(x, V::set1_i(static_cast<std::int32_t>(kSrMul2)));
+  const typename V::I x =
+      sr_mix32_middle<V>(V::xor3_i(lanes, V::template srli_i<16>(lanes), folded));
   return V::xor_and_i(x, V::template srli_i<16>(x), V::set1_i(0xffff));
 }
 
 // cpu_adam::sr_bits: the bits of one element.
 inline std::uint32_t sr_bits_of(std::uint64_t seed, std::int64_t t, std::uint64_t index) {
   const std::uint32_t x = static_cast<std::uint32_t>(index) ^ sr_range_key(seed, t, index >> 32);
-  return static_cast<std::uint32_t>(sr_mix32<ScalarIsa>(static_cast<std::int32_t>(x)));
+  return sr_mix32(x);
 }
 
 // The random bits of a kernel range's elements (the low 16 of sr_bits, what V::bf16_stochastic
