@@ -266,7 +266,7 @@ std::vector<std::string> save_three_ranks(const zo::model::ParameterLayout& layo
 // q8 state's block maxima are bytes of optimizer.safetensors like any other: one flipped is
 // caught by the manifest's checksum before anything is read; a NaN maximum written with a
 // matching checksum (a damaged writer) reads as NaN moments, which the resume refuses naming the
-// tensor.
+// tensor; a negative, infinite or subnormal one, which no update writes, is refused as read.
 TEST(Q8Checkpoint, DamagedScalesAreCaughtByTheChecksumOrTheCheck) {
   Scratch tmp;
   zo::train::TrainConfig c = tiny(2);
@@ -297,6 +297,19 @@ TEST(Q8Checkpoint, DamagedScalesAreCaughtByTheChecksumOrTheCheck) {
   e = error_of([&] { zo::train::Trainer t(r); });
   EXPECT_HAS(e, "Adam m of wte.weight [0]: nan");
   EXPECT_HAS(e, "cannot be trained from");
+
+  // Maxima no update writes, resealed: a negative one would flip the block's m silently.
+  for (const float x : {-0.5f, -0.0f, std::numeric_limits<float>::infinity(), 1e-40f}) {
+    bad = good;
+    std::memcpy(bad.data() + at, &x, 4);
+    reseal(dir, "optimizer.safetensors", bad);
+    e = error_of([&] { zo::train::Trainer t(r); });
+    EXPECT_HAS(e, "tensor 'exp_avg_absmax.wte.weight' holds");
+    EXPECT_HAS(e, "as the maximum of block 0");
+    EXPECT_HAS(e, "changed after it was saved");
+  }
+  reseal(dir, "optimizer.safetensors", good);
+  EXPECT_EQ(error_of([&] { zo::train::Trainer t(r); }), "(no error)");
 }
 
 // No rank holds the model whole: rank 0 writes model.safetensors as every rank all-gathers it

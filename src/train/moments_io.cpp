@@ -1,7 +1,10 @@
 #include "train/moments_io.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -31,6 +34,25 @@ void expect_dtype(const ckpt::SafetensorsFile& file, const std::string& name, St
                           "' is " + d + ", but trainer_state.json says the optimizer state is " +
                           std::string(state_format_name(f)) + " (" + saved_dtype(f) +
                           "); the checkpoint is damaged. Resume from an earlier one");
+  }
+}
+
+// Block maxima as read: an update writes 0, a positive normal float or NaN (a moment that was
+// not finite, which the resume then refuses naming the tensor). Anything else (a negative one
+// would flip the block's m) means the file was changed after it was saved, its checksum with it.
+void check_block_maxima(const ckpt::SafetensorsFile& file, const std::string& name,
+                        std::span<const float> absmax, std::size_t first_block) {
+  for (std::size_t b = 0; b < absmax.size(); ++b) {
+    const float a = absmax[b];
+    if (std::isnan(a) || (!std::signbit(a) && (a == 0.0f || std::isnormal(a)))) continue;
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%.9g", double(a));
+    throw CheckpointError("checkpoint file '" + file.path().string() + "': tensor '" + name +
+                          "' holds " + std::string(shown) + " as the maximum of block " +
+                          std::to_string(first_block + b) +
+                          "; the trainer writes only 0, a positive normal number or NaN there, "
+                          "so the file was changed after it was saved. Resume from an earlier "
+                          "checkpoint");
   }
 }
 
@@ -91,7 +113,9 @@ class WholeSource final : public MomentSource {
     }
     if (cached(k, t)) {
       absmax_.resize(cpu_adam::q8_blocks(t.numel));
-      file_.read_f32(std::string(kAbsmax[k]) + "." + t.name, absmax_);
+      const std::string am = std::string(kAbsmax[k]) + "." + t.name;
+      file_.read_f32(am, absmax_);
+      check_block_maxima(file_, am, absmax_, 0);
       if (t.hf_transposed) {
         std::vector<std::uint8_t> hf(t.numel);
         file_.read_u8(name, hf, 0);
@@ -187,6 +211,7 @@ class ShardedSource final : public MomentSource {
       const std::size_t b1 = (in_segment + part.size() - 1) / B + 1;
       absmax_.resize(b1 - b0);
       file.read_f32(kAbsmax[k], absmax_, it->block + b0);
+      check_block_maxima(file, kAbsmax[k], absmax_, it->block + b0);
       codes_.resize(part.size());
       file.read_u8(kMoments[k], codes_, local);
       dequantize(k, codes_, in_segment - b0 * B, absmax_.data(), part);
