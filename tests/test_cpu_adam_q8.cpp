@@ -120,7 +120,9 @@ TEST(Q8Map, TheQuantizerIsTheNearestCodeAndRoundTrips) {
       EXPECT_LE(std::fabs(x - mid), std::max(2.0 * ulp, std::ldexp(step, -14)))
           << x << " got " << q << " nearest " << want;
     }
-    EXPECT_LT(off_by_one, 400) << "only x next to midpoints may differ";
+    // Each midpoint is probed by nine floats; those between it and where the float code rounds
+    // differ (about 1.6 per midpoint: 404 of 254 for m, 398 of 255 for v).
+    EXPECT_LT(off_by_one, 2 * int(map.size())) << "only x next to midpoints may differ";
   }
 }
 

@@ -33,28 +33,25 @@ struct Q8Decoder {
 template <class V>
 struct Q8Encoder {
   typename V::Decades decades;
-  typename V::Table to_code_scale, to_code_offset, code_max;
+  typename V::F top;
   explicit Q8Encoder(const detail::Q8Map& map)
-      : decades(map),
-        to_code_scale(V::table(map.to_code_scale)),
-        to_code_offset(V::table(map.to_code_offset)),
-        code_max(V::table(map.code_max)) {}
+      : decades(map), top(V::set1(float((1 << map.bits) - 1))) {}
 
-  // The code of x, a moment over its block's absmax (|x| <= 1 or NaN): the decade by thresholds,
-  // then the nearest code inside it by one FMA, capped at the decade's top and rounded to the
-  // nearest integer. Decade `bits` (|x| below every threshold) reads the code of 0. kSigned (m):
-  // the magnitude's code takes x's sign before the rounding, which is symmetric, and 127 is
-  // added. Unsigned (v): x is never below zero in an update (a sum of non-negative terms), but a
-  // negative block maximum from elsewhere would make it so, and the bin lookups assume a clear
-  // sign bit: its magnitude is quantized, as every path does the same then.
+  // The code of x, a moment over its block's absmax (|x| <= 1 or NaN): the decade's linear map
+  // by thresholds (q8_tables.h), rounded to the nearest integer. Below every threshold it gives
+  // the code of 0. The cap at the top code only turns NaN (x of a block whose maximum is NaN) into
+  // one every path stores alike. kSigned (m): the magnitude's code takes x's sign before the
+  // rounding, which is symmetric, and 127 is added. Unsigned (v): x is never below zero in an
+  // update (a sum of non-negative terms), but a negative block maximum from elsewhere would make
+  // it so, and the bin lookups assume a clear sign bit: its magnitude is quantized, as every path
+  // does the same then.
   template <bool kSigned>
   typename V::I code(typename V::F x) const {
     const typename V::F a = V::abs(x);
-    const typename V::I e = decades.of(a);
-    typename V::F c = V::fma(a, V::lookup(to_code_scale, e), V::lookup(to_code_offset, e));
-    c = V::min(c, V::lookup(code_max, e));
+    const typename V::Coefficients k = decades.of(a);
+    typename V::F c = V::min(V::fma(a, k.scale, k.offset), top);
     if constexpr (kSigned) c = V::flip_sign_where_negative(c, x);
-    const typename V::I code = decades.finish(V::round_to_int(c), a);
+    const typename V::I code = V::round_to_int(c);
     if constexpr (kSigned) return V::add_i(code, V::set1_i(127));
     return code;
   }

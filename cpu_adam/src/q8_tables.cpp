@@ -72,33 +72,33 @@ void fill_bins(const Q8Map& m, Q8Bins<kShift>& bins, int most) {
       }
     }
     if (int(inside.size()) > most) broken("too many thresholds in one bin");
-    bins.decade[b] = above;
+    bins.map[b] = above;
     bins.upper[b] = inside.size() > 0 ? inside[0] : 0.0f;
     bins.lower[b] = inside.size() > 1 ? inside[1] : 0.0f;
   }
 }
 
-// The decade of x by `bins`, as the vector layers compute it.
+// The map of x by `bins`, as the vector layers find it.
 template <int kShift>
-int decade_by_bins(const Q8Bins<kShift>& bins, float x) {
+int map_by_bins(const Q8Bins<kShift>& bins, float x) {
   using B = Q8Bins<kShift>;
   const auto key = std::int32_t(std::bit_cast<std::uint32_t>(x) >> (23 + kShift));
   const int b = std::min(std::max(key, B::kLo), B::kLo + B::kCount - 1) & (B::kCount - 1);
-  return bins.decade[b] + (x < bins.upper[b] ? 1 : 0) + (x < bins.lower[b] ? 1 : 0);
+  return bins.map[b] + (x < bins.upper[b] ? 1 : 0) + (x < bins.lower[b] ? 1 : 0);
 }
 
-// The vector layers find the decade from the bin tables, the scalar path counts thresholds: they
+// The vector layers find the map from the bin tables, the scalar path counts thresholds: they
 // must agree at every threshold and bin edge, and one float either side.
 void check_bins(const Q8Map& m) {
-  const ScalarIsa::Decades count(m);
   std::vector<float> edges = {0.0f, std::numeric_limits<float>::denorm_min(), 1.0f, 2.0f};
-  for (int k = 0; k < m.bits; ++k)
+  for (int k = 0; k < m.bits - 1; ++k)
     edges.push_back(m.threshold[k]);
   for (int field = 97; field < 128; ++field)
     edges.push_back(std::ldexp(1.0f, field - 127));
   for (const float edge : edges) {
     for (const float x : {std::nextafter(edge, 0.0f), edge, std::nextafter(edge, 4.0f)}) {
-      if (decade_by_bins(m.pairs, x) != count.of(x) || decade_by_bins(m.quads, x) != count.of(x))
+      const int count = ScalarIsa::Decades::count(m.threshold, x);
+      if (map_by_bins(m.pairs, x) != count || map_by_bins(m.quads, x) != count)
         broken("bin tables disagree at " + std::to_string(x));
     }
   }
@@ -107,26 +107,27 @@ void check_bins(const Q8Map& m) {
 void fill_encoder(Q8Map& m) {
   for (int k = 0; k < 8; ++k) {
     m.threshold[k] = -std::numeric_limits<float>::infinity();
-    if (k >= m.bits) continue;
-    const int lowest = 1 << (m.bits - 1 - k);  // decade k's lowest code; the next one's top below
-    m.threshold[k] = float((double(m.value[lowest]) + double(m.value[lowest - 1])) / 2.0);
+    if (k < m.bits - 2) m.threshold[k] = m.value[(1 << (m.bits - 1 - k)) - 1];
   }
-  for (int e = 0; e < 16; ++e) {
-    m.to_code_scale[e] = m.to_code_offset[e] = m.code_max[e] = 0.0f;
-    if (e >= m.bits) continue;
-    const int f = m.bits - 1 - e;
+  m.threshold[m.bits - 2] = m.value[1] / 2.0f;  // exact
+  for (int j = 0; j < 16; ++j) {
+    m.to_code_scale[j] = m.to_code_offset[j] = 0.0f;
+    if (j > m.bits - 2) continue;
+    const int f = m.bits - 1 - j;
     const double scale = m.scale[q8_slot_of_fraction_bits(f)];
-    // fmaf(x, 1/S, 2^F - value(2^F)/S) is 2^F + (x - value(2^F)) / S: the code c at x = value(c).
-    // The last decade holds one code, whose lower neighbour is 0, not a step S below: its x all
-    // take that code.
-    m.to_code_scale[e] = f == 0 ? 0.0f : float(1.0 / scale);
-    m.to_code_offset[e] =
-        f == 0 ? 1.0f : float(std::ldexp(1.0, f) - double(m.value[1 << f]) / scale);
-    m.code_max[e] = float((2 << f) - 1);
+    m.to_code_scale[j] = float(1.0 / scale);
+    m.to_code_offset[j] = float(std::ldexp(1.0, f) - double(m.value[1 << f]) / scale);
   }
   fill_bins(m, m.pairs, 1);
   fill_bins(m, m.quads, 2);
   check_bins(m);
+  for (int b = 0; b < 16; ++b) {
+    for (const int below : {0, 1}) {
+      const int at = below ? b : b + 16, j = m.pairs.map[b] + below;
+      m.bin_scale[at] = m.to_code_scale[j];
+      m.bin_offset[at] = m.to_code_offset[j];
+    }
+  }
   // Every code quantizes to itself.
   const Q8Encoder<ScalarIsa> encoder(m);
   for (int c = 0; c < (1 << m.bits); ++c) {

@@ -80,30 +80,31 @@ struct Avx2Isa {
   static F min(F a, F b) { return _mm256_min_ps(a, b); }  // a < b ? a : b
   static I round_to_int(F y) { return _mm256_cvtps_epi32(y); }
   static F abs(F x) { return _mm256_andnot_ps(set1(-0.0f), x); }
-  // The decade of x from its bin of four octaves (q8_tables.h): three 8-entry permutes and two
-  // compares (masks are -1), in place of a compare per threshold. The bin needs no upper clamp:
-  // x < 2, and NaN's exponent field (255) reads bin 7 anyway. An 8-entry permute cannot tell
-  // decade 8 (below all of v's thresholds) from 0 in the later lookups, so `finish` gives the
-  // code of 0 below the last threshold.
+  // The map of x from its bin of four octaves (q8_tables.h): three 8-entry permutes and two
+  // compares (masks are -1), in place of a compare per threshold, then its coefficients (maps
+  // 0..7: an 8-entry permute reads them whole). The bin needs no upper clamp: x < 2, and NaN's
+  // exponent field (255) reads bin 7 anyway.
+  struct Coefficients {  // of x's code map: its code before rounding is fmaf(x, scale, offset)
+    F scale, offset;
+  };
   struct Decades {
-    I decade;
-    F upper, lower, last;
+    I map;
+    F upper, lower, scale, offset;
     explicit Decades(const detail::Q8Map& m)
-        : decade(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.quads.decade))),
+        : map(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.quads.map))),
           upper(_mm256_load_ps(m.quads.upper)),
           lower(_mm256_load_ps(m.quads.lower)),
-          last(set1(m.threshold[7])) {}
-    I of(F x) const {
+          scale(_mm256_load_ps(m.to_code_scale)),
+          offset(_mm256_load_ps(m.to_code_offset)) {}
+    Coefficients of(F x) const {
       const I b = _mm256_max_epi32(_mm256_srli_epi32(_mm256_castps_si256(x), 25),
                                    set1_i(detail::Q8Bins<2>::kLo));
-      I e = _mm256_permutevar8x32_epi32(decade, b);
-      e = _mm256_sub_epi32(
-          e, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(upper, b), _CMP_LT_OQ)));
-      return _mm256_sub_epi32(
-          e, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(lower, b), _CMP_LT_OQ)));
-    }
-    I finish(I code, F x) const {
-      return _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(x, last, _CMP_LT_OQ)), code);
+      I j = _mm256_permutevar8x32_epi32(map, b);
+      j = _mm256_sub_epi32(
+          j, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(upper, b), _CMP_LT_OQ)));
+      j = _mm256_sub_epi32(
+          j, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(lower, b), _CMP_LT_OQ)));
+      return {_mm256_permutevar8x32_ps(scale, j), _mm256_permutevar8x32_ps(offset, j)};
     }
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).

@@ -121,22 +121,30 @@ struct Avx512Isa {
   static F min(F a, F b) { return _mm512_min_ps(a, b); }  // a < b ? a : b
   static I round_to_int(F y) { return _mm512_cvtps_epi32(y); }
   static F abs(F x) { return _mm512_abs_ps(x); }
-  // The decade of x from its bin of two octaves (q8_tables.h): two 16-entry permutes (half the
-  // cost of the 32-entry two-table ones by octave) and one compare. The bin needs no upper clamp:
-  // x < 2, and NaN's halved exponent field (127) reads bin 15 anyway.
+  // The coefficients of x's map by its bin of two octaves (q8_tables.h): the bin's threshold by
+  // a 16-entry permute and one compare, then each coefficient by one 32-entry permute at the bin
+  // (& 31: 16 + the bin, as the bin's exponent fields start at 48) or, below the threshold, 16
+  // entries lower. The bin needs no upper clamp: x < 2, and NaN's halved exponent field (127)
+  // reads bin 15 anyway.
+  struct Coefficients {  // of x's code map: its code before rounding is fmaf(x, scale, offset)
+    F scale, offset;
+  };
   struct Decades {
-    I decade;
-    F threshold;
+    F threshold, scale_lo, scale_hi, offset_lo, offset_hi;
     explicit Decades(const detail::Q8Map& m)
-        : decade(_mm512_load_si512(m.pairs.decade)), threshold(_mm512_load_ps(m.pairs.upper)) {}
-    I of(F x) const {
-      const I b = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 24),
-                                   set1_i(detail::Q8Bins<1>::kLo));
-      const I e = _mm512_permutexvar_epi32(b, decade);
+        : threshold(_mm512_load_ps(m.pairs.upper)),
+          scale_lo(_mm512_load_ps(m.bin_scale)),
+          scale_hi(_mm512_load_ps(m.bin_scale + 16)),
+          offset_lo(_mm512_load_ps(m.bin_offset)),
+          offset_hi(_mm512_load_ps(m.bin_offset + 16)) {}
+    Coefficients of(F x) const {
+      I b = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 24),
+                             set1_i(detail::Q8Bins<1>::kLo));
       const F t = _mm512_permutexvar_ps(b, threshold);
-      return _mm512_mask_add_epi32(e, _mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), e, set1_i(1));
+      b = _mm512_mask_sub_epi32(b, _mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), b, set1_i(16));
+      return {_mm512_permutex2var_ps(scale_lo, b, scale_hi),
+              _mm512_permutex2var_ps(offset_lo, b, offset_hi)};
     }
-    I finish(I code, F) const { return code; }
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).
   static I max_bits(I acc, F x, Full) { return _mm512_max_epu32(acc, _mm512_castps_si512(x)); }

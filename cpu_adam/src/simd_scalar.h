@@ -62,17 +62,23 @@ struct ScalarIsa {
   // y is finite and small here; rounds as the vector conversions do, to nearest even.
   static I round_to_int(F y) { return static_cast<I>(__builtin_rintf(y)); }
   static F abs(F x) { return __builtin_fabsf(x); }
-  // The decade of x: how many thresholds it lies below (the definition).
+  // The map of x: how many thresholds it lies below (the definition), and its coefficients.
+  struct Coefficients {  // of x's code map: its code before rounding is fmaf(x, scale, offset)
+    F scale, offset;
+  };
   struct Decades {
-    const float* threshold;
-    explicit Decades(const detail::Q8Map& m) : threshold(m.threshold) {}
-    I of(F x) const {
-      I e = 0;
+    const detail::Q8Map& m;
+    explicit Decades(const detail::Q8Map& map) : m(map) {}
+    static int count(const float* threshold, F x) {
+      int j = 0;
       for (int k = 0; k < 8; ++k)
-        e += x < threshold[k] ? 1 : 0;
-      return e;
+        j += x < threshold[k] ? 1 : 0;
+      return j;
     }
-    I finish(I code, F) const { return code; }
+    Coefficients of(F x) const {
+      const int j = count(m.threshold, x);
+      return {m.to_code_scale[j], m.to_code_offset[j]};
+    }
   };
   // Block maxima of non-negative floats as unsigned bits: Inf and NaN (also a negative one)
   // compare above every finite value and stick.
