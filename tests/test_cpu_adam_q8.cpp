@@ -359,7 +359,8 @@ TEST(CpuAdamQ8, BlocksBelowFltMinAreFlushedToZero) {
 }
 
 // A block of zeros stays zero without gradients; a non-finite gradient (kReport) makes its
-// block's maxima NaN, so the moments read NaN from then on; bad buffers are refused by name.
+// block's maxima NaN, so the moments read NaN from then on, every one of them; bad buffers are
+// refused by name.
 TEST(CpuAdamQ8, ZeroBlocksNonFiniteBlocksAndRefusals) {
   Q8Problem pr(2 * kQ8Block, DType::kF32, 4);
   std::fill(pr.g.begin(), pr.g.end(), 0.0f);
@@ -374,6 +375,11 @@ TEST(CpuAdamQ8, ZeroBlocksNonFiniteBlocksAndRefusals) {
   EXPECT_EQ(pr.v_absmax[0], 0.0f);
   EXPECT_TRUE(std::all_of(pr.m.begin(), pr.m.begin() + kQ8Block, [](auto c) { return c == 127; }));
   EXPECT_TRUE(std::isnan(pr.m_absmax[1]) && std::isnan(pr.v_absmax[1]));
+  // Every element of the NaN block reads NaN on the next update, those that were 0 before too.
+  pr.g[kQ8Block + 5] = 0.0f;
+  EXPECT_FALSE(adam.update(pr.buffers(DType::kBF16, false), 2).found_nonfinite);  // gradients
+  EXPECT_TRUE(std::all_of(pr.p.begin(), pr.p.begin() + kQ8Block, [](float x) { return x == x; }));
+  EXPECT_TRUE(std::all_of(pr.p.begin() + kQ8Block, pr.p.end(), [](float x) { return x != x; }));
 
   AdamBuffers b = pr.buffers(DType::kBF16, false);
   const auto error = [&](AdamBuffers x) {

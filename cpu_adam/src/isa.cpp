@@ -34,12 +34,12 @@ CpuFeatures detect() {
   const bool os_ymm = (xcr0 & 0x6) == 0x6;    // SSE + AVX state
   const bool os_zmm = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
-  const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512bw = b & (1u << 30),
-             avx512vl = b & (1u << 31);
+  const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512dq = b & (1u << 17),
+             avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
   unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
   const bool bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));
   f.avx2_fma_f16c = os_ymm && avx2 && fma && f16c;
-  f.avx512 = f.avx2_fma_f16c && os_zmm && avx512f && avx512bw && avx512vl;
+  f.avx512 = f.avx2_fma_f16c && os_zmm && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_bf16 = f.avx512 && bf16;
   return f;
 }

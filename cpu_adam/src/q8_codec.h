@@ -16,6 +16,16 @@ struct Q8Decoder {
   explicit Q8Decoder(const detail::Q8Map& map)
       : scale(V::table(map.scale)), offset(V::table(map.offset)) {}
 
+  // The decoder of k times the values (a block's beta * absmax): both coefficients scaled once,
+  // so an update decodes b * m_old with no multiply per element. Code 0 still reads 0, so a NaN
+  // k relies on a NaN block holding no code 0 (its codes are quantized over a NaN reciprocal).
+  Q8Decoder times(float k) const {
+    Q8Decoder d = *this;
+    d.scale = V::scale_table(scale, k);
+    d.offset = V::scale_table(offset, k);
+    return d;
+  }
+
   // The value of magnitude codes c before the block scale: fmaf(float(c), scale, offset) with
   // the lookups at float(c)'s exponent; 0 for c = 0. kSigned: c is signed (m's code - 127) and
   // the offset takes its sign, so that -c gives exactly minus the value of c.

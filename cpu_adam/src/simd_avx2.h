@@ -67,6 +67,7 @@ struct Avx2Isa {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
   static Table table(const float* t) { return _mm256_load_ps(t); }
+  static Table scale_table(Table t, float k) { return _mm256_mul_ps(t, set1(k)); }
   static F lookup(Table t, I i) { return _mm256_permutevar8x32_ps(t, i); }
   static F to_float(I x) { return _mm256_cvtepi32_ps(x); }
   static I exponent_field(F x) { return _mm256_srli_epi32(_mm256_castps_si256(x), 23); }
@@ -109,6 +110,7 @@ struct Avx2Isa {
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).
   static I max_bits(I acc, F x, Full) { return _mm256_max_epu32(acc, _mm256_castps_si256(x)); }
+  static I max_abs_bits(I acc, F x, Full) { return max_bits(acc, abs(x), Full{}); }
   static std::uint32_t hmax_bits(I a) {
     __m128i m = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));

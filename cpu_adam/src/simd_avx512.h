@@ -1,7 +1,7 @@
-// ISA layer: AVX-512 F/BW/VL, 16 floats, masked tails. kBf16Cvt uses AVX512-BF16's
+// ISA layer: AVX-512 F/DQ/BW/VL, 16 floats, masked tails. kBf16Cvt uses AVX512-BF16's
 // vcvtneps2bf16, which flushes subnormal inputs to zero; those lanes are redone with the integer
 // rounding so results stay equal to the scalar path. Include only from a TU compiled with
-// -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mf16c.
+// -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx512bf16 -mfma -mf16c.
 #pragma once
 
 #include <immintrin.h>
@@ -66,10 +66,7 @@ struct Avx512Isa {
   static __m256i bf16_rne(F x) {
     if constexpr (kBf16Cvt) {
       __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
-      const __m512i u = _mm512_castps_si512(x);
-      const M zero_exp =
-          _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));  // zero or subnormal
-      const M subnormal = zero_exp & _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+      const M subnormal = _mm512_fpclass_ps_mask(x, 0x20);  // class: denormal
       if (subnormal) [[unlikely]] {
         r = _mm256_mask_blend_epi16(subnormal, r, bf16_rne_int(x));
       }
@@ -108,6 +105,7 @@ struct Avx512Isa {
   }
   static void store_u8(std::uint8_t* p, I x, M m) { _mm512_mask_cvtepi32_storeu_epi8(p, m, x); }
   static Table table(const float* t) { return _mm512_load_ps(t); }
+  static Table scale_table(Table t, float k) { return _mm512_mul_ps(t, set1(k)); }
   static F lookup(Table t, I i) { return _mm512_permutexvar_ps(i, t); }
   static F to_float(I x) { return _mm512_cvtepi32_ps(x); }
   static I exponent_field(F x) { return _mm512_srli_epi32(_mm512_castps_si512(x), 23); }
@@ -150,6 +148,15 @@ struct Avx512Isa {
   static I max_bits(I acc, F x, Full) { return _mm512_max_epu32(acc, _mm512_castps_si512(x)); }
   static I max_bits(I acc, F x, M m) {
     return _mm512_mask_max_epu32(acc, m, acc, _mm512_castps_si512(x));
+  }
+  // The same of |x|: vrangeps keeps the operand of larger magnitude, its sign cleared; a NaN
+  // operand gives a NaN (whose bits, with any sign, compare above Inf), which then sticks.
+  static I max_abs_bits(I acc, F x, Full) {
+    return _mm512_castps_si512(_mm512_range_ps(_mm512_castsi512_ps(acc), x, 0x0b));
+  }
+  static I max_abs_bits(I acc, F x, M m) {
+    const F a = _mm512_castsi512_ps(acc);
+    return _mm512_castps_si512(_mm512_mask_range_ps(a, m, a, x, 0x0b));
   }
   static std::uint32_t hmax_bits(I a) { return _mm512_reduce_max_epu32(a); }
 

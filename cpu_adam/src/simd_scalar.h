@@ -36,7 +36,9 @@ struct ScalarIsa {
 
   // 8-bit state (q8): codes as int lanes, 16-entry tables, the decade of a magnitude.
   using I = std::int32_t;
-  using Table = const float*;
+  struct Table {
+    float at[16];
+  };
   static I set1_i(std::int32_t x) { return x; }
   // Wrapping, as the vector lanes do (the random bits' lane indices pass 2^31).
   static I add_i(I a, I b) {
@@ -47,8 +49,18 @@ struct ScalarIsa {
   }
   static I load_u8(const std::uint8_t* p, Full) { return *p; }
   static void store_u8(std::uint8_t* p, I x, Full) { *p = static_cast<std::uint8_t>(x); }
-  static Table table(const float* t) { return t; }
-  static F lookup(Table t, I i) { return t[i & 15]; }
+  static Table table(const float* t) {
+    Table r;
+    for (int i = 0; i < 16; ++i)
+      r.at[i] = t[i];
+    return r;
+  }
+  static Table scale_table(Table t, float k) {
+    for (float& x : t.at)
+      x *= k;
+    return t;
+  }
+  static F lookup(const Table& t, I i) { return t.at[i & 15]; }
   static F to_float(I x) { return static_cast<float>(x); }
   static I exponent_field(F x) {
     return static_cast<I>(__builtin_bit_cast(std::uint32_t, x) >> 23);
@@ -87,6 +99,7 @@ struct ScalarIsa {
                         b = __builtin_bit_cast(std::uint32_t, x);
     return static_cast<I>(a > b ? a : b);
   }
+  static I max_abs_bits(I acc, F x, Full) { return max_bits(acc, abs(x), Full{}); }
   static std::uint32_t hmax_bits(I a) { return static_cast<std::uint32_t>(a); }
 
   // Stochastic rounding (bf16 master weights): 32-bit lane arithmetic for the random bits, and

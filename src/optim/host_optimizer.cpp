@@ -444,7 +444,8 @@ void HostOptimizer::write_moment(int k, std::size_t begin, std::span<const float
       }
       if (a < std::numeric_limits<float>::min()) a = 0.0f;  // as the kernels: 1/a could overflow
       absmax[seg.block + (b - seg.begin) / cpu_adam::kQ8Block - s.block0] = a;
-      const float inv = a > 0.0f ? 1.0f / a : 0.0f;
+      // As the kernels: NaN gives a NaN reciprocal, and every code of the block its top one.
+      const float inv = a == 0.0f ? 0.0f : 1.0f / a;
       for (std::size_t i = b; i < e; ++i)
         codes[i - s.begin] = cpu_adam::q8_quantize(from[i - s.begin] * inv, k == 0);
     }

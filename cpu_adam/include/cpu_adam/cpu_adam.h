@@ -25,7 +25,7 @@ namespace zo::cpu_adam {
 enum class Isa : std::uint8_t {
   kScalar,      // portable C++, the reference every other path equals bit for bit
   kAvx2,        // AVX2 + FMA + F16C
-  kAvx512,      // AVX-512 F/BW/VL (+F16C)
+  kAvx512,      // AVX-512 F/DQ/BW/VL (+F16C)
   kAvx512Bf16,  // as kAvx512, with AVX512-BF16 conversions for bf16 stores
 };
 
