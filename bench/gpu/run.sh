@@ -210,6 +210,12 @@ phase_offload() {
   # yardsticks for CPU Adam inside the offloaded step (summarize.py's targets).
   step cpu_adam_roofline 180 "$here/bin/bench_cpu_adam" --sizes 256M --grad-dtype bf16 \
     --state-dtype fp32,bf16,q8 --master fp32,bf16 --isa avx512bf16 --json
+  # fp32 and q8 state again on one thread per physical core: whether SMT siblings add to q8's
+  # compute-bound codec or only share its vector ports (with lscpu, what bounds the q8 target).
+  local cores
+  cores=$(lscpu -p=CORE,SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)
+  step cpu_adam_cores 90 "$here/bin/bench_cpu_adam" --sizes 256M --grad-dtype bf16 \
+    --state-dtype fp32,q8 --isa avx512bf16 --threads "${cores:-0}" --json
   # ZO_OFFLOAD_MODELS: the sizes (default the target's 1.5B alone; 350M and 774M were measured
   # on 2026-11-24 and cost a minute of the lease).
   local model
