@@ -358,6 +358,42 @@ TEST(CpuAdamQ8, BlocksBelowFltMinAreFlushedToZero) {
     EXPECT_EQ(r, results.front());
 }
 
+// State that makes moments non-finite, alike on every path bit for bit over two updates: m's
+// code 255 (no map value: NaN), a NaN m absmax beside a finite v one, a gradient that is a NaN
+// with its sign set, an infinite v absmax (the tail block, where one code is not 0). Each block
+// gets a NaN absmax and every code q8_nan_code, so that the next update reads NaN everywhere in it.
+TEST(CpuAdamQ8, NonFiniteStateIsAlikeOnEveryPath) {
+  std::vector<std::vector<std::uint8_t>> results;
+  for (const Isa isa : kAllIsas) {
+    if (!zo::cpu_adam::isa_supported(isa)) continue;
+    Q8Problem pr(3 * kQ8Block + 9, DType::kF32, 8);
+    pr.m[5] = 255;
+    pr.m_absmax[1] = std::numeric_limits<float>::quiet_NaN();
+    pr.g[2 * kQ8Block + 3] = std::bit_cast<float>(0xffc00000u);
+    pr.v_absmax[3] = std::numeric_limits<float>::infinity();  // a zero block (Q8Problem): one code
+    pr.v[3 * kQ8Block + 2] = 200;
+    CpuAdam::Options o;
+    o.isa = isa;
+    CpuAdam adam(config(true, 0.1f), o);
+    EXPECT_TRUE(adam.update(pr.buffers(DType::kBF16, true), 1).found_nonfinite);
+    for (std::size_t b = 0; b < 4; ++b) {
+      const std::size_t e = std::min(pr.n, (b + 1) * kQ8Block);
+      EXPECT_TRUE(std::isnan(pr.m_absmax[b]) && std::isnan(pr.v_absmax[b])) << b;
+      EXPECT_TRUE(std::all_of(pr.m.begin() + b * kQ8Block, pr.m.begin() + e,
+                              [](auto c) { return c == zo::cpu_adam::q8_nan_code(true); }));
+      EXPECT_TRUE(std::all_of(pr.v.begin() + b * kQ8Block, pr.v.begin() + e,
+                              [](auto c) { return c == zo::cpu_adam::q8_nan_code(false); }));
+    }
+    pr.g[2 * kQ8Block + 3] = 0.0f;
+    adam.update(pr.buffers(DType::kBF16, true), 2);
+    EXPECT_TRUE(std::all_of(pr.p.begin(), pr.p.end(), [](float x) { return x != x; }))
+        << zo::cpu_adam::isa_name(isa);
+    results.push_back(state_bytes(pr));
+  }
+  for (const auto& r : results)
+    EXPECT_EQ(r, results.front());
+}
+
 // A block of zeros stays zero without gradients; a non-finite gradient (kReport) makes its
 // block's maxima NaN, so the moments read NaN from then on, every one of them; bad buffers are
 // refused by name.

@@ -236,7 +236,7 @@ inline void q8_update_lanes(const detail::AdamArrays& a, const Q8BlockDecoders<V
   store_master<V, kB16, O>(a, sr, i, p, w);
   V::store(mt, m, w);
   V::store(vt, v, w);
-  max.m = V::max_abs_bits(max.m, m, w);
+  max.m = V::max_bits(max.m, V::abs(m), w);
   max.v = V::max_bits(max.v, v, w);  // v >= 0: a sum of non-negative terms
 }
 
@@ -280,18 +280,24 @@ void q8_quantize_rest(const detail::AdamArrays& a, const Q8Codecs<V>& q, const Q
 }
 
 // The new absmax of a block from the bits of its maxima. NaN where a moment was not finite; then
-// every code reads as NaN. 0 below FLT_MIN, whose reciprocal could overflow: such a block is
-// flushed to zero.
+// every code becomes q8_nan_code and reads as NaN. 0 below FLT_MIN, whose reciprocal could
+// overflow: such a block is flushed to zero.
 inline float q8_absmax(std::uint32_t bits, bool bad) {
   if (bad) return __builtin_nanf("");
   return bits < 0x00800000u ? 0.0f : __builtin_bit_cast(float, bits);
 }
 
 // The reciprocal of a block's new absmax to quantize over: 0 for an all-zero block, whose codes
-// all become 0, and NaN for a NaN one, whose codes then all become the top one (the encoder's
-// cap), none 0, so that a decoder scaled by NaN reads NaN everywhere.
+// all become 0. (A NaN block is not quantized: every code becomes q8_nan_code.)
 inline float q8_reciprocal(float absmax) {
-  return absmax == 0.0f ? 0.0f : 1.0f / absmax;
+  return absmax > 0.0f ? 1.0f / absmax : 0.0f;
+}
+
+// Every code of the NaN block [b0, b1): q8_nan_code. (Out of line: the loop's registers.)
+[[gnu::noinline, gnu::cold]] inline void q8_fill_nan_block(const detail::AdamArrays& a,
+                                                           std::size_t b0, std::size_t b1) {
+  std::fill_n(static_cast<std::uint8_t*>(a.m) + b0, b1 - b0, q8_nan_code(true));
+  std::fill_n(static_cast<std::uint8_t*>(a.v) + b0, b1 - b0, q8_nan_code(false));
 }
 
 // Non-finite gradients make the block's m non-finite (with L2 too: the gradient is checked before
@@ -354,7 +360,10 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
     const float new_m = q8_absmax(m_bits, bad), new_v = q8_absmax(v_bits, bad);
     a.m_absmax[blk] = new_m;
     a.v_absmax[blk] = new_v;
-    pending = {b0, b1, mt, vt, q8_reciprocal(new_m), q8_reciprocal(new_v)};
+    if (bad) [[unlikely]]
+      q8_fill_nan_block(a, b0, b1);
+    // A NaN block has no pass 2: its codes are every path's, whatever the NaNs' signs.
+    pending = {b0, bad ? b0 : b1, mt, vt, q8_reciprocal(new_m), q8_reciprocal(new_v)};
   }
   q8_quantize_rest(a, q, qt, pending, pending.b0);
   return nonfinite;

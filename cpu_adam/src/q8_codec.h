@@ -18,7 +18,7 @@ struct Q8Decoder {
 
   // The decoder of k times the values (a block's beta * absmax): both coefficients scaled once,
   // so an update decodes b * m_old with no multiply per element. Code 0 still reads 0, so a NaN
-  // k relies on a NaN block holding no code 0 (its codes are quantized over a NaN reciprocal).
+  // k relies on a NaN block holding no code 0 (its codes are all q8_nan_code).
   Q8Decoder times(float k) const {
     Q8Decoder d = *this;
     d.scale = V::scale_table(scale, k);
@@ -47,11 +47,11 @@ struct Q8Encoder {
   explicit Q8Encoder(const detail::Q8Map& map)
       : decades(map), top(V::set1(float((1 << map.bits) - 1))) {}
 
-  // The code of x, a moment over its block's absmax (|x| <= 1 or NaN): the decade's linear map
-  // by thresholds (q8_tables.h), rounded to the nearest integer. Below every threshold it gives
-  // the code of 0. The cap at the top code only turns NaN (x of a block whose maximum is NaN) into
-  // one every path stores alike. kSigned (m): the magnitude's code takes x's sign before the
-  // rounding, which is symmetric, and 127 is added. Unsigned (v): x is never below zero in an
+  // The code of x, a moment over its block's absmax (|x| <= 1): the decade's linear map by
+  // thresholds (q8_tables.h), rounded to the nearest integer. Below every threshold it gives the
+  // code of 0. The cap at the top code only gives a NaN x (a caller's: the kernels do not
+  // quantize a NaN block) a defined code. kSigned (m): the magnitude's code takes x's sign before
+  // the rounding, which is symmetric, and 127 is added. Unsigned (v): x is never below zero in an
   // update (a sum of non-negative terms), but a negative block maximum from elsewhere would make
   // it so, and the bin lookups assume a clear sign bit: its magnitude is quantized, as every path
   // does the same then.

@@ -87,18 +87,30 @@ int map_by_bins(const Q8Bins<kShift>& bins, float x) {
   return bins.map[b] + (x < bins.upper[b] ? 1 : 0) + (x < bins.lower[b] ? 1 : 0);
 }
 
+// AVX-512's entry of bin_scale and bin_offset for x (simd_avx512.h): the halved exponent field
+// raised to 48, read & 31 (16 + the bin), 16 lower where x lies below the bin's threshold.
+int avx512_coefficient_entry(const Q8Map& m, float x) {
+  const int b = std::max(std::int32_t(std::bit_cast<std::uint32_t>(x) >> 24), Q8Bins<1>::kLo);
+  return (x < m.pairs.upper[b & 15] ? b - 16 : b) & 31;
+}
+
 // The vector layers find the map from the bin tables, the scalar path counts thresholds: they
-// must agree at every threshold and bin edge, and one float either side.
+// must agree at every threshold and bin edge, one float either side, and NaN.
 void check_bins(const Q8Map& m) {
-  std::vector<float> edges = {0.0f, std::numeric_limits<float>::denorm_min(), 1.0f, 2.0f};
+  std::vector<float> edges = {0.0f, std::numeric_limits<float>::denorm_min(), 1.0f, 2.0f,
+                              std::numeric_limits<float>::quiet_NaN()};
   for (int k = 0; k < m.bits - 1; ++k)
     edges.push_back(m.threshold[k]);
   for (int field = 97; field < 128; ++field)
     edges.push_back(std::ldexp(1.0f, field - 127));
   for (const float edge : edges) {
     for (const float x : {std::nextafter(edge, 0.0f), edge, std::nextafter(edge, 4.0f)}) {
-      const int count = ScalarIsa::Decades::count(m.threshold, x);
-      if (map_by_bins(m.pairs, x) != count || map_by_bins(m.quads, x) != count)
+      const int count = ScalarIsa::Decades::count(m.threshold, x),
+                entry = avx512_coefficient_entry(m, x);
+      const bool avx512_domain = !(x >= 2.0f);  // x < 2 or NaN: it has no upper clamp
+      if (map_by_bins(m.pairs, x) != count || map_by_bins(m.quads, x) != count ||
+          (avx512_domain && (m.bin_scale[entry] != m.to_code_scale[count] ||
+                             m.bin_offset[entry] != m.to_code_offset[count])))
         broken("bin tables disagree at " + std::to_string(x));
     }
   }
@@ -120,7 +132,6 @@ void fill_encoder(Q8Map& m) {
   }
   fill_bins(m, m.pairs, 1);
   fill_bins(m, m.quads, 2);
-  check_bins(m);
   for (int b = 0; b < 16; ++b) {
     for (const int below : {0, 1}) {
       const int at = below ? b : b + 16, j = m.pairs.map[b] + below;
@@ -128,6 +139,7 @@ void fill_encoder(Q8Map& m) {
       m.bin_offset[at] = m.to_code_offset[j];
     }
   }
+  check_bins(m);
   // Every code quantizes to itself.
   const Q8Encoder<ScalarIsa> encoder(m);
   for (int c = 0; c < (1 << m.bits); ++c) {

@@ -110,7 +110,6 @@ struct Avx2Isa {
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).
   static I max_bits(I acc, F x, Full) { return _mm256_max_epu32(acc, _mm256_castps_si256(x)); }
-  static I max_abs_bits(I acc, F x, Full) { return max_bits(acc, abs(x), Full{}); }
   static std::uint32_t hmax_bits(I a) {
     __m128i m = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));

@@ -149,15 +149,6 @@ struct Avx512Isa {
   static I max_bits(I acc, F x, M m) {
     return _mm512_mask_max_epu32(acc, m, acc, _mm512_castps_si512(x));
   }
-  // The same of |x|: vrangeps keeps the operand of larger magnitude, its sign cleared; a NaN
-  // operand gives a NaN (whose bits, with any sign, compare above Inf), which then sticks.
-  static I max_abs_bits(I acc, F x, Full) {
-    return _mm512_castps_si512(_mm512_range_ps(_mm512_castsi512_ps(acc), x, 0x0b));
-  }
-  static I max_abs_bits(I acc, F x, M m) {
-    const F a = _mm512_castsi512_ps(acc);
-    return _mm512_castps_si512(_mm512_mask_range_ps(a, m, a, x, 0x0b));
-  }
   static std::uint32_t hmax_bits(I a) { return _mm512_reduce_max_epu32(a); }
 
   // Stochastic rounding (bf16 master weights).

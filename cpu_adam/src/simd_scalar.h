@@ -34,7 +34,7 @@ struct ScalarIsa {
   static F fma(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
   static bool any_nan(F a) { return a != a; }
 
-  // 8-bit state (q8): codes as int lanes, 16-entry tables, the decade of a magnitude.
+  // 8-bit state (q8): codes as int lanes, 16-entry tables, the code map of a magnitude.
   using I = std::int32_t;
   struct Table {
     float at[16];
@@ -99,7 +99,6 @@ struct ScalarIsa {
                         b = __builtin_bit_cast(std::uint32_t, x);
     return static_cast<I>(a > b ? a : b);
   }
-  static I max_abs_bits(I acc, F x, Full) { return max_bits(acc, abs(x), Full{}); }
   static std::uint32_t hmax_bits(I a) { return static_cast<std::uint32_t>(a); }
 
   // Stochastic rounding (bf16 master weights): 32-bit lane arithmetic for the random bits, and

@@ -442,10 +442,15 @@ void HostOptimizer::write_moment(int k, std::size_t begin, std::span<const float
         const float x = std::fabs(from[i - s.begin]);
         a = x > a || x != x ? x : a;  // NaN sticks
       }
+      float& block_max = absmax[seg.block + (b - seg.begin) / cpu_adam::kQ8Block - s.block0];
+      if (!(a <= std::numeric_limits<float>::max())) {  // Inf or NaN: as the kernels leave one
+        block_max = std::numeric_limits<float>::quiet_NaN();
+        std::fill(codes + (b - s.begin), codes + (e - s.begin), cpu_adam::q8_nan_code(k == 0));
+        continue;
+      }
       if (a < std::numeric_limits<float>::min()) a = 0.0f;  // as the kernels: 1/a could overflow
-      absmax[seg.block + (b - seg.begin) / cpu_adam::kQ8Block - s.block0] = a;
-      // As the kernels: NaN gives a NaN reciprocal, and every code of the block its top one.
-      const float inv = a == 0.0f ? 0.0f : 1.0f / a;
+      block_max = a;
+      const float inv = a > 0.0f ? 1.0f / a : 0.0f;
       for (std::size_t i = b; i < e; ++i)
         codes[i - s.begin] = cpu_adam::q8_quantize(from[i - s.begin] * inv, k == 0);
     }

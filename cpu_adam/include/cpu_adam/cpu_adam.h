@@ -76,7 +76,8 @@ inline ConstArrayView view(std::span<const std::uint16_t> s, DType t) {
 // runs Adam in fp32 with the unrounded new moments, finds the new absmax and requantizes.
 // Blocks start at element 0 of each call's arrays: a caller keeps every call to one tensor's
 // elements (of one rank), so that no block straddles two. A block whose new moments are not all
-// finite gets a NaN absmax; one whose largest is below FLT_MIN is flushed to zero.
+// finite gets a NaN absmax and every code q8_nan_code (so that every one reads NaN); one whose
+// largest is below FLT_MIN is flushed to zero.
 inline constexpr std::size_t kQ8Block = 2048;
 inline constexpr std::size_t q8_blocks(std::size_t n) {
   return (n + kQ8Block - 1) / kQ8Block;
@@ -94,12 +95,16 @@ struct Q8Moments {
 // S = 10^-E * 0.9 / 2^F and C = 10^-E - (2^(F + 1) - 1) * S (each rounded to float once): 2^F
 // steps from about 10^-E * (0.1 + 0.9 / 2^F) up to 10^-E. docs/cpu_adam.md has the details.
 std::span<const float> q8_map(bool is_signed);
-// The code every path gives x (a moment over its block's absmax): the decade by the midpoints
-// between decades, then the nearest code inside it by one FMA rounded to an integer. That is the
-// nearest map value, except next to a midpoint (within about 2^-15 of the step between the two
-// values), where it may be the other neighbour; every map value gives its own code. Unsigned: the
-// code of |x|.
+// The code every path gives x (a moment over its block's absmax): a decade's linear map, chosen by
+// the decade tops, rounded to an integer. That is the nearest map value, except next to a midpoint
+// (within about 2^-15 of the step between the two values), where it may be the other neighbour;
+// every map value gives its own code. Unsigned: the code of |x|.
 std::uint8_t q8_quantize(float x, bool is_signed);
+// The code of every element of a block whose absmax is NaN: the map's top one (254 for m, 255 for
+// v), which reads NaN there, as no code 0 would under a decoder scaled by the block's absmax.
+inline constexpr std::uint8_t q8_nan_code(bool is_signed) {
+  return is_signed ? 254 : 255;
+}
 
 // ---- bf16 master weights -----------------------------------------------------------------------
 // bf16 master weights rounded stochastically (instead of AdamBuffers::params, which is then
