@@ -373,6 +373,23 @@ TEST(ShardedSave, Q8StateResumesWithAnotherRankCountRequantized) {
   EXPECT_TRUE(std::equal(a.v.begin(), a.v.end(), b.v.begin()));
   EXPECT_EQ(std::memcmp(a.m_absmax.data(), b.m_absmax.data(), a.m_absmax.size() * 4), 0);
   EXPECT_EQ(std::memcmp(a.v_absmax.data(), b.v_absmax.data(), a.v_absmax.size() * 4), 0);
+
+  // A negative block maximum in a shard, resealed, is refused naming the parameter it belongs to.
+  const std::string shard = "optimizer.rank1-of3.safetensors";
+  const auto f = zo::ckpt::SafetensorsFile::open(dir / shard);
+  const zo::ckpt::TensorInfo* scale = nullptr;
+  for (const auto& t : f.tensors())
+    if (t.name == "exp_avg_sq_absmax") scale = &t;
+  ASSERT_NE(scale, nullptr);
+  std::string bad = file_bytes(dir / shard);
+  const float negative = -0.25f;
+  std::memcpy(bad.data() + 8 + f.header_size() + scale->data_begin, &negative, 4);
+  reseal(dir, shard, bad);
+  zo::optim::HostOptimizer refused(layout, oc);
+  const std::string e = error_of([&] { zo::train::load_checkpoint(dir, layout, refused); });
+  EXPECT_HAS(e, shard);
+  EXPECT_HAS(e, "tensor 'exp_avg_sq_absmax' (the blocks of '");
+  EXPECT_HAS(e, "holds -0.25 as the maximum of block 0");
 }
 
 // A write that fails on rank 0 halfway through the model file (the file-size limit stands in for

@@ -40,15 +40,16 @@ void expect_dtype(const ckpt::SafetensorsFile& file, const std::string& name, St
 // Block maxima as read: an update writes 0, a positive normal float or NaN (a moment that was
 // not finite, which the resume then refuses naming the tensor). Anything else (a negative one
 // would flip the block's m) means the file was changed after it was saved, its checksum with it.
-void check_block_maxima(const ckpt::SafetensorsFile& file, const std::string& name,
+// `what` names the tensor read.
+void check_block_maxima(const ckpt::SafetensorsFile& file, const std::string& what,
                         std::span<const float> absmax, std::size_t first_block) {
   for (std::size_t b = 0; b < absmax.size(); ++b) {
     const float a = absmax[b];
     if (std::isnan(a) || (!std::signbit(a) && (a == 0.0f || std::isnormal(a)))) continue;
     char shown[32];
     std::snprintf(shown, sizeof shown, "%.9g", double(a));
-    throw CheckpointError("checkpoint file '" + file.path().string() + "': tensor '" + name +
-                          "' holds " + std::string(shown) + " as the maximum of block " +
+    throw CheckpointError("checkpoint file '" + file.path().string() + "': " + what + " holds " +
+                          std::string(shown) + " as the maximum of block " +
                           std::to_string(first_block + b) +
                           "; the trainer writes only 0, a positive normal number or NaN there, "
                           "so the file was changed after it was saved. Resume from an earlier "
@@ -115,7 +116,7 @@ class WholeSource final : public MomentSource {
       absmax_.resize(cpu_adam::q8_blocks(t.numel));
       const std::string am = std::string(kAbsmax[k]) + "." + t.name;
       file_.read_f32(am, absmax_);
-      check_block_maxima(file_, am, absmax_, 0);
+      check_block_maxima(file_, "tensor '" + am + "'", absmax_, 0);
       if (t.hf_transposed) {
         std::vector<std::uint8_t> hf(t.numel);
         file_.read_u8(name, hf, 0);
@@ -158,7 +159,7 @@ class ShardedSource final : public MomentSource {
  public:
   ShardedSource(const fs::path& dir, const nlohmann::json& shards,
                 const model::ParameterLayout& layout, StateFormat f)
-      : f_(f) {
+      : layout_(layout), f_(f) {
     for (const ShardFile& sf : shard_files(shards, layout.size(), dir)) {
       files_.push_back(ckpt::SafetensorsFile::open(dir / sf.name));
       const ckpt::SafetensorsFile& file = files_.back();
@@ -211,7 +212,10 @@ class ShardedSource final : public MomentSource {
       const std::size_t b1 = (in_segment + part.size() - 1) / B + 1;
       absmax_.resize(b1 - b0);
       file.read_f32(kAbsmax[k], absmax_, it->block + b0);
-      check_block_maxima(file, kAbsmax[k], absmax_, it->block + b0);
+      check_block_maxima(file,
+                         "tensor '" + std::string(kAbsmax[k]) + "' (the blocks of '" +
+                             layout_.tensor_at(it->layout).name + "')",
+                         absmax_, it->block + b0);
       codes_.resize(part.size());
       file.read_u8(kMoments[k], codes_, local);
       dequantize(k, codes_, in_segment - b0 * B, absmax_.data(), part);
@@ -222,6 +226,7 @@ class ShardedSource final : public MomentSource {
   struct Old {  // a segment of a shard: layout elements, their local start, and its first block
     std::size_t layout, local, len, block, file;
   };
+  const model::ParameterLayout& layout_;
   StateFormat f_;
   std::vector<ckpt::SafetensorsFile> files_;
   std::vector<Old> segments_;  // of every shard, by layout
