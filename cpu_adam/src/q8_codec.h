@@ -58,8 +58,9 @@ struct Q8Encoder {
   template <bool kSigned>
   typename V::I code(typename V::F x) const {
     const typename V::F a = V::abs(x);
-    const typename V::Coefficients k = decades.of(a);
-    typename V::F c = V::min(V::fma(a, k.scale, k.offset), top);
+    typename V::F scale, offset;
+    decades.of(a, scale, offset);
+    typename V::F c = V::min(V::fma(a, scale, offset), top);
     if constexpr (kSigned) c = V::flip_sign_where_negative(c, x);
     const typename V::I code = V::round_to_int(c);
     if constexpr (kSigned) return V::add_i(code, V::set1_i(127));

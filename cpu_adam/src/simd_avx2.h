@@ -85,19 +85,17 @@ struct Avx2Isa {
   // compares (masks are -1), in place of a compare per threshold, then its coefficients (maps
   // 0..7: an 8-entry permute reads them whole). The bin needs no upper clamp: x < 2, and NaN's
   // exponent field (255) reads bin 7 anyway.
-  struct Coefficients {  // of x's code map: its code before rounding is fmaf(x, scale, offset)
-    F scale, offset;
-  };
   struct Decades {
     I map;
-    F upper, lower, scale, offset;
+    F upper, lower, scales, offsets;
     explicit Decades(const detail::Q8Map& m)
         : map(_mm256_load_si256(reinterpret_cast<const __m256i*>(m.quads.map))),
           upper(_mm256_load_ps(m.quads.upper)),
           lower(_mm256_load_ps(m.quads.lower)),
-          scale(_mm256_load_ps(m.to_code_scale)),
-          offset(_mm256_load_ps(m.to_code_offset)) {}
-    Coefficients of(F x) const {
+          scales(_mm256_load_ps(m.to_code_scale)),
+          offsets(_mm256_load_ps(m.to_code_offset)) {}
+    // x's code before rounding is fmaf(x, scale, offset).
+    void of(F x, F& scale, F& offset) const {
       const I b = _mm256_max_epi32(_mm256_srli_epi32(_mm256_castps_si256(x), 25),
                                    set1_i(detail::Q8Bins<2>::kLo));
       I j = _mm256_permutevar8x32_epi32(map, b);
@@ -105,7 +103,8 @@ struct Avx2Isa {
           j, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(upper, b), _CMP_LT_OQ)));
       j = _mm256_sub_epi32(
           j, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(lower, b), _CMP_LT_OQ)));
-      return {_mm256_permutevar8x32_ps(scale, j), _mm256_permutevar8x32_ps(offset, j)};
+      scale = _mm256_permutevar8x32_ps(scales, j);
+      offset = _mm256_permutevar8x32_ps(offsets, j);
     }
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).

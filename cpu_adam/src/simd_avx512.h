@@ -124,9 +124,6 @@ struct Avx512Isa {
   // (& 31: 16 + the bin, as the bin's exponent fields start at 48) or, below the threshold, 16
   // entries lower. The bin needs no upper clamp: x < 2, and NaN's halved exponent field (127)
   // reads bin 15 anyway.
-  struct Coefficients {  // of x's code map: its code before rounding is fmaf(x, scale, offset)
-    F scale, offset;
-  };
   struct Decades {
     F threshold, scale_lo, scale_hi, offset_lo, offset_hi;
     explicit Decades(const detail::Q8Map& m)
@@ -135,13 +132,14 @@ struct Avx512Isa {
           scale_hi(_mm512_load_ps(m.bin_scale + 16)),
           offset_lo(_mm512_load_ps(m.bin_offset)),
           offset_hi(_mm512_load_ps(m.bin_offset + 16)) {}
-    Coefficients of(F x) const {
+    // x's code before rounding is fmaf(x, scale, offset).
+    void of(F x, F& scale, F& offset) const {
       I b = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 24),
                              set1_i(detail::Q8Bins<1>::kLo));
       const F t = _mm512_permutexvar_ps(b, threshold);
       b = _mm512_mask_sub_epi32(b, _mm512_cmp_ps_mask(x, t, _CMP_LT_OQ), b, set1_i(16));
-      return {_mm512_permutex2var_ps(scale_lo, b, scale_hi),
-              _mm512_permutex2var_ps(offset_lo, b, offset_hi)};
+      scale = _mm512_permutex2var_ps(scale_lo, b, scale_hi);
+      offset = _mm512_permutex2var_ps(offset_lo, b, offset_hi);
     }
   };
   // Block maxima of non-negative floats as unsigned bits (Inf and NaN stick).

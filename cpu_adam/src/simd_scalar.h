@@ -75,9 +75,6 @@ struct ScalarIsa {
   static I round_to_int(F y) { return static_cast<I>(__builtin_rintf(y)); }
   static F abs(F x) { return __builtin_fabsf(x); }
   // The map of x: how many thresholds it lies below (the definition), and its coefficients.
-  struct Coefficients {  // of x's code map: its code before rounding is fmaf(x, scale, offset)
-    F scale, offset;
-  };
   struct Decades {
     const detail::Q8Map& m;
     explicit Decades(const detail::Q8Map& map) : m(map) {}
@@ -87,9 +84,11 @@ struct ScalarIsa {
         j += x < threshold[k] ? 1 : 0;
       return j;
     }
-    Coefficients of(F x) const {
+    // x's code before rounding is fmaf(x, scale, offset).
+    void of(F x, F& scale, F& offset) const {
       const int j = count(m.threshold, x);
-      return {m.to_code_scale[j], m.to_code_offset[j]};
+      scale = m.to_code_scale[j];
+      offset = m.to_code_offset[j];
     }
   };
   // Block maxima of non-negative floats as unsigned bits: Inf and NaN (also a negative one)
