@@ -47,20 +47,37 @@ struct Q8Encoder {
   explicit Q8Encoder(const detail::Q8Map& map)
       : decades(map), top(V::set1(float((1 << map.bits) - 1))) {}
 
-  // The code of x, a moment over its block's absmax (|x| <= 1): the decade's linear map by
-  // thresholds (q8_tables.h), rounded to the nearest integer. Below every threshold it gives the
-  // code of 0. The cap at the top code only gives a NaN x (a caller's: the kernels do not
-  // quantize a NaN block) a defined code. kSigned (m): the magnitude's code takes x's sign before
-  // the rounding, which is symmetric, and 127 is added. Unsigned (v): x is never below zero in an
-  // update (a sum of non-negative terms), but a negative block maximum from elsewhere would make
-  // it so, and the bin lookups assume a clear sign bit: its magnitude is quantized, as every path
-  // does the same then.
+  // The code of x, a moment over its block's absmax, as an update quantizes it: |x| <= 1 up to the
+  // reciprocal's rounding, finite, and for v (!kSigned) never below +0 (a sum of non-negative
+  // terms: a negative or NaN moment makes its block a NaN block, which is not quantized). The
+  // decade's linear map by thresholds (q8_tables.h), rounded to the nearest integer; below every
+  // threshold it gives the code of 0. kSigned (m): the magnitude's code takes x's sign before the
+  // rounding, which is symmetric, and 127 is added.
   template <bool kSigned>
   typename V::I code(typename V::F x) const {
+    typename V::F a = x;
+    if constexpr (kSigned) a = V::abs(x);
+    return rounded<kSigned>(x, map(a));
+  }
+
+  // The code of any float x, for callers outside an update: as code() where that applies, the
+  // magnitude's code for a negative x of v, and the top code for NaN.
+  template <bool kSigned>
+  typename V::I code_of_any(typename V::F x) const {
     const typename V::F a = V::abs(x);
+    return rounded<kSigned>(x, V::min(map(a), top));
+  }
+
+ private:
+  // a's code before rounding: fmaf(a, scale, offset) by the thresholds.
+  typename V::F map(typename V::F a) const {
     typename V::F scale, offset;
     decades.of(a, scale, offset);
-    typename V::F c = V::min(V::fma(a, scale, offset), top);
+    return V::fma(a, scale, offset);
+  }
+
+  template <bool kSigned>
+  static typename V::I rounded(typename V::F x, typename V::F c) {
     if constexpr (kSigned) c = V::flip_sign_where_negative(c, x);
     const typename V::I code = V::round_to_int(c);
     if constexpr (kSigned) return V::add_i(code, V::set1_i(127));

@@ -190,7 +190,8 @@ std::span<const float> q8_map(bool is_signed) {
 std::uint8_t q8_quantize(float x, bool is_signed) {
   const detail::Q8Maps& maps = detail::q8_maps();
   const Q8Encoder<ScalarIsa> encoder(is_signed ? maps.m : maps.v);
-  return static_cast<std::uint8_t>(is_signed ? encoder.code<true>(x) : encoder.code<false>(x));
+  return static_cast<std::uint8_t>(is_signed ? encoder.code_of_any<true>(x)
+                                             : encoder.code_of_any<false>(x));
 }
 
 }  // namespace zo::cpu_adam
