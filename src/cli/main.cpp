@@ -92,8 +92,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
   t->add_option("--optimizer-state", x.state_dtype,
                 "Adam m and v: fp32, bf16 or q8 (8-bit block-wise, 1 byte each)")
       ->capture_default_str();
-  t->add_option("--master-weights", x.master,
-                "master weights on the host: fp32, or bf16 rounded stochastically (offload)")
+  t->add_option(
+       "--master-weights", x.master,
+       "master weights on the host: fp32, or bf16 rounded stochastically (offload, stream)")
       ->capture_default_str();
   t->add_option("--state-dir", c.state_dir,
                 "offload/stream: keep master weights, m and v in an unnamed file in DIR (a fast "
@@ -118,9 +119,10 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
                 "offload, --grad-accum > 1: sum micro-batches in fp32 on the device (one bucket "
                 "per step to the host), on the host, or auto (the device when it fits)")
       ->capture_default_str();
-  t->add_flag("!--no-cuda-graphs", c.cuda_graphs,
-              "cuda, resident: launch forward and backward kernel by kernel instead of "
-              "replaying CUDA Graph recordings");
+  t->add_flag_callback(
+      "--no-cuda-graphs", [&c] { c.cuda_graphs = false; },
+      "cuda, resident: launch forward and backward kernel by kernel instead of "
+      "replaying CUDA Graph recordings");
   t->add_option("--loss-scale", c.loss_scale,
                 "auto (dynamic for fp16, else off), dynamic, off, or a fixed scale")
       ->capture_default_str();
@@ -145,7 +147,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
               "offload: delayed parameter update (the CPU update overlaps the next step)");
   t->add_option("--dpu-warmup", c.dpu_warmup, "ordinary steps before --dpu starts")
       ->capture_default_str();
-  t->add_flag("!--no-pin", c.pin, "offload: pageable instead of page-locked host buffers");
+  t->add_flag_callback(
+      "--no-pin", [&c] { c.pin = false; }, "offload: pageable instead of page-locked host buffers");
   t->add_option("--trace", c.trace, "write a Chrome trace-event JSON of the run (Perfetto)");
   t->add_option("--threads", c.threads,
                 "host backend compute threads; 0 = all cores (this rank's share)");
@@ -165,8 +168,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
               "checkpoints and that file are replaced)");
   t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
   t->add_flag("--convert-optimizer-state", c.convert_optimizer_state,
-              "resume a checkpoint whose Adam state is in another --optimizer-state format, "
-              "converting it");
+              "resume a checkpoint whose Adam state or master weights are in another "
+              "--optimizer-state or --master-weights format, converting them");
   t->add_option("--metrics", c.metrics, "JSONL file: one object per step");
   t->add_option("--log-every", c.log_interval, "progress line every N steps")
       ->capture_default_str();
@@ -215,9 +218,11 @@ int run_train(zo::train::TrainConfig c, const TrainTexts& x, const CLI::App& cmd
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"offload_train " ZO_VERSION
-               ": train GPT-style models whose training state does not fit in GPU memory\n"
-               "(ZeRO-Offload: 16-bit forward/backward on the GPU, fp32 Adam on the CPU)."};
+  CLI::App app{
+      "offload_train " ZO_VERSION
+      ": train GPT-style models whose training state does not fit in GPU memory\n"
+      "(ZeRO-Offload: 16-bit forward/backward on the GPU, Adam on the CPU over fp32, bf16\n"
+      "or 8-bit state)."};
   app.set_version_flag("--version", ZO_VERSION);
   app.require_subcommand(1);
 
