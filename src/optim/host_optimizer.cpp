@@ -507,8 +507,12 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
       }
     };
     if (pager_) {  // one thread reads the drive, chunk by chunk, until something is found
+      // In pieces of a chunk (each read from its cached slot): a piece's fp32 copy stays small
+      // whatever --state-chunk is.
       for (const ChunkSpan& c : pager_->chunks()) {
-        scan(c.begin, c.end);
+        for (std::size_t b = c.begin; b < c.end && first.load() == kNone;
+             b += cpu_adam::kChunkElements)
+          scan(b, std::min(c.end, b + cpu_adam::kChunkElements));
         if (first.load() != kNone) break;
       }
     } else {

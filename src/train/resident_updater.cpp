@@ -42,7 +42,6 @@ class ResidentUpdater final : public Updater {
         m_(device.alloc(n_ * 4, "Adam m")),
         v_(device.alloc(n_ * 4, "Adam v")),
         flat_(params_.data(), grads_.data(), act_) {
-    if (act_ != DType::kF32) params_out_ = pinned::HostBuffer(n_ * dtype_size(act_));
     // Page-locked, so that the copy stays asynchronous and AdamW is enqueued behind it.
     stats_host_ = pinned::PinnedBuffer(sizeof(Stats), dev::staging_pin_options(device, true));
     if (resident_accumulates_in_f32(act_, grad_accum))
@@ -54,15 +53,15 @@ class ResidentUpdater final : public Updater {
 
   model::ParameterStore& parameters() override { return flat_; }
 
+  // The 16-bit parameters are cast from the master on the device: no host copy of the model.
   void load_state() override {
-    if (act_ == DType::kF32) {
-      dev_.copy_to_device(params_.data(), state_.master().data(), n_ * 4, stream_);
-    } else {
-      convert_from_float(state_.master().data(), params_out_.data(), act_, n_);
-      dev_.copy_to_device(params_.data(), params_out_.data(), n_ * 2, stream_);
-    }
     const std::size_t bytes = n_ * 4;
     dev_.copy_to_device(master_.data(), state_.master().data(), bytes, stream_);
+    if (act_ == DType::kF32) {
+      dev_.copy_on_device(params_.data(), master_.data(), bytes, stream_);
+    } else {
+      dev_.cast(params_.data(), act_, master_.data(), DType::kF32, n_, stream_);
+    }
     dev_.copy_to_device(m_.data(), state_.exp_avg().data, bytes, stream_);
     dev_.copy_to_device(v_.data(), state_.exp_avg_sq().data, bytes, stream_);
     stream_.synchronize();  // the host arrays may change right after
@@ -177,7 +176,6 @@ class ResidentUpdater final : public Updater {
   dev::Buffer sum_;              // fp32 (n): the step's gradient over micro-batches, or none
   dev::Buffer runs_;             // the weight-decay run table
   int num_runs_ = 0;
-  pinned::HostBuffer params_out_;  // 16-bit staging for the upload
   model::FlatParameters flat_;
   double wait_ms_ = 0.0, apply_ms_ = 0.0;
 };
