@@ -320,9 +320,8 @@ std::pair<int, std::size_t> peak_rss(const std::string& args, const fs::path& lo
 // weights and an export add at most the plan's checkpoint buffers (plus 8 MiB) to a run without
 // them. A whole-model copy of this 16.8M-parameter model would break the second bound, in fp32
 // (67 MB; checkpoints used to hold 12 bytes per parameter more) or bf16 (34 MB): these runs peak
-// 20-28 MiB under it on the developer VM. The host backend's device pool trains
-// within exactly the planned device figure (--device-memory). For the default formats and the
-// smallest.
+// 20-28 MiB under it on the developer VM. The host backend's device pool trains within exactly
+// the planned device figure (--device-memory). For the default formats and the smallest.
 TEST(Reliability, ThePlanIsThePeakOfTrainingCheckpointsAndExports) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's shadow memory and quarantine make the resident set no measure of "
