@@ -782,6 +782,20 @@ TEST(AtomicDirectoryTest, RefusesToOverwriteUnlessAsked) {
   EXPECT_EQ(read_file(final_dir / "v"), "2");
   verify_directory(final_dir);
   EXPECT_EQ(dir_entries(tmp.path()), (std::vector<std::string>{"ckpt", "late"}));
+  // ... but only a complete checkpoint: a directory without a manifest ("late", someone else's)
+  // or a file in the way stays as it was, and the new one is discarded.
+  for (const fs::path& in_the_way : {other, fs::path(tmp / "file")}) {
+    if (in_the_way == other) {
+      ASSERT_TRUE(fs::is_directory(other));
+    } else {
+      write_bytes(in_the_way, "keep me too");
+    }
+    AtomicDirectory d(in_the_way, IfExists::kReplace);
+    d.write_file("v", std::string_view("3"));
+    EXPECT_HAS(error_of([&] { d.commit(); }), "not a complete checkpoint");
+  }
+  EXPECT_EQ(dir_entries(other), std::vector<std::string>{"theirs"});
+  EXPECT_EQ(read_file(tmp / "file"), "keep me too");
 }
 
 // The same guarantees where renameat2's flags are missing (older kernels, some network file
@@ -1045,6 +1059,17 @@ TEST(Rotation, KeepsNewestAndIgnoresTempAndIncomplete) {
   ASSERT_EQ(listed.size(), 5u);
   EXPECT_EQ(listed.front().step, 100u);
   EXPECT_EQ(listed.back().step, 2500u);
+  // Named like checkpoints, not complete ones: what a save at their step would have to replace.
+  const auto odd = list_incomplete(tmp.path(), "step_");
+  ASSERT_EQ(odd.size(), 2u);
+  EXPECT_EQ(odd[0].path, tmp / "step_00003000");
+  EXPECT_EQ(odd[1].path, tmp / "step_00005000");
+  EXPECT_EQ(odd[1].step, 5000u);
+  // The checkpoint holding a path, itself included; none for the folder of checkpoints.
+  EXPECT_EQ(enclosing_checkpoint(tmp / "step_00000300"), fs::canonical(tmp / "step_00000300"));
+  EXPECT_EQ(enclosing_checkpoint(tmp / "step_00000300/a/b"), fs::canonical(tmp / "step_00000300"));
+  EXPECT_EQ(enclosing_checkpoint(tmp.path()), fs::path());
+  EXPECT_EQ(enclosing_checkpoint(tmp / "step_00003000"), fs::path());
 
   EXPECT_TRUE(rotate_checkpoints(tmp.path(), "step_", 0).empty());  // 0 = keep all
   const auto deleted = rotate_checkpoints(tmp.path(), "step_", 2);

@@ -2,9 +2,11 @@
 // the real binary: another run's checkpoints are never replaced or rotated away, abandoned steps
 // are moved aside, exports never write into a checkpoint, unusable output paths are refused
 // before the first step, a resumed run is the same run, and SIGINT / SIGTERM stop cleanly.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -173,6 +175,80 @@ TEST(Reliability, UnusableOutputPathsAreRefusedBeforeTheFirstStep) {
   EXPECT_NE(r.out.find("--overwrite"), std::string::npos) << r.out;
   EXPECT_EQ(bytes_of(metrics), kept);
   EXPECT_EQ(train("--steps 2 --overwrite --metrics " + metrics.string()).code, 0);
+}
+
+// What a run would replace is refused before the first step, and stays as it was: entries named
+// like checkpoints that are not complete ones, a checkpoint given as --checkpoint-dir, an existing
+// --trace, two outputs on one path, a resumed run's --metrics file that is another run's or no
+// metrics at all; a fresh run's --overwrite of a metrics file leaves its other hard link intact.
+TEST(Reliability, WhatARunWouldReplaceIsRefusedAndKept) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  ASSERT_EQ(train("--steps 2 --checkpoint-dir " + ck.string()).code, 0);
+  const fs::path saved = ck / step_dir(2);
+  const auto refused = [&](const std::string& args, const std::string& says) {
+    const Result r = train(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("done:"), std::string::npos) << "no step ran: " << r.out;
+  };
+  // step_N without a manifest: a user's folder, a file, a copy cut short.
+  const fs::path odd = d.path / "odd";
+  fs::create_directories(odd / step_dir(1));
+  std::ofstream(odd / step_dir(1) / "notes.txt") << "keep";
+  std::ofstream(odd / step_dir(2)) << "a file";
+  refused("--steps 2 --checkpoint-every 1 --overwrite --checkpoint-dir " + odd.string(),
+          "not a complete one");
+  EXPECT_EQ(bytes_of(odd / step_dir(1) / "notes.txt"), "keep");
+  EXPECT_EQ(bytes_of(odd / step_dir(2)), "a file");
+  // A checkpoint as the folder of checkpoints.
+  refused("--steps 1 --checkpoint-dir " + saved.string(), "is a checkpoint");
+  refused("--steps 1 --checkpoint-dir " + (saved / "sub").string(), "inside the checkpoint");
+  EXPECT_EQ(entries(saved),
+            (std::vector<std::string>{"MANIFEST.json", "model.safetensors", "optimizer.safetensors",
+                                      "trainer_state.json"}));
+  // --trace: an existing file is kept unless --overwrite; one path for two outputs is refused.
+  const fs::path notes = d.path / "notes.txt";
+  std::ofstream(notes) << "precious";
+  refused("--steps 1 --trace " + notes.string(), "--overwrite");
+  refused("--steps 1 --overwrite --trace " + notes.string() + " --metrics " + notes.string(),
+          "name the same path");
+  EXPECT_EQ(bytes_of(notes), "precious");
+  // A resumed run continues only its own metrics.
+  const std::string resume = "--checkpoint-dir " + ck.string() + " --resume latest --steps 3 ";
+  refused(resume + "--metrics " + notes.string(), "not a metrics object");
+  EXPECT_EQ(bytes_of(notes), "precious");
+  const fs::path other = d.path / "other.jsonl";
+  ASSERT_EQ(train("--steps 2 --metrics " + other.string()).code, 0);
+  const std::string theirs = bytes_of(other);
+  refused(resume + "--metrics " + other.string(), "another run");
+  EXPECT_EQ(bytes_of(other), theirs);
+  const Result r = train(resume + "--overwrite --metrics " + other.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(other)).at("step"), 3) << bytes_of(other);
+  // --overwrite makes a new file: another name of the old one keeps its contents.
+  const fs::path link = d.path / "link.jsonl";
+  fs::create_hard_link(notes, link);
+  ASSERT_EQ(train("--steps 1 --overwrite --metrics " + link.string()).code, 0);
+  EXPECT_EQ(bytes_of(notes), "precious");
+  EXPECT_NE(bytes_of(link), "precious");
+}
+
+// Two runs in one --checkpoint-dir would replace each other's checkpoints: a run holds the
+// directory's lock (flock) while it lives, and a second one is refused.
+TEST(Reliability, ASecondRunInTheSameCheckpointDirIsRefused) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  fs::create_directories(ck);
+  const int fd = ::open(ck.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const Result r = train("--steps 1 --checkpoint-dir " + ck.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("in use by another offload_train run"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::is_empty(ck));
+  ::close(fd);
+  EXPECT_EQ(train("--steps 1 --checkpoint-dir " + ck.string()).code, 0);
 }
 
 // ---- resuming is continuing the same run

@@ -195,6 +195,14 @@ TEST(Checkpoint, StreamedFilesAreTheWholeTensorsBytes) {
       EXPECT_EQ(file_bytes(dir / "model.safetensors"), file_bytes(d.path / "weights.ref")) << model;
       EXPECT_EQ(file_bytes(dir / "optimizer.safetensors"), file_bytes(d.path / "moments.ref"))
           << model << " " << zo::dtype_name(sd);
+      // The free space a run asks of --checkpoint-dir: at least the files, at most 2 MiB more.
+      std::size_t on_disk = 0;
+      for (const auto& e : fs::directory_iterator(dir))
+        on_disk += fs::file_size(e.path());
+      const std::size_t planned =
+          zo::train::checkpoint_file_bytes(layout, zo::DType::kF32, oc.state_format);
+      EXPECT_GE(planned, on_disk) << model;
+      EXPECT_LE(planned, on_disk + (std::size_t{2} << 20)) << model;
     }
   }
 }

@@ -222,6 +222,13 @@ void AtomicDirectory::commit() {
                               " already exists; refusing to overwrite it (the new checkpoint was "
                               "discarded). Remove it, or choose another --checkpoint-dir.");
       }
+      if (!fs::is_regular_file(final_ / kManifestName, ec)) {
+        throw CheckpointError(quoted(final_) +
+                              " is in the way and is not a complete checkpoint (no " +
+                              std::string(kManifestName) +
+                              "); refusing to replace it (the new checkpoint was discarded). "
+                              "Move it out of the way, or choose another --checkpoint-dir.");
+      }
       err = rename_with_flags(temp_, final_, RENAME_EXCHANGE) == 0 ? 0 : errno;
       if (err == 0) {
         old_copy = temp_;  // the exchange left the old directory under the temporary name

@@ -60,7 +60,8 @@ struct Manifest {
 
 enum class IfExists : std::uint8_t {
   kFail,     // commit() (and the constructor, early) refuse if the final directory exists
-  kReplace,  // commit() swaps the new directory in atomically and deletes the old one
+  kReplace,  // commit() swaps the new directory in atomically for an existing complete
+             // checkpoint (one with a MANIFEST.json) and deletes that; anything else is refused
 };
 
 // The record in a temporary checkpoint directory of who writes it (an owner such as a run id,
@@ -138,6 +139,15 @@ struct CheckpointDir {
 // and incomplete ones are ignored. A missing parent gives an empty list.
 std::vector<CheckpointDir> list_checkpoints(const std::filesystem::path& parent,
                                             std::string_view prefix);
+// The entries of `parent` named like checkpoints (<prefix><digits>) that are not complete ones:
+// files, or directories without a MANIFEST.json (a user's, or a copy cut short). A save at their
+// step would have to replace them; nothing of this library does.
+std::vector<CheckpointDir> list_incomplete(const std::filesystem::path& parent,
+                                           std::string_view prefix);
+
+// The checkpoint directory that is `dir` or holds it (the nearest one with a MANIFEST.json), or
+// an empty path. Writing anything there would damage it or be deleted with it by rotation.
+std::filesystem::path enclosing_checkpoint(const std::filesystem::path& dir);
 
 // Deletes all but the newest keep_last_n complete checkpoints for which `belongs` is true (all of
 // them without a predicate; keep_last_n == 0: keep all) and returns what it deleted. `protect`

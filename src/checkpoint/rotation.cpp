@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <optional>
 #include <system_error>
 
 #include "checkpoint/atomic_io_internal.h"
@@ -18,7 +19,28 @@ std::string checkpoint_dir_name(std::string_view prefix, std::uint64_t step) {
   return std::string(prefix) + digits;
 }
 
-std::vector<CheckpointDir> list_checkpoints(const fs::path& parent, std::string_view prefix) {
+namespace {
+
+// The step of a directory entry named <prefix><digits>; none for every other name (temporary
+// ".x.tmp-", ".old-", unrelated).
+std::optional<std::uint64_t> step_of(const std::string& name, std::string_view prefix) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return {};
+  const std::string_view digits = std::string_view(name).substr(prefix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return {};
+  std::uint64_t step = 0;
+  const auto [ptr, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (err != std::errc() || ptr != digits.data() + digits.size()) return {};
+  return step;
+}
+
+bool is_complete(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && fs::is_regular_file(dir / kManifestName, ec);
+}
+
+// Every entry of `parent` named <prefix><digits>, complete checkpoint or not.
+std::vector<CheckpointDir> step_entries(const fs::path& parent, std::string_view prefix) {
   std::vector<CheckpointDir> out;
   std::error_code ec;
   const fs::file_status st = fs::status(parent, ec);
@@ -28,19 +50,8 @@ std::vector<CheckpointDir> list_checkpoints(const fs::path& parent, std::string_
                           " is not a directory. Choose another --checkpoint-dir.");
   }
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::end(it); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string_view digits = std::string_view(name).substr(prefix.size());
-    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      continue;  // temporary (".x.tmp-"), ".old-", or unrelated names
-    }
-    std::uint64_t step = 0;
-    const auto [ptr, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
-    if (err != std::errc() || ptr != digits.data() + digits.size()) continue;
-    std::error_code ec2;
-    if (!fs::is_directory(it->path(), ec2)) continue;
-    if (!fs::is_regular_file(it->path() / kManifestName, ec2)) continue;  // incomplete
-    out.push_back({it->path(), step});
+    if (const auto step = step_of(it->path().filename().string(), prefix))
+      out.push_back({it->path(), *step});
   }
   if (ec) {
     throw CheckpointError("cannot list checkpoint directory " + quoted(parent) + ": " +
@@ -50,6 +61,30 @@ std::vector<CheckpointDir> list_checkpoints(const fs::path& parent, std::string_
     return a.step != b.step ? a.step < b.step : a.path < b.path;
   });
   return out;
+}
+
+}  // namespace
+
+std::vector<CheckpointDir> list_checkpoints(const fs::path& parent, std::string_view prefix) {
+  std::vector<CheckpointDir> out = step_entries(parent, prefix);
+  std::erase_if(out, [](const CheckpointDir& d) { return !is_complete(d.path); });
+  return out;
+}
+
+std::vector<CheckpointDir> list_incomplete(const fs::path& parent, std::string_view prefix) {
+  std::vector<CheckpointDir> out = step_entries(parent, prefix);
+  std::erase_if(out, [](const CheckpointDir& d) { return is_complete(d.path); });
+  return out;
+}
+
+fs::path enclosing_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  for (; !d.empty(); d = d.parent_path()) {
+    if (fs::is_regular_file(d / kManifestName, ec)) return d;
+    if (d == d.root_path()) break;
+  }
+  return {};
 }
 
 std::vector<fs::path> rotate_checkpoints(const fs::path& parent, std::string_view prefix,

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <utility>
 
 namespace zo::report {
 
@@ -11,7 +12,9 @@ double flops_per_token(std::size_t num_params, int n_layer, int q_width, int seq
   return 6.0 * double(num_params) + 12.0 * n_layer * double(q_width) * seq_len;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append, std::string run_id)
+    : path_(path), run_id_(std::move(run_id)) {
+  if (!append) std::remove(path.c_str());  // (missing is fine; open reports the rest)
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) {
     throw std::runtime_error("cannot open metrics file '" + path +
@@ -25,7 +28,8 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"lr", m.lr},           {"grad_norm", m.grad_norm},
                       {"skipped", m.skipped}, {"loss_scale", m.loss_scale},
                       {"tokens", m.tokens},   {"tokens_per_s", m.tokens_per_s},
-                      {"tflops", m.tflops},   {"step_ms", m.step_ms}};
+                      {"tflops", m.tflops},   {"step_ms", m.step_ms},
+                      {"run_id", run_id_}};
   for (const auto& [k, v] : m.phase_ms)
     j[k + "_ms"] = v;
   for (const auto& [k, v] : m.exposed_ms)

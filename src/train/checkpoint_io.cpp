@@ -336,6 +336,17 @@ std::size_t checkpoint_buffer_bytes(const model::ParameterLayout& layout, int ra
   return 4 * (2 * piece + transposed + (std::size_t(ranks) + 3) * kFill) + (std::size_t{8} << 20);
 }
 
+std::size_t checkpoint_file_bytes(const model::ParameterLayout& layout, DType master,
+                                  StateFormat state) {
+  const std::size_t n = layout.size();
+  const std::size_t scales =
+      state == StateFormat::kQ8 ? 2 * 4 * optim::q8_block_count(layout, {{0, n, 0}}) : 0;
+  // Headers: a few hundred bytes of JSON per tensor in each file; trainer_state.json and the
+  // manifest are a few KiB.
+  const std::size_t headers = 3 * 512 * layout.tensors().size() + (std::size_t{1} << 20);
+  return n * (dtype_size(master) + 2 * state_element_bytes(state)) + scales + headers;
+}
+
 fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
   if (resume != "latest") return resume;
   const fs::path latest = latest_saved(parent);

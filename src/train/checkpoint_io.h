@@ -55,6 +55,11 @@ std::filesystem::path save_checkpoint(
 // per rank, and the file buffers.
 std::size_t checkpoint_buffer_bytes(const model::ParameterLayout& layout, int ranks);
 
+// The bytes of one checkpoint's files (weights in the master dtype, both moments in the state
+// format with q8's block maxima, and an allowance for headers and trainer_state.json).
+std::size_t checkpoint_file_bytes(const model::ParameterLayout& layout, DType master,
+                                  StateFormat state);
+
 // Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
 std::filesystem::path resolve_checkpoint(const std::string& resume,
                                          const std::filesystem::path& parent);

@@ -89,6 +89,28 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
       claim.abandoned.push_back(std::move(c));
     }
   }
+  // Entries named like checkpoints that are not complete ones: this run's own are what a deletion
+  // cut short left (rotation removes MANIFEST.json first); anything else is refused, even with
+  // --overwrite, as a save at its step would have to replace it.
+  std::vector<ckpt::CheckpointDir> odd;
+  for (ckpt::CheckpointDir& d : ckpt::list_incomplete(parent, kCheckpointPrefix)) {
+    if (!run_id.empty() && describe(d).run_id == run_id) {
+      claim.leftovers.push_back(std::move(d.path));
+    } else {
+      odd.push_back(std::move(d));
+    }
+  }
+  if (!odd.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < odd.size() && i < 4; ++i)
+      names += (i ? ", '" : "'") + odd[i].path.filename().string() + "'";
+    if (odd.size() > 4) names += " and " + std::to_string(odd.size() - 4) + " more";
+    throw CheckpointError("--checkpoint-dir '" + parent.string() + "' holds " + names +
+                          ", named like a checkpoint but not a complete one (no MANIFEST.json: "
+                          "not a checkpoint, or a copy cut short); a save at that step would "
+                          "replace it. Move it out of the way, or choose another "
+                          "--checkpoint-dir");
+  }
   if (!others.empty()) {
     if (!overwrite) {
       throw CheckpointError(
@@ -102,6 +124,19 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
                           "); same-numbered ones will be replaced, the rest kept");
   }
   return claim;
+}
+
+std::vector<std::string> remove_leftovers(const DirClaim& claim) {
+  std::vector<std::string> notes;
+  for (const fs::path& p : claim.leftovers) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    notes.push_back(ec ? "could not remove " + p.string() + " (" + ec.message() +
+                             "), an incomplete checkpoint of this run; remove it by hand"
+                       : "removed " + p.string() +
+                             ", an incomplete checkpoint of this run (a deletion cut short)");
+  }
+  return notes;
 }
 
 std::string move_abandoned(const fs::path& parent, const DirClaim& claim,

@@ -37,12 +37,17 @@ std::filesystem::path latest_saved(const std::filesystem::path& parent);
 
 // What run `run_id`, starting at `start_step` (0: fresh), finds in its --checkpoint-dir `parent`.
 struct DirClaim {
-  std::vector<std::string> notes;        // what to tell the user
-  std::vector<RunCheckpoint> abandoned;  // this run's checkpoints newer than start_step
+  std::vector<std::string> notes;                // what to tell the user
+  std::vector<RunCheckpoint> abandoned;          // this run's checkpoints newer than start_step
+  std::vector<std::filesystem::path> leftovers;  // this run's incomplete checkpoint directories
 };
-// Throws CheckpointError listing the checkpoints of other runs unless `overwrite`. Changes nothing.
+// Throws CheckpointError listing the checkpoints of other runs unless `overwrite`, and entries
+// named like checkpoints that are not complete ones (unless this run's) always. Changes nothing.
 DirClaim check_checkpoint_dir(const std::filesystem::path& parent, const std::string& run_id,
                               std::uint64_t start_step, bool overwrite);
+// Removes this run's incomplete checkpoint directories once the run is sure to start; returns
+// what to tell the user.
+std::vector<std::string> remove_leftovers(const DirClaim& claim);
 // Moves the abandoned checkpoints into parent/abandoned-<UTC time>/ once the run is sure to start;
 // returns what to tell the user ("" when there were none).
 std::string move_abandoned(const std::filesystem::path& parent, const DirClaim& claim,

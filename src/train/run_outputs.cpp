@@ -1,11 +1,16 @@
 #include "train/run_outputs.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <stdexcept>
 #include <system_error>
 
 #include "checkpoint/atomic_io.h"
@@ -38,16 +43,81 @@ void ensure_writable_dir(const fs::path& dir, const char* flag) {
 
 void refuse_inside_checkpoint(const fs::path& path, const char* flag) {
   std::error_code ec;
-  fs::path dir = fs::weakly_canonical(fs::absolute(path, ec), ec).parent_path();
-  for (; !dir.empty(); dir = dir.parent_path()) {
-    if (fs::is_regular_file(dir / "MANIFEST.json", ec)) {
-      throw CheckpointError(std::string(flag) + " '" + path.string() +
-                            "' is inside the checkpoint directory '" + dir.string() +
-                            "'; writing there would damage the checkpoint. Choose a path "
-                            "outside it");
-    }
-    if (dir == dir.root_path()) break;
+  const fs::path dir =
+      ckpt::enclosing_checkpoint(fs::weakly_canonical(fs::absolute(path, ec), ec).parent_path());
+  if (!dir.empty()) {
+    throw CheckpointError(std::string(flag) + " '" + path.string() +
+                          "' is inside the checkpoint directory '" + dir.string() +
+                          "'; writing there would damage the checkpoint. Choose a path "
+                          "outside it");
   }
+}
+
+void check_checkpoint_dir_path(const fs::path& dir) {
+  if (const fs::path c = ckpt::enclosing_checkpoint(dir); !c.empty()) {
+    std::error_code ec;
+    const bool itself = fs::equivalent(c, dir, ec);
+    throw CheckpointError("--checkpoint-dir '" + dir.string() + "' " +
+                          (itself ? std::string("is a checkpoint")
+                                  : "is inside the checkpoint '" + c.string() + "'") +
+                          ": saving there would damage it. Give the folder that holds the "
+                          "checkpoints (to resume: --resume latest --checkpoint-dir " +
+                          c.parent_path().string() + "), or another path");
+  }
+  ensure_writable_dir(dir, "--checkpoint-dir");
+}
+
+void refuse_shared_outputs(const std::vector<std::pair<const char*, fs::path>>& outputs) {
+  std::vector<std::pair<const char*, fs::path>> seen;
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    for (const auto& [other, q] : seen) {
+      if (p == q || fs::equivalent(p, q, ec)) {
+        throw std::invalid_argument(std::string(flag) + " and " + other + " name the same path '" +
+                                    path.string() +
+                                    "'; one would replace the other. Give each "
+                                    "its own path");
+      }
+    }
+    seen.emplace_back(flag, p);
+  }
+}
+
+DirLock::DirLock(const fs::path& dir, const char* flag) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) {
+    throw CheckpointError(std::string(flag) + " '" + dir.string() +
+                          "' cannot be opened to lock it (" + std::strerror(errno) +
+                          "); fix its permissions or choose another path");
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  const int err = errno;
+  if (err == EWOULDBLOCK) {
+    ::close(fd_);
+    fd_ = -1;
+    throw CheckpointError(std::string(flag) + " '" + dir.string() +
+                          "' is in use by another offload_train run (it holds the directory's "
+                          "lock); wait for that run to finish, or choose another path");
+  }
+  note_ = std::string(flag) + " '" + dir.string() + "' could not be locked (" + std::strerror(err) +
+          "): make sure no other run uses it at the same time";
+  ::close(fd_);
+  fd_ = -1;
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+DirLock& DirLock::operator=(DirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+    note_ = std::move(o.note_);
+  }
+  return *this;
 }
 
 void check_output_file(const fs::path& path, const char* flag, bool keep_existing, bool overwrite) {
@@ -67,6 +137,30 @@ void check_output_file(const fs::path& path, const char* flag, bool keep_existin
   }
   std::ofstream probe(path, std::ios::app);  // opens without truncating
   if (!probe) throw CheckpointError(where + " is not writable; fix its permissions");
+}
+
+std::string metrics_not_continuable(const fs::path& path, const std::string& run_id) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::string text;
+  std::int64_t number = 0;
+  while (std::getline(in, text)) {
+    ++number;
+    // The last line without its newline: a write cut short, if it begins as one of ours does.
+    if (in.eof() && text.rfind("{\"", 0) == 0) break;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+      return "line " + std::to_string(number) + " is not a metrics object";
+    if (const auto it = j.find("run_id"); it != j.end() && *it != run_id)
+      return "line " + std::to_string(number) + " is a step of another run";
+  }
+  if (in.bad() || !in.eof()) {
+    throw CheckpointError("--metrics '" + path.string() +
+                          "' cannot be read to continue it; fix its permissions or choose "
+                          "another path");
+  }
+  return "";
 }
 
 std::string drop_metrics_after(const fs::path& path, std::int64_t step) {

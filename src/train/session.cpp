@@ -10,6 +10,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "comm/comm.h"
+#include "core/bytes.h"
 #include "data/token_source.h"
 #include "device/make_device.h"
 #include "model/hf_weights.h"
@@ -172,14 +173,30 @@ void Session::check_outputs() {
   std::string failure;
   if (rank == 0) {
     try {
+      refuse_shared_outputs({{"--checkpoint-dir", cfg.checkpoint_dir},
+                             {"--metrics", cfg.metrics},
+                             {"--trace", cfg.trace}});
       if (!cfg.checkpoint_dir.empty()) {
-        ensure_writable_dir(cfg.checkpoint_dir, "--checkpoint-dir");
+        check_checkpoint_dir_path(cfg.checkpoint_dir);
+        checkpoint_lock = DirLock(cfg.checkpoint_dir, "--checkpoint-dir");
+        if (!checkpoint_lock.note().empty()) notes.push_back(checkpoint_lock.note());
         checkpoint_claim = check_checkpoint_dir(cfg.checkpoint_dir, run_id, start, cfg.overwrite);
         notes.insert(notes.end(), checkpoint_claim.notes.begin(), checkpoint_claim.notes.end());
+        check_checkpoint_space(start);
       }
       // A resumed run appends to its metrics; a fresh one would replace the file.
-      if (!cfg.metrics.empty())
+      if (!cfg.metrics.empty()) {
         check_output_file(cfg.metrics, "--metrics", !resume_state, cfg.overwrite);
+        if (resume_state) {
+          metrics_foreign = metrics_not_continuable(cfg.metrics, run_id);
+          if (!metrics_foreign.empty() && !cfg.overwrite) {
+            throw CheckpointError("--metrics '" + cfg.metrics + "' is not this run's metrics (" +
+                                  metrics_foreign +
+                                  "), so the resumed run cannot continue it; choose another "
+                                  "path, or pass --overwrite to replace it");
+          }
+        }
+      }
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -189,7 +206,34 @@ void Session::check_outputs() {
     throw CheckpointError(rank == 0 ? failure : "rank 0: " + failure);
   }
   if (!cfg.trace.empty()) {
-    check_output_file(trace_path(cfg.trace, rank), "--trace", false, cfg.overwrite);
+    check_output_file(trace_path(cfg.trace, rank), "--trace", true, cfg.overwrite);
+  }
+}
+
+// The drive under --checkpoint-dir holds at least one checkpoint (refused before the first step
+// rather than at the first save), and is said to be short when it cannot hold what this run keeps
+// at once: its --keep saves and the one being written.
+void Session::check_checkpoint_space(std::uint64_t start) {
+  std::error_code ec;
+  const std::filesystem::space_info space = std::filesystem::space(cfg.checkpoint_dir, ec);
+  if (ec) return;  // no figure (some network file systems): the save reports a full drive
+  const std::size_t one = checkpoint_file_bytes(*layout, cfg.master_weights, cfg.optimizer_state);
+  const std::uint64_t steps = cfg.steps > std::int64_t(start) ? cfg.steps - start : 0;
+  const std::uint64_t saves =
+      (cfg.checkpoint_interval > 0 ? steps / std::uint64_t(cfg.checkpoint_interval) : 0) + 1;
+  const std::uint64_t kept =
+      cfg.keep_last > 0 ? std::min<std::uint64_t>(saves, std::uint64_t(cfg.keep_last) + 1) : saves;
+  const std::string where = "--checkpoint-dir '" + cfg.checkpoint_dir + "'";
+  if (space.available < one) {
+    throw CheckpointError(where + " has " + format_bytes(space.available) +
+                          " free, less than one checkpoint of this model (" + format_bytes(one) +
+                          "); free space there, or choose another --checkpoint-dir");
+  }
+  if (space.available < kept * one) {
+    notes.push_back(where + " has " + format_bytes(space.available) + " free for " +
+                    std::to_string(kept) + " checkpoints of " + format_bytes(one) +
+                    " at once (--keep " + std::to_string(cfg.keep_last) +
+                    " and the save in progress): a later save may find the drive full");
   }
 }
 
@@ -443,13 +487,22 @@ void Session::claim_outputs() {
     const std::string note =
         move_abandoned(cfg.checkpoint_dir, checkpoint_claim, std::uint64_t(start_step));
     if (!note.empty()) notes.push_back(note);
+    for (std::string& n : remove_leftovers(checkpoint_claim))
+      notes.push_back(std::move(n));
     const ckpt::AbandonedSaves saves = ckpt::remove_abandoned_saves(cfg.checkpoint_dir, run_id);
     for (const std::filesystem::path& p : saves.removed)
       notes.push_back("removed " + p.string() + ", left by a save of this run that was cut short");
     for (const std::string& k : saves.kept)
       notes.push_back("left " + k + ": remove it by hand once no save is writing it");
   }
-  if (!cfg.metrics.empty()) {
+  if (!cfg.metrics.empty() && !metrics_foreign.empty()) {  // --overwrite: a new file
+    std::error_code ec;
+    std::filesystem::remove(cfg.metrics, ec);
+    if (ec)
+      throw CheckpointError("--metrics '" + cfg.metrics + "' cannot be replaced: " + ec.message());
+    notes.push_back("--overwrite: replaced --metrics '" + cfg.metrics + "' (" + metrics_foreign +
+                    ")");
+  } else if (!cfg.metrics.empty()) {
     const std::string note = drop_metrics_after(cfg.metrics, start_step);
     if (!note.empty()) notes.push_back(note);
   }

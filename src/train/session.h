@@ -23,6 +23,7 @@
 #include "train/config.h"
 #include "train/loss_scaler.h"
 #include "train/run_lineage.h"
+#include "train/run_outputs.h"
 #include "train/updater.h"
 
 namespace zo::train {
@@ -60,7 +61,9 @@ struct Session {
   report::Trace trace;
   std::unique_ptr<Updater> updater;
   std::unique_ptr<model::Model> model;
-  DirClaim checkpoint_claim;  // what check_outputs found in --checkpoint-dir
+  DirClaim checkpoint_claim;    // what check_outputs found in --checkpoint-dir
+  DirLock checkpoint_lock;      // held by rank 0 for the run
+  std::string metrics_foreign;  // why --metrics is not this run's (resumed, --overwrite)
   std::int64_t start_step = 0, tokens = 0;
   LossScaler scaler;
 
@@ -74,6 +77,7 @@ struct Session {
   void join_job();
   void resolve_model();
   void check_state_format();
+  void check_checkpoint_space(std::uint64_t start);
   void check_outputs();
   void open_data();
   void open_device_and_plan();

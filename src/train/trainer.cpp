@@ -62,7 +62,7 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
 
   report::MetricsWriter metrics;
   if (!cfg.metrics.empty() && S.rank == 0) {
-    metrics = report::MetricsWriter(cfg.metrics, S.start_step > 0);
+    metrics = report::MetricsWriter(cfg.metrics, S.start_step > 0, S.run_id);
   }
   say(run_banner(S, step_tokens));
 
