@@ -252,6 +252,25 @@ TEST(Reliability, ASecondRunInTheSameCheckpointDirIsRefused) {
 }
 
 // ---- resuming is continuing the same run
+
+// A finished run resumed again has nothing to train (exit 0, said plainly, nothing written); a
+// folder of checkpoints given to --resume is refused with the command that takes its newest.
+TEST(Reliability, ResumingAFinishedRunOrAFolderSaysWhatToDo) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  ASSERT_EQ(train("--steps 2 --checkpoint-dir " + ck.string()).code, 0);
+  const std::string before = bytes_of(ck / step_dir(2) / "MANIFEST.json");
+  Result r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
+                                   ck.string() + " --resume latest --steps 2");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("nothing to train"), std::string::npos) << r.out;
+  EXPECT_EQ(entries(ck), std::vector<std::string>{step_dir(2)});
+  EXPECT_EQ(bytes_of(ck / step_dir(2) / "MANIFEST.json"), before);
+  r = train("--steps 3 --resume " + ck.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--resume latest --checkpoint-dir " + ck.string()), std::string::npos)
+      << r.out;
+}
 // -----------------------------------------------------------
 
 TEST(Reliability, AResumedRunTakesItsSettingsFromTheCheckpoint) {

@@ -27,6 +27,7 @@
 #include "train/checkpoint_io.h"
 #include "train/evaluate.h"
 #include "train/export.h"
+#include "train/finite_weights.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 
@@ -117,7 +118,7 @@ TEST_F(TrainerState, CountsMustBeIntegersInRangeAndConsistent) {
   EXPECT_HAS(error_after([](Json& s) { s["adam_step"] = 3; }),
              "\"adam_step\" is 3; expected an integer in [0, step = 2]");
   EXPECT_HAS(error_after([](Json& s) { s["adam_step"] = -1; }), "\"adam_step\" is -1");
-  for (const Json& v : {Json(1.0), Json("1"), Json(2)})
+  for (const Json& v : {Json(1.0), Json("1"), Json(0), Json(3)})
     EXPECT_HAS(error_after([&](Json& s) { s["format_version"] = v; }),
                "\"format_version\" is " + v.dump() + ", an unsupported format version");
   EXPECT_NO_THROW(read_trainer_state(dir_));
@@ -138,6 +139,26 @@ TEST_F(TrainerState, SectionsAreCheckedByKey) {
   // The same shapes with another head count: not the model the weights were trained as.
   EXPECT_HAS(error_after([](Json& s) { s["model_spec"]["n_head"] = 4; }),
              "is not the spec its weights were saved with");
+  // Weights that do not record their spec: refused from format 2 on, where every save records
+  // it (a check to bypass else); read as they are in a format-1 checkpoint, which may lack it.
+  {
+    const std::string weights = file_bytes(dir_ / "model.safetensors");
+    std::uint64_t n = 0;
+    std::memcpy(&n, weights.data(), 8);
+    Json header = Json::parse(weights.substr(8, n));
+    ASSERT_TRUE(header["__metadata__"].contains("offload_train_model_spec"));
+    header.erase("__metadata__");
+    std::string text = header.dump();
+    text.resize((text.size() + 7) / 8 * 8, ' ');
+    const std::uint64_t m = text.size();
+    reseal(dir_, "model.safetensors",
+           std::string(reinterpret_cast<const char*>(&m), 8) + text + weights.substr(8 + n));
+    EXPECT_HAS(error_of([&] { read_trainer_state(dir_); }), "does not record the model spec");
+    edit_state(dir_, [](Json& s) { s["format_version"] = 1; });
+    EXPECT_NO_THROW(read_trainer_state(dir_));
+    reseal(dir_, "model.safetensors", weights);
+    edit_state(dir_, [](Json& s) { s["format_version"] = 2; });
+  }
   EXPECT_HAS(error_after([](Json& s) { s["model_spec"]["n_layer"] = 0; }),
              "\"model_spec\" is refused: model spec checkpoint: n_layer = 0");
   EXPECT_HAS(error_after([](Json& s) { s["data"] = 5; }), "\"data\" is not an object");
@@ -609,6 +630,25 @@ TEST(Export, WeightsThatAreNotFiniteAreRefusedUnlessAllowed) {
   EXPECT_HAS(e, "--allow-nonfinite");
   c.allow_nonfinite = true;
   EXPECT_NO_THROW(zo::train::export_checkpoint(c));
+}
+
+// A bad element is named by its index in the file (Hugging Face's shape): a GPT-2 Conv1D weight
+// is stored transposed, so element (out 5, in 2) of c_fc is [2, 5] there.
+TEST(Export, ABadWeightIsNamedByItsIndexInTheFile) {
+  const zo::model::ParameterLayout layout(zo::model::load_model_spec("tiny"));
+  const auto& fc = *std::find_if(layout.tensors().begin(), layout.tensors().end(),
+                                 [](const auto& t) { return t.name == "h.1.mlp.c_fc.weight"; });
+  ASSERT_TRUE(fc.hf_transposed);
+  const std::size_t in = fc.shape[1];
+  std::vector<float> w(fc.numel, 0.5f);
+  w[5 * in + 2] = std::nanf("");
+  EXPECT_EQ(zo::train::first_nonfinite_weight(layout, fc.offset, w, zo::DType::kF32),
+            "h.1.mlp.c_fc.weight [2, 5] = nan");
+  const auto& bias = layout.tensor_at(fc.offset + fc.numel);
+  std::vector<float> b(bias.numel, 0.5f);
+  b[7] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(zo::train::first_nonfinite_weight(layout, bias.offset, b, zo::DType::kF32),
+            bias.name + " [7] = inf");
 }
 
 TEST(Sample, TheSamplerRefusesLogitsWithoutADistribution) {

@@ -17,6 +17,19 @@ std::vector<std::uint64_t> hf_shape(const TensorInfo& t) {
   return s;
 }
 
+std::string hf_index(const TensorInfo& t, std::size_t i) {
+  std::vector<std::size_t> at(t.shape.size());
+  for (std::size_t d = at.size(); d-- > 0;) {
+    at[d] = i % t.shape[d];
+    i /= t.shape[d];
+  }
+  if (t.hf_transposed) std::swap(at[0], at[1]);
+  std::string s = "[";
+  for (std::size_t d = 0; d < at.size(); ++d)
+    s += (d ? ", " : "") + std::to_string(at[d]);
+  return s + "]";
+}
+
 template <class T>
 void to_hf(const TensorInfo& t, const T* ours, std::uint64_t first, std::size_t n, T* hf) {
   if (!t.hf_transposed) {

@@ -22,6 +22,10 @@ namespace zo::model {
 
 // Shape of tensor t in Hugging Face's convention.
 std::vector<std::uint64_t> hf_shape(const TensorInfo& t);
+// Element i of tensor t (our row-major order) as its index in the file's shape, "[3, 77]", so
+// that a message points at what a user sees in a checkpoint or export (Conv1D weights are
+// stored transposed).
+std::string hf_index(const TensorInfo& t, std::size_t i);
 
 // Copies between our layout (row-major (out, in)) and HF's (transposed for Conv1D weights):
 // to_hf writes elements [first, first + n) of tensor t in HF order from `ours`, the whole tensor

@@ -1,5 +1,6 @@
 #include "optim/host_optimizer.h"
 
+#include "model/hf_weights.h"
 #include "optim/state_pager.h"
 
 #include <tbb/parallel_for.h>
@@ -541,8 +542,8 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
                              : x < 0.0f && array == 2
                                  ? "negative (" + std::to_string(x) + ")"
                                  : std::to_string(x) + " before any update (adam_step 0)";
-    return std::string(kNames[array]) + " of " + t->name + " [" +
-           std::to_string(offset - t->offset) + "]: " + what;
+    return std::string(kNames[array]) + " of " + t->name + " " +
+           model::hf_index(*t, offset - t->offset) + ": " + what;
   }
   return {};
 }

@@ -76,7 +76,15 @@ void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& la
 void check_weights_spec(const fs::path& dir, const nlohmann::json& state) {
   const auto file = ckpt::SafetensorsFile::open(dir / "model.safetensors");
   const auto it = file.metadata().find(std::string(kSpecMetadataKey));
-  if (it == file.metadata().end()) return;
+  if (it == file.metadata().end()) {
+    if (state.at("format_version").get<std::int64_t>() < 2) return;  // not recorded then
+    throw CheckpointError("checkpoint '" + dir.string() +
+                          "': model.safetensors does not record the model spec its weights were "
+                          "saved with (metadata " +
+                          std::string(kSpecMetadataKey) +
+                          "), which every checkpoint of format_version 2 does; the file was "
+                          "changed after the save. Resume from an earlier checkpoint");
+  }
   std::string saved;
   try {
     saved = model::model_spec_from_json(ckpt::parse_json(it->second), "model.safetensors")
@@ -348,7 +356,19 @@ std::size_t checkpoint_file_bytes(const model::ParameterLayout& layout, DType ma
 }
 
 fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
-  if (resume != "latest") return resume;
+  if (resume != "latest") {
+    // A folder of checkpoints rather than one: say how to take its newest.
+    std::error_code ec;
+    if (fs::is_directory(resume, ec) &&
+        !fs::exists(fs::path(resume) / std::string(ckpt::kManifestName), ec) &&
+        !latest_saved(resume).empty()) {
+      throw CheckpointError("--resume '" + resume +
+                            "' is a folder of checkpoints, not one; give one of them, or "
+                            "--resume latest --checkpoint-dir " +
+                            resume + " for its newest");
+    }
+    return resume;
+  }
   const fs::path latest = latest_saved(parent);
   if (latest.empty()) {
     throw CheckpointError("--resume latest: no complete checkpoint in '" + parent.string() +

@@ -30,7 +30,10 @@
 namespace zo::train {
 
 inline constexpr const char* kCheckpointPrefix = "step_";
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: model.safetensors always records the model spec (kSpecMetadataKey). 1 (still read): it may
+// not.
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestCheckpointFormatVersion = 1;
 inline constexpr std::string_view kSpecMetadataKey = "offload_train_model_spec";
 
 // Writes <parent>/step_<step>; trainer_state must hold "step". Replaces an existing directory of

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "model/hf_weights.h"
+
 namespace zo::train {
 namespace {
 
@@ -25,7 +27,7 @@ std::string first_nonfinite_weight(const model::ParameterLayout& layout, std::si
     if (std::isfinite(stored(w[i], dtype))) continue;
     const model::TensorInfo& t = layout.tensor_at(offset + i);
     std::string found =
-        t.name + " [" + std::to_string(offset + i - t.offset) + "] = " + std::to_string(w[i]);
+        t.name + " " + model::hf_index(t, offset + i - t.offset) + " = " + std::to_string(w[i]);
     if (std::isfinite(w[i])) found += ", beyond " + std::string(dtype_name(dtype)) + "'s range";
     return found;
   }

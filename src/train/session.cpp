@@ -110,16 +110,24 @@ void Session::join_job() {
 // trains with.
 void Session::check_state_format() {
   struct Format {
-    const char *key, *flag, *what;
+    const char *key, *config_key, *flag, *what;
     std::string wanted;
   };
-  const Format formats[] = {{"optimizer_state_dtype", "--optimizer-state", "optimizer state",
-                             std::string(state_format_name(cfg.optimizer_state))},
-                            {"master_weights_dtype", "--master-weights", "master weights",
-                             std::string(dtype_name(cfg.master_weights))}};
+  const Format formats[] = {
+      {"optimizer_state_dtype", "optimizer_state", "--optimizer-state", "optimizer state",
+       std::string(state_format_name(cfg.optimizer_state))},
+      {"master_weights_dtype", "master_weights", "--master-weights", "master weights",
+       std::string(dtype_name(cfg.master_weights))}};
   for (const Format& f : formats) {
     const std::string saved = resume_state->value(f.key, std::string("fp32"));
     if (saved == f.wanted) continue;
+    if (!cfg.explicit_keys.contains(f.config_key)) {  // the run's own settings disagree
+      throw CheckpointError("checkpoint '" + resume_dir.string() + "': trainer_state.json says " +
+                            f.key + " " + saved + " but its config says " + f.config_key + " " +
+                            f.wanted +
+                            "; the file was changed after the save. Resume from an "
+                            "earlier checkpoint");
+    }
     if (!cfg.convert_optimizer_state) {
       throw std::invalid_argument("checkpoint '" + resume_dir.string() + "' holds " + saved + " " +
                                   f.what + ", but this run asks for " + f.flag + " " + f.wanted +
@@ -152,7 +160,14 @@ void Session::resolve_model() {
   } else {
     spec = model::load_model_spec(cfg.model);
   }
-  cfg.validate(spec);
+  try {
+    cfg.validate(spec);
+  } catch (const std::invalid_argument& e) {
+    if (!resume_state) throw;
+    throw std::invalid_argument(std::string(e.what()) + " (a resumed run's settings are its " +
+                                "checkpoint's, from " + resume_dir.string() +
+                                "/trainer_state.json, unless given again)");
+  }
   T = cfg.seq_len > 0 ? cfg.seq_len : spec.block_size;
   if (cfg.steps > cfg.lr.total_steps) {
     char lr[32];

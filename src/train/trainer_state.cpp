@@ -81,9 +81,12 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
                           "resume from another checkpoint");
   }
   const Json& version = member(state, "", "format_version", dir);
-  if (!version.is_number_integer() || version.get<std::int64_t>() != kCheckpointFormatVersion) {
+  if (!version.is_number_integer() ||
+      version.get<std::int64_t>() < kOldestCheckpointFormatVersion ||
+      version.get<std::int64_t>() > kCheckpointFormatVersion) {
     refuse(dir, "format_version",
            "is " + brief(version) + ", an unsupported format version (this offload_train reads " +
+               std::to_string(kOldestCheckpointFormatVersion) + " to " +
                std::to_string(kCheckpointFormatVersion) +
                "); the checkpoint was written by another version of offload_train");
   }
