@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -627,6 +628,24 @@ TEST(Tokenize, ExistingShardsNeedForce) {
   o.shard_tokens = 100;
   tokenize_files(o, t, nullptr);  // one shard now: the two older extra ones are removed
   EXPECT_EQ(c.files(), (std::vector<std::string>{"x_train_000000.bin"}));
+}
+
+// Shards never go into a checkpoint (a folder with a MANIFEST.json, or below one), not even with
+// --force: they would fail its verification.
+TEST(Tokenize, ShardsNeverGoIntoACheckpoint) {
+  Corpus c;
+  const Tokenizer t = make(tiny_json({}));
+  TokenizeOptions o = options(c, {c.put("x.txt", "abcdef")});
+  const std::filesystem::path ck = c.path / "step_00000002";
+  std::filesystem::create_directories(ck);
+  std::ofstream(ck / "MANIFEST.json") << "{}";
+  o.force = true;
+  for (const auto& out : {ck, ck / "shards"}) {
+    o.output_dir = out.string();
+    const std::string e = error_of([&] { tokenize_files(o, t, nullptr); });
+    EXPECT_NE(e.find("inside the checkpoint"), std::string::npos) << e;
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(ck), {}), 1);
 }
 
 // ---- one document on many threads --------------------------------------------------------------

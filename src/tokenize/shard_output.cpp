@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <regex>
 
+#include "checkpoint/atomic_io.h"
 #include "core/error.h"
 #include "data/shard.h"
 
@@ -30,6 +31,10 @@ ShardOutput::ShardOutput(const fs::path& dir, const std::string& name, bool forc
     : dir_(dir), name_(name) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
     throw DataError("--name '" + name + "' must be a plain file name prefix");
+  if (const fs::path c = ckpt::enclosing_checkpoint(dir); !c.empty()) {
+    throw DataError("--output-dir '" + dir.string() + "' is inside the checkpoint '" + c.string() +
+                    "'; writing there would damage it. Choose a directory outside it");
+  }
   const auto old = existing(dir, name);
   if (!old.empty() && !force) {
     throw DataError("'" + dir.string() + "' already holds shards named " + name + "_* (e.g. '" +
