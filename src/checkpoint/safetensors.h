@@ -7,6 +7,7 @@
 // little-endian bytes, contiguous, without gaps or overlaps.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -26,6 +27,14 @@ namespace zo::ckpt {
 
 // The reference implementation's limit; real headers are at most a few MB.
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+// The header a file of at most `entries` tensors needs: 1 KiB each (a name, a dtype, a shape, two
+// offsets) and 1 MiB of metadata. A reader that knows what it reads passes this to open(), so a
+// hostile header (millions of one-element tensors) is refused before it is parsed: its JSON
+// would take about 15 bytes of memory per byte of header.
+inline std::uint64_t safetensors_header_limit(std::size_t entries) {
+  return std::min<std::uint64_t>(kMaxSafetensorsHeaderBytes,
+                                 std::uint64_t(entries) * 1024 + (std::uint64_t{1} << 20));
+}
 
 // "F32" / "F16" / "BF16" for the three DTypes.
 std::string_view safetensors_dtype_name(DType t);
@@ -53,7 +62,9 @@ class SafetensorsFile {
   // out-of-bounds, overlapping or non-contiguous offsets, bytes not covered by any tensor.
   // Tensors of known but unconvertible dtypes (F64, I64, U8, ...) are accepted and listed; reading
   // them throws.
-  static SafetensorsFile open(const std::filesystem::path& path);
+  // `max_header`: the largest header accepted (safetensors_header_limit).
+  static SafetensorsFile open(const std::filesystem::path& path,
+                              std::uint64_t max_header = kMaxSafetensorsHeaderBytes);
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;

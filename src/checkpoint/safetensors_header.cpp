@@ -80,7 +80,7 @@ std::string shape_to_string(std::span<const std::uint64_t> shape) {
   return s + "]";
 }
 
-SafetensorsFile SafetensorsFile::open(const fs::path& path) {
+SafetensorsFile SafetensorsFile::open(const fs::path& path, std::uint64_t max_header) {
   SafetensorsFile f;
   f.path_ = path;
   std::string problem;
@@ -109,6 +109,13 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
     fail(path, "header length " + std::to_string(header_len) + " bytes is absurd (limit " +
                    std::to_string(kMaxSafetensorsHeaderBytes) +
                    "): this is not a safetensors file, or it is corrupted.");
+  }
+  if (header_len > max_header) {
+    fail(path, "header length " + std::to_string(header_len) +
+                   " bytes is more than the tensors expected here need (limit " +
+                   std::to_string(max_header) +
+                   "): it lists far more tensors than the model has. Give the weights of "
+                   "this model.");
   }
   if (header_len > f.file_size_ - 8) {
     fail(path, "header length " + std::to_string(header_len) + " bytes exceeds the file (" +

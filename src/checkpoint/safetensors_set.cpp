@@ -46,20 +46,20 @@ fs::path weights_in_directory(const fs::path& dir) {
 
 }  // namespace
 
-SafetensorsSet SafetensorsSet::open(const fs::path& path) {
+SafetensorsSet SafetensorsSet::open(const fs::path& path, std::uint64_t max_header) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) return open(weights_in_directory(path));
-  if (path.extension() == ".json") return open_index(path);
+  if (fs::is_directory(path, ec)) return open(weights_in_directory(path), max_header);
+  if (path.extension() == ".json") return open_index(path, max_header);
   SafetensorsSet s;
   s.path_ = path;
-  s.files_.push_back(SafetensorsFile::open(path));
+  s.files_.push_back(SafetensorsFile::open(path, max_header));
   s.tensors_ = s.files_[0].tensors();
   for (const TensorInfo& t : s.tensors_)
     s.file_index_.emplace(t.name, 0);
   return s;
 }
 
-SafetensorsSet SafetensorsSet::open_index(const fs::path& index) {
+SafetensorsSet SafetensorsSet::open_index(const fs::path& index, std::uint64_t max_header) {
   const std::string origin = quoted(index);
   const auto weight_map = parse_weights_index(read_file(index, kMaxIndexBytes), origin);
   const fs::path dir = parent_or_dot(index);
@@ -69,7 +69,7 @@ SafetensorsSet SafetensorsSet::open_index(const fs::path& index) {
   for (const auto& [tensor, file] : weight_map) {
     if (file_number.count(file)) continue;
     try {
-      s.files_.push_back(SafetensorsFile::open(dir / file));
+      s.files_.push_back(SafetensorsFile::open(dir / file, max_header));
     } catch (const CheckpointError& e) {
       throw CheckpointError("weights index " + origin + " lists " + file + ": " + e.what());
     }

@@ -50,7 +50,9 @@ class SafetensorsSet {
   // lacks, a tensor stored in a shard the index does not map it to (in two files, or unlisted),
   // and a model-NNNNN-of-NNNNN.safetensors beside the index that it does not list (left from
   // another save). Throws CheckpointError.
-  static SafetensorsSet open(const std::filesystem::path& path);
+  // `max_header`: the largest header accepted in each file (safetensors_header_limit).
+  static SafetensorsSet open(const std::filesystem::path& path,
+                             std::uint64_t max_header = kMaxSafetensorsHeaderBytes);
 
   const std::filesystem::path& path() const { return path_; }          // the file or the index
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
@@ -61,7 +63,7 @@ class SafetensorsSet {
   void read_f32(std::string_view name, std::span<float> out, std::uint64_t first) const;
 
  private:
-  static SafetensorsSet open_index(const std::filesystem::path& index);
+  static SafetensorsSet open_index(const std::filesystem::path& index, std::uint64_t max_header);
 
   std::filesystem::path path_;
   std::vector<SafetensorsFile> files_;

@@ -103,7 +103,9 @@ void import_hf_weights(const std::filesystem::path& path, const ParameterLayout&
 
 void import_hf_weights(const std::filesystem::path& path, const ParameterLayout& layout,
                        const ParamSink& sink) {
-  const auto file = ckpt::SafetensorsSet::open(path);
+  // Room for every tensor of the model and as many others (GPT-2 files add attention buffers).
+  const auto file =
+      ckpt::SafetensorsSet::open(path, ckpt::safetensors_header_limit(4 * layout.tensors().size()));
   std::map<std::string, std::string> by_name;  // our name -> name in the file
   std::vector<std::string> unexpected, twice;
   std::string lm_head;  // the file's name for an explicit LM head, if it has one

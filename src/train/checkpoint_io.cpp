@@ -74,7 +74,10 @@ void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& la
 // recorded have none) must be trainer_state.json's: the same shapes with another n_head, say,
 // would otherwise train, export and sample another model without a word.
 void check_weights_spec(const fs::path& dir, const nlohmann::json& state) {
-  const auto file = ckpt::SafetensorsFile::open(dir / "model.safetensors");
+  const auto file = ckpt::SafetensorsFile::open(
+      dir / "model.safetensors",
+      ckpt::safetensors_header_limit(
+          4 * model::ParameterLayout(checkpoint_spec(state)).tensors().size()));
   const auto it = file.metadata().find(std::string(kSpecMetadataKey));
   if (it == file.metadata().end()) {
     if (state.at("format_version").get<std::int64_t>() < 2) return;  // not recorded then

@@ -74,12 +74,17 @@ class MomentSource {
   virtual void read(int k, std::size_t begin, std::span<float> out) = 0;
 };
 
+// An optimizer file holds at most four tensors per parameter tensor (m, v and q8's two maxima).
+std::uint64_t header_limit(const model::ParameterLayout& layout) {
+  return ckpt::safetensors_header_limit(4 * layout.tensors().size());
+}
+
 // optimizer.safetensors. A transposed (GPT-2 Conv1D) tensor, at most 4 C^2, is read whole once
 // and kept while its pieces are asked for.
 class WholeSource final : public MomentSource {
  public:
   WholeSource(const fs::path& file, const model::ParameterLayout& layout, StateFormat f)
-      : file_(ckpt::SafetensorsFile::open(file)), layout_(layout), f_(f) {
+      : file_(ckpt::SafetensorsFile::open(file, header_limit(layout))), layout_(layout), f_(f) {
     std::set<std::string> names;
     for (int k = 0; k < 2; ++k) {
       for (const auto& t : layout.tensors()) {
@@ -161,7 +166,7 @@ class ShardedSource final : public MomentSource {
                 const model::ParameterLayout& layout, StateFormat f)
       : layout_(layout), f_(f) {
     for (const ShardFile& sf : shard_files(shards, layout.size(), dir)) {
-      files_.push_back(ckpt::SafetensorsFile::open(dir / sf.name));
+      files_.push_back(ckpt::SafetensorsFile::open(dir / sf.name, header_limit(layout)));
       const ckpt::SafetensorsFile& file = files_.back();
       std::vector<optim::OwnedRange> ranges;
       std::size_t local = 0;
