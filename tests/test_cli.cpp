@@ -2,6 +2,7 @@
 // export / eval / sample session works, and bad input exits non-zero with a clear message.
 #include <gtest/gtest.h>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -181,7 +182,8 @@ TEST(Cli, ExportWritesAHuggingFaceDirectory) {
   const std::pair<std::string, std::string> refused[] = {
       {"-o " + (d.path / "w.safetensors").string() + " --shard-size 1MB",
        "--shard-size applies to a directory output"},
-      {"-o " + (d.path / "dir2").string() + " --shard-size 0", "--shard-size: cannot read size"},
+      {"-o " + (d.path / "dir2").string() + " --shard-size 0",
+       "--shard-size '0' is not positive: a size is 1 byte to below 16 EiB"},
       {"-o " + (out / "model.safetensors").string() + "x", "exists and is not a directory"},
       {"-o " + (fs::path(ckpt) / "step_00000002").string() + " --force",
        "inside the checkpoint directory"},
@@ -424,6 +426,32 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   r = run("sample --prompt-tokens 1,x --init-from a --model tiny");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'x'"), std::string::npos);
+}
+
+// Sizes are whole bytes from 1 to below 2^64, refused naming the flag otherwise: 0 means "not
+// given" or "unlimited", so a size that rounded or wrapped to it used to run without a limit.
+// plan refuses what train refuses.
+TEST(Cli, SizesOutOfRangeAreRefusedNamingTheFlag) {
+  const std::pair<std::string, std::string> bad[] = {
+      {"--host-memory 0.5B", "--host-memory '0.5B' is not a whole number of bytes"},
+      {"--host-memory 0.0001KiB", "--host-memory '0.0001KiB' is less than one byte"},
+      {"--host-memory 99999999999TiB", "--host-memory '99999999999TiB' is too large"},
+      {"--device-memory 16777216TiB", "--device-memory '16777216TiB' is too large"},
+      {"--bucket-size 99999999999TiB", "--bucket-size '99999999999TiB' is too large"},
+      {"--device-memory ''", "--device-memory '' is not a size"},
+  };
+  for (const auto& [flags, want] : bad) {
+    const Result p = run("plan " + flags);
+    const Result t = run("train --steps 1 " + flags);
+    EXPECT_EQ(p.code, 1) << flags << "\n" << p.out;
+    EXPECT_EQ(t.code, 1) << flags << "\n" << t.out;
+    EXPECT_NE(p.out.find("offload_train: error: " + want), std::string::npos) << p.out;
+    EXPECT_EQ(p.out, t.out) << flags;
+  }
+  const Result r = run("plan --host-memory 16777215TiB --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(std::to_string(((std::uint64_t{1} << 24) - 1) << 40)), std::string::npos)
+      << "the largest size plans as given";
 }
 
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/adam.h"
@@ -108,6 +109,48 @@ TEST(Bytes, ParseReadsBinaryAndDecimalUnitsAndRefusesTheRest) {
   }
   EXPECT_EQ(zo::parse_bytes(zo::format_bytes(std::size_t{7} << 30).erase(4, 1)),
             std::size_t{7} << 30);
+}
+
+// The count must fit 64 bits and be at least one whole byte: 0 means "not given" or "unlimited"
+// to the callers, so nothing that rounds to it may slip through.
+TEST(Bytes, ParseRefusesWhatDoesNotFitOrRoundsToNothingNamingTheFlag) {
+  EXPECT_EQ(zo::parse_bytes("16777215TiB"), ((std::size_t{1} << 24) - 1) << 40);
+  EXPECT_EQ(zo::parse_bytes("18446744073709549568"), ~std::size_t{0} - 2047);  // 2^64 - 2048
+  EXPECT_EQ(zo::parse_bytes("1.3KiB"), 1331u);  // 1331.2 rounded to the nearest byte
+  EXPECT_EQ(zo::parse_bytes("0.001KiB"), 1u);   // 1.024
+  EXPECT_EQ(zo::parse_bytes("1e3"), 1000u);
+  const std::pair<const char*, const char*> refused[] = {
+      {"16777216TiB", "is too large"},           // 2^64
+      {"99999999999TiB", "is too large"},        // used to wrap to 0 ("admits in 0 B")
+      {"18446744073709551616", "is too large"},  // 2^64
+      {"1e400", "is too large"},
+      {"0.5B", "is not a whole number of bytes"},  // used to become 0: unlimited
+      {"1.5", "is not a whole number of bytes"},
+      {"0.0001KiB", "is less than one byte"},
+      {"1e-400KiB", "is less than one byte"},
+      {"0", "is not positive"},
+      {"-1GiB", "is not positive"},
+      {"0x10", "is not a size"},
+      {" 5", "is not a size"},
+      {"inf", "is not a size"},
+  };
+  for (const auto& [text, want] : refused) {
+    try {
+      zo::parse_bytes(text, "--host-memory");
+      ADD_FAILURE() << "accepted '" << text << "'";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("--host-memory '" + std::string(text) + "' " + want, 0), 0u) << m;
+    }
+  }
+  try {
+    zo::parse_bytes("0");
+    ADD_FAILURE() << "accepted 0";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "size '0' is not positive: a size is 1 byte to below 16 EiB (2^64 bytes), e.g. "
+              "512MiB");
+  }
 }
 
 TEST(Errors, OutOfMemoryNamesTheRequestAndTheFix) {

@@ -2,6 +2,12 @@
 
 namespace zo::cli {
 
+CLI::Option* add_size_option(CLI::App* app, const std::string& flag, ByteSize& size,
+                             const std::string& help) {
+  size.flag = flag;
+  return size.option = app->add_option(flag, size.text, help);
+}
+
 void add_weights_options(CLI::App* app, train::WeightsSource& w, const std::string& model_help) {
   app->add_option("--checkpoint", w.checkpoint, "checkpoint directory, or 'latest'");
   app->add_option("--checkpoint-dir", w.checkpoint_dir, "where to look for 'latest'");
@@ -20,7 +26,7 @@ void add_device_options(CLI::App* app, std::string& device, std::string& precisi
 }
 
 void add_inference_memory_options(CLI::App* app, ByteSize& device_memory, int& param_window) {
-  app->add_option("--device-memory", device_memory.text,
+  add_size_option(app, "--device-memory", device_memory,
                   "device memory to use, e.g. 24GiB (default: what is free; unlimited on the "
                   "host backend)");
   app->add_option("--param-window", param_window,

@@ -10,11 +10,20 @@
 
 namespace zo::cli {
 
-// Bytes given as text ("512MiB") on the command line; 0 when not given.
+// Bytes given as text ("512MiB") on the command line (add_size_option): 0 when not given, else
+// parse_bytes' count (at least 1), its errors naming the flag. Given but empty is an error, not
+// "not given".
 struct ByteSize {
   std::string text;
-  std::size_t bytes() const { return text.empty() ? 0 : parse_bytes(text); }
+  std::string flag;               // e.g. "--host-memory"
+  CLI::Option* option = nullptr;  // the flag's, once declared
+  bool given() const { return option != nullptr && option->count() > 0; }
+  std::size_t bytes() const { return given() ? parse_bytes(text, flag) : 0; }
 };
+
+// Declares `flag` (e.g. "--host-memory") reading into `size`.
+CLI::Option* add_size_option(CLI::App* app, const std::string& flag, ByteSize& size,
+                             const std::string& help);
 
 // --checkpoint, --checkpoint-dir, --init-from and --model: the weights `eval` and `sample` run.
 void add_weights_options(CLI::App* app, train::WeightsSource& weights,

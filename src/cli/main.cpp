@@ -135,14 +135,16 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
       ->capture_default_str();
   t->add_option("--loss-scale-max", c.loss_scale_max, "largest dynamic scale")
       ->capture_default_str();
-  t->add_option("--device-memory", x.devmem.text,
-                "device memory to plan for and use, e.g. 24GiB (default: what is free less "
-                "max(512MiB, 2%) for NCCL and scratch; unlimited on the host backend)");
-  t->add_option("--host-memory", x.hostmem.text,
-                "host memory to plan for, e.g. 64GiB (default: what is available, this rank's "
-                "share with mpirun)");
-  t->add_option("--bucket-size", x.bucket.text,
-                "offload: gradient bytes per bucket (default 32MiB)");
+  zo::cli::add_size_option(
+      t, "--device-memory", x.devmem,
+      "device memory to plan for and use, e.g. 24GiB (default: what is free less "
+      "max(512MiB, 2%) for NCCL and scratch; unlimited on the host backend)");
+  zo::cli::add_size_option(
+      t, "--host-memory", x.hostmem,
+      "host memory to plan for, e.g. 64GiB (default: what is available, this rank's "
+      "share with mpirun)");
+  zo::cli::add_size_option(t, "--bucket-size", x.bucket,
+                           "offload: gradient bytes per bucket (default 32MiB)");
   t->add_flag("--dpu", c.dpu,
               "offload: delayed parameter update (the CPU update overlaps the next step)");
   t->add_option("--dpu-warmup", c.dpu_warmup, "ordinary steps before --dpu starts")
@@ -196,7 +198,7 @@ int run_train(zo::train::TrainConfig c, const TrainTexts& x, const CLI::App& cmd
   c.master_weights = zo::train::parse_master_weights(x.master);
   c.device_memory = x.devmem.bytes();
   c.host_memory = x.hostmem.bytes();
-  if (!x.bucket.text.empty()) c.bucket_size = x.bucket.bytes();
+  if (x.bucket.given()) c.bucket_size = x.bucket.bytes();
   if (cmd.count("--model") == 0) c.model.clear();  // resume takes the checkpoint's spec
   zo::train::install_stop_signals();
   zo::train::Trainer trainer(c);

@@ -44,11 +44,11 @@ void add_plan_command(CLI::App& app, PlanCommand& cmd, const std::string& model_
   p->add_option("--grad-accum-on", cmd.grad_accum_on,
                 "offload: sum micro-batches on the device, the host, or auto (device if it fits)")
       ->capture_default_str();
-  p->add_option("--bucket-size", cmd.bucket.text, "offload gradient bucket (default 32MiB)");
+  add_size_option(p, "--bucket-size", cmd.bucket, "offload gradient bucket (default 32MiB)");
   p->add_flag("--dpu", cmd.dpu, "offload with delayed parameter update");
-  p->add_option("--device-memory", cmd.device_memory.text, "device capacity, e.g. 80GiB");
-  p->add_option("--host-memory", cmd.host_memory.text,
-                "host memory, e.g. 256GiB (default: what is available here)");
+  add_size_option(p, "--device-memory", cmd.device_memory, "device capacity, e.g. 80GiB");
+  add_size_option(p, "--host-memory", cmd.host_memory,
+                  "host memory, e.g. 256GiB (default: what is available here)");
   p->add_option("--drive-rate", cmd.drive_gb_per_s,
                 "--state-dir: the drive's GB/s each way, for the time a step's state traffic "
                 "takes (info --state-dir measures it); 0 = not predicted")
@@ -79,7 +79,7 @@ int run_plan(const PlanCommand& cmd) {
   c.param_window = cmd.param_window;
   c.grad_accum = cmd.grad_accum;
   c.grad_accum_on = cmd.grad_accum_on;
-  if (!cmd.bucket.text.empty()) c.bucket_size = cmd.bucket.bytes();
+  if (cmd.bucket.given()) c.bucket_size = cmd.bucket.bytes();
   c.dpu = cmd.dpu;
   c.state_dir = cmd.state_dir;
   c.state_chunk_elements = cmd.state_chunk;
@@ -104,7 +104,7 @@ int run_plan(const PlanCommand& cmd) {
   pi.optimizer_state = c.optimizer_state;
   pi.device_capacity = cmd.device_memory.bytes();
   pi.host_available =
-      cmd.host_memory.text.empty() ? pinned::host_available_bytes() : cmd.host_memory.bytes();
+      cmd.host_memory.given() ? cmd.host_memory.bytes() : pinned::host_available_bytes();
   pi.engine.grad_accum = c.grad_accum;
   pi.grad_accum_on = train::parse_accum_placement(c.grad_accum_on);
   pi.engine.dpu = c.dpu;
@@ -166,7 +166,7 @@ int run_plan(const PlanCommand& cmd) {
     } else {
       const std::string budget =
           format_bytes(pi.host_available) +
-          (cmd.host_memory.text.empty() ? " (available here)" : " (--host-memory)");
+          (cmd.host_memory.given() ? " (--host-memory)" : " (available here)");
       std::fputs(train::format_host_costs(costs, pi.host_available, budget).c_str(), stdout);
       if (pi.engine.state_on_drive) {
         std::printf(

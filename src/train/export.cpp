@@ -61,12 +61,7 @@ std::string export_checkpoint(const ExportConfig& c) {
       throw std::invalid_argument("--shard-size applies to a directory output; -o " + c.out +
                                   " writes one .safetensors file (give a directory to shard)");
     }
-    try {
-      shard_bytes = parse_bytes(c.shard_size);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string("--shard-size: ") + e.what());
-    }
-    if (shard_bytes == 0) throw std::invalid_argument("--shard-size must be above 0 bytes");
+    shard_bytes = parse_bytes(c.shard_size, "--shard-size");  // at least 1
   }
   if (one_file) {
     refuse_inside_checkpoint(out, "--out");  // even with --force
