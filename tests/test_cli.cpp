@@ -454,6 +454,18 @@ TEST(Cli, SizesOutOfRangeAreRefusedNamingTheFlag) {
       << "the largest size plans as given";
 }
 
+// A sequence length below 1 is refused as such (0 is the default: the model's block_size).
+TEST(Cli, SeqLenBelowOneIsRefused) {
+  const Result p = run("plan --seq-len -5");
+  const Result t = run("train --steps 1 --seq-len -5");
+  EXPECT_EQ(p.code, 1) << p.out;
+  EXPECT_EQ(t.code, 1) << t.out;
+  EXPECT_NE(p.out.find("--seq-len -5 must be >= 1 (or 0 for the model's block_size 64)"),
+            std::string::npos)
+      << p.out;
+  EXPECT_EQ(p.out, t.out);
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

@@ -62,7 +62,11 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
     bad("--grad-accum must be in 1.." + std::to_string(kMaxGradAccum));
   }
   if (steps < 1 || steps > kMaxSteps) bad("--steps must be in 1.." + std::to_string(kMaxSteps));
-  if (seq_len < 0 || seq_len > spec.block_size) {
+  if (seq_len < 0) {  // 0: not given, the block size (as eval's --seq-len 0)
+    bad("--seq-len " + std::to_string(seq_len) + " must be >= 1 (or 0 for the model's block_size " +
+        std::to_string(spec.block_size) + ")");
+  }
+  if (seq_len > spec.block_size) {
     bad("--seq-len " + std::to_string(seq_len) + " exceeds the model's block_size " +
         std::to_string(spec.block_size) + "; use --seq-len <= block_size or a larger model spec");
   }
