@@ -466,6 +466,28 @@ TEST(Cli, SeqLenBelowOneIsRefused) {
   EXPECT_EQ(p.out, t.out);
 }
 
+// What eval and sample would ignore is refused: --model beside a checkpoint (which names its
+// own model), and a second prompt.
+TEST(Cli, EvalAndSampleRefuseFlagsTheyWouldIgnore) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --steps 1 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string from = " --checkpoint latest --checkpoint-dir " + ckpt;
+  for (const std::string& cmd : {"sample -n 2 --model small-test" + from,
+                                 "eval --data synthetic --batches 1 --model small-test" + from}) {
+    r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("--model applies to --init-from only; drop --model"), std::string::npos)
+        << r.out;
+  }
+  r = run("sample -n 2 --prompt hi --prompt-tokens 1" + from);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--prompt and --prompt-tokens both give the prompt: give one"),
+            std::string::npos)
+      << r.out;
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

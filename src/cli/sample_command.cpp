@@ -71,6 +71,12 @@ void add_sample_command(CLI::App& app, SampleCommand& cmd, const std::string& mo
 
 int run_sample(SampleCommand& cmd) {
   train::SampleConfig& sc = cmd.config;
+  // One prompt: the other would be ignored.
+  if (cmd.app->count("--prompt") > 0 && cmd.app->count("--prompt-tokens") > 0) {
+    throw std::invalid_argument(
+        "--prompt and --prompt-tokens both give the prompt: give one (--prompt for text, "
+        "--prompt-tokens for token ids)");
+  }
   sc.device_memory = cmd.device_memory.bytes();
   std::unique_ptr<tokenize::Tokenizer> tokenizer;
   if (!cmd.tokenizer.empty()) tokenizer = tokenize::Tokenizer::load(cmd.tokenizer);

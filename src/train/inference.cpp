@@ -21,6 +21,12 @@ namespace {
 void check_one_source(const WeightsSource& s) {
   if (s.checkpoint.empty() == s.init_from.empty())
     throw std::invalid_argument("give exactly one of --checkpoint or --init-from");
+  // A checkpoint names its own model; --model would be ignored, so it is refused.
+  if (!s.checkpoint.empty() && !s.model.empty()) {
+    throw std::invalid_argument("--model '" + s.model + "' with --checkpoint '" + s.checkpoint +
+                                "': a checkpoint runs the model it was trained as, so --model "
+                                "applies to --init-from only; drop --model");
+  }
 }
 
 }  // namespace
