@@ -488,6 +488,51 @@ TEST(Cli, EvalAndSampleRefuseFlagsTheyWouldIgnore) {
       << r.out;
 }
 
+// export checks its -o before any work and names -o in its advice: a directory where one file
+// goes, a file where a folder must be made; missing folders are made, but only for an export
+// that is not refused.
+TEST(Cli, ExportChecksItsOutputBeforeWriting) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --steps 1 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string exp = "export --checkpoint latest --checkpoint-dir " + ckpt + " ";
+  const fs::path dir = d.path / "existing.safetensors";
+  fs::create_directories(dir);
+  r = run(exp + "-o " + dir.string() + " --force");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("-o '" + dir.string() +
+                       "' is a directory; a path ending in .safetensors is written as one file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::is_empty(dir));
+  const fs::path file = d.path / "a_file";
+  std::ofstream(file) << "user data";
+  for (const fs::path& out : {file / "y.safetensors", file / "x" / "hf_dir"}) {
+    r = run(exp + "-o " + out.string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("'" + file.string() +
+                         "' is not a directory, so the output cannot be made under it; choose "
+                         "another -o"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("--checkpoint-dir"), std::string::npos) << r.out;
+  }
+  std::set<std::string> left;
+  for (const auto& e : fs::directory_iterator(d.path))
+    left.insert(e.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"a_file", "ckpt", "existing.safetensors"}))
+      << "no temporary file is left";
+  const fs::path nested = d.path / "nope" / "x" / "y.safetensors";
+  r = run(exp + "-o " + nested.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::is_regular_file(nested));
+  r = run("export --checkpoint " + (d.path / "no_ckpt").string() + " -o " +
+          (d.path / "new" / "y.safetensors").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "new"));
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

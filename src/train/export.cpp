@@ -19,23 +19,64 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Refuses an output whose missing parent directories cannot be made: the nearest existing
+// ancestor of `out` is not a directory. Makes nothing.
+void check_parents_can_be_made(const fs::path& out) {
+  std::error_code ec;
+  for (fs::path a = out.parent_path(); !a.empty(); a = a.parent_path()) {
+    const fs::file_status st = fs::status(a, ec);
+    if (st.type() != fs::file_type::not_found) {
+      if (ec || fs::is_directory(st)) return;  // unreadable: the write says why
+      throw CheckpointError("-o '" + out.string() + "': '" + a.string() +
+                            "' is not a directory, so the output cannot be made under it; "
+                            "choose another -o");
+    }
+    if (a == a.parent_path()) return;
+  }
+}
+
 // Refuses what would damage a file or directory the user has, before any work.
 void check_directory_output(const fs::path& dir, bool force) {
-  refuse_inside_checkpoint(dir / "config.json", "--out");  // dir itself may be a checkpoint
+  refuse_inside_checkpoint(dir / "config.json", "-o");  // dir itself may be a checkpoint
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
-  if (st.type() == fs::file_type::not_found) return;
+  if (st.type() == fs::file_type::not_found) {
+    check_parents_can_be_made(dir);
+    return;
+  }
   if (!fs::is_directory(st)) {
-    throw CheckpointError("--out '" + dir.string() +
+    throw CheckpointError("-o '" + dir.string() +
                           "' exists and is not a directory; a path not ending in .safetensors "
-                          "is written as a Hugging Face model directory. Choose another path");
+                          "is written as a Hugging Face model directory. Choose another -o");
   }
   if (!force && !fs::is_empty(dir, ec)) {
-    throw CheckpointError("--out '" + dir.string() +
+    throw CheckpointError("-o '" + dir.string() +
                           "' is a directory that is not empty; pass --force to write into it "
                           "(config.json, model*.safetensors and the index of a previous export "
                           "are replaced, other files are kept), or choose a new directory");
   }
+}
+
+// The same for one .safetensors file: not a directory (even with --force), not an existing file
+// without --force, and its folder there or makeable.
+void check_file_output(const fs::path& out, bool force) {
+  refuse_inside_checkpoint(out, "-o");  // even with --force
+  std::error_code ec;
+  const fs::file_status st = fs::status(out, ec);
+  if (fs::is_directory(st)) {
+    throw CheckpointError("-o '" + out.string() +
+                          "' is a directory; a path ending in .safetensors is written as one "
+                          "file. Give a file path (e.g. " +
+                          (out / "model.safetensors").string() +
+                          "), or a path not ending in .safetensors for a model directory");
+  }
+  if (st.type() != fs::file_type::not_found) {
+    if (!force) {
+      throw CheckpointError("-o '" + out.string() + "' exists; pass --force to overwrite it");
+    }
+    return;
+  }
+  check_parents_can_be_made(out);
 }
 
 // Reads the checkpoint's weights once, checking their names and shapes against the layout:
@@ -64,10 +105,7 @@ std::string export_checkpoint(const ExportConfig& c) {
     shard_bytes = parse_bytes(c.shard_size, "--shard-size");  // at least 1
   }
   if (one_file) {
-    refuse_inside_checkpoint(out, "--out");  // even with --force
-    if (!c.force && fs::exists(out)) {
-      throw std::invalid_argument("'" + c.out + "' exists; pass --force to overwrite it");
-    }
+    check_file_output(out, c.force);
   } else {
     check_directory_output(out, c.force);
   }
@@ -93,6 +131,8 @@ std::string export_checkpoint(const ExportConfig& c) {
   const std::string what = std::to_string(layout.tensors().size()) + " tensors, " +
                            std::string(dtype_name(c.dtype)) + ", model " + spec.to_json().dump();
   if (one_file) {
+    // Its folder, made only now that nothing is refused.
+    ensure_writable_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path(), "-o");
     model::export_hf_weights(out, layout, source, c.dtype);
     return "wrote " + c.out + " (" + what + ")";
   }
