@@ -533,6 +533,29 @@ TEST(Cli, ExportChecksItsOutputBeforeWriting) {
   EXPECT_FALSE(fs::exists(d.path / "new"));
 }
 
+// sample's weights of a model far beyond any host's memory (13 TB in fp32): the advice is about
+// the model and the host, not an optimizer state that sample does not have.
+TEST(Cli, SampleOutOfHostMemoryGivesSamplesAdvice) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --steps 1 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path weights = d.path / "w.safetensors";
+  r = run("export --checkpoint latest --checkpoint-dir " + ckpt + " -o " + weights.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path huge = d.path / "huge.json";
+  std::ofstream(huge) << R"({"n_layer": 4096, "n_head": 64, "n_embd": 8192, "vocab_size": 256,
+                             "block_size": 64})";
+  r = run("sample -n 2 --device host --init-from " + weights.string() + " --model " +
+          huge.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("out of host memory for the weights of " + huge.string() + " in fp32"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Use a smaller model"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("optimizer"), std::string::npos) << r.out;
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

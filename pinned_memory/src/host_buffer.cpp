@@ -61,13 +61,15 @@ std::optional<std::size_t> meminfo_bytes(const std::string& key) {
 
 [[noreturn]] void throw_out_of_memory(std::size_t requested, const std::string& reason) {
   const std::size_t available = host_available_bytes();
-  std::ostringstream msg;
-  msg << "cannot allocate " << requested << " bytes (" << format_bytes(requested)
-      << ") of host memory: " << reason << "; MemAvailable is " << available << " bytes ("
-      << format_bytes(available)
-      << "). Use a smaller model, keep the optimizer state in bf16, or run on a host with more "
-         "RAM.";
-  throw HostMemoryError(msg.str(), requested, available);
+  std::ostringstream facts;
+  facts << "cannot allocate " << requested << " bytes (" << format_bytes(requested)
+        << ") of host memory: " << reason << "; MemAvailable is " << available << " bytes ("
+        << format_bytes(available) << ").";
+  // Training's advice; sample and eval replace it with their own (HostMemoryError::facts).
+  throw HostMemoryError(facts.str() +
+                            " Use a smaller model, keep the optimizer state in bf16, or run on a "
+                            "host with more RAM.",
+                        requested, available, facts.str());
 }
 
 bool numa_usable() {

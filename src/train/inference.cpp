@@ -63,7 +63,21 @@ InferenceModel::InferenceModel(const WeightsSource& source, const model::ModelSp
   const std::filesystem::path file = source.checkpoint.empty()
                                          ? std::filesystem::path(source.init_from)
                                          : dir / "model.safetensors";
-  host_ = pinned::PinnedBuffer(bytes, dev::staging_pin_options(*dev_, true));
+  try {
+    host_ = pinned::PinnedBuffer(bytes, dev::staging_pin_options(*dev_, true));
+  } catch (const HostMemoryError& e) {
+    // Its own advice is training's (the optimizer state); here only the model and its dtype
+    // decide the size of the one host copy.
+    throw HostMemoryError("out of host memory for the weights of " + spec.name + " in " +
+                              std::string(dtype_name(act)) + " (" + format_bytes(bytes) +
+                              ", one copy of the whole model that sample and eval hold in " +
+                              "host memory): " + e.facts() + " Use a smaller model" +
+                              (act == DType::kF32 && dev_->backend() == dev::Backend::kCuda
+                                   ? ", --precision bf16 or fp16 (half the bytes)"
+                                   : "") +
+                              ", or a host with more memory",
+                          e.requested_bytes(), e.available_bytes());
+  }
   std::string bad;
   model::import_hf_weights(file, layout_, [&](std::size_t offset, std::span<const float> v) {
     if (bad.empty()) bad = first_nonfinite_weight(layout_, offset, v, act);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace zo {
 
@@ -43,17 +44,25 @@ class OutOfMemoryError : public std::runtime_error {
   std::size_t requested_, in_use_, capacity_;
 };
 
-// The host cannot provide memory; the message names the request and MemAvailable.
+// The host cannot provide memory; the message names the request and MemAvailable. `facts` is the
+// message without its advice (what failed and why), for a caller that knows better advice; it
+// defaults to the whole message.
 class HostMemoryError : public std::runtime_error {
  public:
-  HostMemoryError(const std::string& what, std::size_t requested_bytes, std::size_t available_bytes)
-      : std::runtime_error(what), requested_(requested_bytes), available_(available_bytes) {}
+  HostMemoryError(const std::string& what, std::size_t requested_bytes, std::size_t available_bytes,
+                  std::string facts = {})
+      : std::runtime_error(what),
+        requested_(requested_bytes),
+        available_(available_bytes),
+        facts_(facts.empty() ? what : std::move(facts)) {}
   std::size_t requested_bytes() const noexcept { return requested_; }
   std::size_t available_bytes() const noexcept { return available_; }
+  const std::string& facts() const noexcept { return facts_; }
 
  private:
   std::size_t requested_;
   std::size_t available_;
+  std::string facts_;
 };
 
 }  // namespace zo
