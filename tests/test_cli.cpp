@@ -556,6 +556,19 @@ TEST(Cli, SampleOutOfHostMemoryGivesSamplesAdvice) {
   EXPECT_EQ(r.out.find("optimizer"), std::string::npos) << r.out;
 }
 
+// A spec file's path is quoted once in its errors.
+TEST(Cli, SpecErrorsQuoteThePathOnce) {
+  TempDir d;
+  const fs::path spec = d.path / "odd_heads.json";
+  std::ofstream(spec) << R"({"n_layer": 2, "n_head": 3, "n_embd": 64, "vocab_size": 256,
+                             "block_size": 64})";
+  const Result r = run("plan --model " + spec.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("model spec '" + spec.string() + "': n_embd = 64 is not divisible"),
+            std::string::npos)
+      << r.out;
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

@@ -102,6 +102,15 @@ TEST(ModelSpec, LoadsFileAndRejectsBadJson) {
     std::ofstream(dir / "bad.json") << R"({"n_layer": 2,,})";
   }
   EXPECT_EQ(zo::model::load_model_spec((dir / "ok.json").string()).vocab_size, 300);
+  // Without a "name" the spec is named by its path, which messages quote once.
+  EXPECT_EQ(zo::model::load_model_spec((dir / "ok.json").string()).name,
+            (dir / "ok.json").string());
+  {
+    std::ofstream(dir / "odd.json") << R"({"n_layer": 2, "n_head": 3, "n_embd": 16,
+                                           "vocab_size": 300, "block_size": 32})";
+  }
+  expect_invalid([&] { zo::model::load_model_spec((dir / "odd.json").string()); },
+                 "model spec '" + (dir / "odd.json").string() + "': n_embd = 16 is not divisible");
   expect_invalid([&] { zo::model::load_model_spec((dir / "bad.json").string()); },
                  "not valid JSON");
   std::filesystem::remove_all(dir);

@@ -37,7 +37,11 @@ double finite_number(const nlohmann::json& j, const char* key, const std::string
 }
 
 std::string spec_name(const nlohmann::json& j, const std::string& origin) {
-  if (!j.contains("name")) return origin;
+  if (!j.contains("name")) {
+    // A spec file's origin is its quoted path: the name is the path (messages quote it again).
+    const bool quoted = origin.size() >= 2 && origin.front() == '\'' && origin.back() == '\'';
+    return quoted ? origin.substr(1, origin.size() - 2) : origin;
+  }
   if (!j["name"].is_string()) bad_spec(origin, "name must be a string, got " + j["name"].dump());
   return j["name"].get<std::string>();
 }

@@ -14,7 +14,7 @@ namespace zo::model::detail {
 int positive_int(const nlohmann::json& j, const char* key, const std::string& origin);
 // j[key] as a finite number, or an error naming the key.
 double finite_number(const nlohmann::json& j, const char* key, const std::string& origin);
-// j["name"] if given (a string), else origin.
+// j["name"] if given (a string), else origin without the quotes around a spec file's path.
 std::string spec_name(const nlohmann::json& j, const std::string& origin);
 // "a, b, c"
 std::string join(const std::vector<std::string>& items);
