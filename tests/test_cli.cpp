@@ -569,6 +569,17 @@ TEST(Cli, SpecErrorsQuoteThePathOnce) {
       << r.out;
 }
 
+// A spec's limits as they are (n_layer: 4096), not the 2^30 every key is first read within.
+TEST(Cli, SpecErrorsStateTheRealLimit) {
+  TempDir d;
+  const fs::path spec = d.path / "no_layers.json";
+  std::ofstream(spec) << R"({"n_layer": 0, "n_head": 2, "n_embd": 64, "vocab_size": 256,
+                             "block_size": 64, "name": "no_layers"})";
+  const Result r = run("plan --model " + spec.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("n_layer = 0 is out of range (1 .. 4096)"), std::string::npos) << r.out;
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

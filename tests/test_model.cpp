@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -57,7 +58,11 @@ TEST(ModelSpec, JsonWithGpt2KeysAndErrors) {
     return [j] { zo::model::model_spec_from_json(j, "t"); };
   };
   expect_invalid(with("n_head", 3), "not divisible");
-  expect_invalid(with("n_layer", 0), "n_layer = 0");
+  // The real bound (kMaxLayers), not the 2^30 that every integer key is first read within.
+  expect_invalid(with("n_layer", 0), "n_layer = 0 is out of range (1 .. 4096)");
+  expect_invalid(with("block_size", -1), "block_size = -1 is out of range (1 .. 1048576)");
+  expect_invalid(with("n_layer", nlohmann::json(std::uint64_t{1} << 63)),
+                 "n_layer = 9223372036854775808 is above the supported 4096");
   expect_invalid(with("n_embd", -8), "n_embd");
   expect_invalid(with("vocab_size", "50257"), "must be an integer");
   expect_invalid(with("n_embed", 8), "unknown key(s): n_embed");

@@ -1,10 +1,14 @@
 #include "model/spec.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <stdexcept>
+#include <string_view>
 #include <tuple>
+#include <utility>
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/json_input.h"
@@ -18,13 +22,43 @@ void bad_spec(const std::string& origin, const std::string& what) {
   throw std::invalid_argument("model spec " + origin + ": " + what);
 }
 
+long long key_limit(std::string_view key) {
+  for (const auto& [k, limit] : std::initializer_list<std::pair<std::string_view, long long>>{
+           {"n_layer", kMaxLayers},
+           {"num_hidden_layers", kMaxLayers},
+           {"n_embd", kMaxEmbd},
+           {"hidden_size", kMaxEmbd},
+           {"n_head", kMaxEmbd},
+           {"num_attention_heads", kMaxEmbd},
+           {"num_key_value_heads", kMaxEmbd},
+           {"vocab_size", kMaxVocab},
+           {"block_size", kMaxBlock},
+           {"n_positions", kMaxBlock},
+           {"n_ctx", kMaxBlock},
+           {"max_position_embeddings", kMaxBlock},
+           {"head_dim", kMaxHeadDim},
+           {"intermediate_size", kMaxIntermediate}}) {
+    if (k == key) return limit;
+  }
+  return 1 << 30;
+}
+
 int positive_int(const nlohmann::json& j, const char* key, const std::string& origin) {
   const auto& v = j.at(key);
   if (!v.is_number_integer())
     bad_spec(origin, std::string(key) + " must be an integer, got " + v.dump());
-  const auto x = v.get<std::int64_t>();
-  if (x <= 0 || x > (1 << 30)) {
-    bad_spec(origin, std::string(key) + " = " + std::to_string(x) + " is out of range (1 .. 2^30)");
+  // Above 2^63 as the largest int64 (get<std::int64_t> would wrap it negative).
+  const auto x = v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX
+                     ? INT64_MAX
+                     : v.get<std::int64_t>();
+  const long long limit = key_limit(key);
+  if (x <= 0) {
+    bad_spec(origin, std::string(key) + " = " + v.dump() + " is out of range (1 .. " +
+                         std::to_string(limit) + ")");
+  }
+  if (x > limit) {  // as ModelSpec::validate says it
+    bad_spec(origin, std::string(key) + " = " + v.dump() + " is above the supported " +
+                         std::to_string(limit));
   }
   return static_cast<int>(x);
 }

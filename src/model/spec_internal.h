@@ -4,13 +4,17 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "model/spec.h"
 
 namespace zo::model::detail {
 
 [[noreturn]] void bad_spec(const std::string& origin, const std::string& what);
-// j[key] as an int in 1 .. 2^30, or an error naming the key.
+// The largest value of an integer key that ModelSpec::validate admits (kMaxLayers for n_layer,
+// ...); 2^30 for a key it does not bound.
+long long key_limit(std::string_view key);
+// j[key] as an int in 1 .. key_limit(key), or an error naming the key and that range.
 int positive_int(const nlohmann::json& j, const char* key, const std::string& origin);
 // j[key] as a finite number, or an error naming the key.
 double finite_number(const nlohmann::json& j, const char* key, const std::string& origin);
