@@ -580,6 +580,28 @@ TEST(Cli, SpecErrorsStateTheRealLimit) {
   EXPECT_NE(r.out.find("n_layer = 0 is out of range (1 .. 4096)"), std::string::npos) << r.out;
 }
 
+// plan checks --state-dir with train's own check, and --drive-rate is the --state-dir drive's.
+TEST(Cli, PlanChecksTheStateDirAsTrainDoes) {
+  TempDir d;
+  const fs::path file = d.path / "a_file";
+  std::ofstream(file) << "user data";
+  for (const std::string& dir : {file.string(), (d.path / "missing").string()}) {
+    const std::string flags = "--mode offload --state-dir " + dir;
+    const Result p = run("plan " + flags);
+    const Result t = run("train --steps 1 " + flags);
+    EXPECT_EQ(p.code, 1) << p.out;
+    EXPECT_EQ(t.code, 1) << t.out;
+    EXPECT_NE(p.out.find("--state-dir " + dir), std::string::npos) << p.out;
+    EXPECT_EQ(p.out, t.out);
+  }
+  Result r = run("plan --drive-rate 3");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--drive-rate is the rate of the --state-dir drive"), std::string::npos)
+      << r.out;
+  r = run("plan --mode offload --drive-rate 3 --state-dir " + d.path.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches
 // give the run's last validation loss, bit for bit; the exported weights give it again; and what
 // cannot be scored is refused naming the flag.

@@ -11,6 +11,7 @@
 #include "pinned_memory/host_buffer.h"
 #include "report/system_info.h"
 #include "state_io/drive_probe.h"
+#include "state_io/state_file.h"
 #include "train/config.h"
 #include "train/plan.h"
 
@@ -86,6 +87,13 @@ int run_plan(const PlanCommand& cmd) {
   train::PlanInput pi;
   pi.spec = model::load_model_spec(c.model);
   c.validate(pi.spec);
+  // What train checks of --state-dir before it makes the state file there.
+  if (!c.state_dir.empty()) state_io::check_state_dir(c.state_dir);
+  if (c.state_dir.empty() && cmd.app->count("--drive-rate") > 0) {
+    throw std::invalid_argument(
+        "--drive-rate is the rate of the --state-dir drive, for the time its state traffic "
+        "takes; add --state-dir DIR or drop --drive-rate");
+  }
   if (c.precision == "auto")
     throw std::invalid_argument("plan --precision: give fp32, bf16 or fp16");
   if (cmd.ranks < 1) throw std::invalid_argument("--ranks must be >= 1");

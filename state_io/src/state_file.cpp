@@ -90,13 +90,17 @@ std::string try_direct(int fd) {
 
 }  // namespace
 
-StateFile StateFile::create(const fs::path& dir, std::uint64_t bytes, const FileOptions& options) {
+void check_state_dir(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     throw IoError("--state-dir " + dir.string() +
                   (fs::exists(dir, ec) ? " is not a directory" : " does not exist") +
                   ": create the directory, or choose another");
   }
+}
+
+StateFile StateFile::create(const fs::path& dir, std::uint64_t bytes, const FileOptions& options) {
+  check_state_dir(dir);
   const std::uint64_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   const std::string name = "the state file in " + dir.string();
   // Beyond RLIMIT_FSIZE the kernel sends SIGXFSZ, which ends the process unless ignored: say why

@@ -28,6 +28,10 @@ struct FileOptions {
   bool direct = true;
 };
 
+// Throws IoError naming dir and the fix unless it is an existing directory: what StateFile::create
+// checks first, for a caller that only plans (offload_train plan --state-dir).
+void check_state_dir(const std::filesystem::path& dir);
+
 class StateFile {
  public:
   // A file of `bytes` (rounded up to kAlignment) in directory `dir`, unnamed (O_TMPFILE; where
