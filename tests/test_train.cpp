@@ -686,6 +686,7 @@ TEST(Trainer, StreamModeEqualsOffloadAndTrainsWithinItsPlan) {
         << choice.stream.streaming;
     TrainConfig fit = st;
     fit.checkpoint_dir.clear();
+    fit.trace.clear();
     fit.steps = fit.lr.total_steps = 2;
     fit.param_window = window;
     fit.device_memory = choice.stream.device_total;
