@@ -642,7 +642,7 @@ TEST(AtomicFile, UnwritableDirectory) {
   fs::permissions(dir, fs::perms::owner_all);
   EXPECT_HAS(msg, dir.string());
   EXPECT_HAS(msg, "Permission denied");
-  EXPECT_HAS(msg, "writable --checkpoint-dir");
+  EXPECT_HAS(msg, "Fix the permissions of");
   EXPECT_EQ(read_file(dir / "f"), "old");
   EXPECT_EQ(dir_entries(dir), std::vector<std::string>{"f"});
 }

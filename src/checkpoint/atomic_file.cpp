@@ -39,20 +39,19 @@ std::string write_hint(int err, const fs::path& dir) {
     case ENOSPC:
     case EDQUOT:
       return "Free disk space (or quota) on the file system holding " + quoted(dir) +
-             ", or choose another --checkpoint-dir.";
+             ", or write elsewhere (another --checkpoint-dir, -o, ...).";
     case EACCES:
     case EPERM:
     case EROFS:
-      return "Choose a writable --checkpoint-dir, or fix the permissions of " + quoted(dir) + ".";
+      return "Fix the permissions of " + quoted(dir) + ", or write elsewhere.";
     case ENOENT:
     case ENOTDIR:
-      return "Create the directory " + quoted(dir) + " or choose another --checkpoint-dir.";
+      return "Create the directory " + quoted(dir) + ", or write elsewhere.";
     case EFBIG:
       return "The file exceeds the file size limit (see `ulimit -f`) or what the file system "
-             "supports; raise the limit or choose another --checkpoint-dir.";
+             "supports; raise the limit, or write elsewhere.";
     case EIO:
-      return "The device reported an I/O error; check it (dmesg) and choose another "
-             "--checkpoint-dir.";
+      return "The device reported an I/O error; check it (dmesg), and write elsewhere.";
     case EMFILE:
     case ENFILE:
       return "Too many open files; raise `ulimit -n`.";
