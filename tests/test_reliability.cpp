@@ -214,6 +214,19 @@ TEST(Reliability, WhatARunWouldReplaceIsRefusedAndKept) {
   refused("--steps 1 --overwrite --trace " + notes.string() + " --metrics " + notes.string(),
           "name the same path");
   EXPECT_EQ(bytes_of(notes), "precious");
+  // A resumed run replaces its own trace (the file names the run), and no other.
+  const fs::path t = d.path / "t.json";
+  ASSERT_EQ(
+      train("--steps 1 --checkpoint-dir " + (d.path / "ck1").string() + " --trace " + t.string())
+          .code,
+      0);
+  const Result again = train("--checkpoint-dir " + (d.path / "ck1").string() +
+                             " --resume latest --steps 2 --trace " + t.string());
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(t))["otherData"]["run_id"],
+            run_id_of(d.path / "ck1" / step_dir(2)));
+  refused("--checkpoint-dir " + ck.string() + " --resume latest --steps 3 --trace " + t.string(),
+          "--overwrite");
   // A resumed run continues only its own metrics.
   const std::string resume = "--checkpoint-dir " + ck.string() + " --resume latest --steps 3 ";
   refused(resume + "--metrics " + notes.string(), "not a metrics object");

@@ -151,7 +151,9 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
       ->capture_default_str();
   t->add_flag_callback(
       "--no-pin", [&c] { c.pin = false; }, "offload: pageable instead of page-locked host buffers");
-  t->add_option("--trace", c.trace, "write a Chrome trace-event JSON of the run (Perfetto)");
+  t->add_option("--trace", c.trace,
+                "write a Chrome trace-event JSON of the run (Perfetto); an existing file is kept "
+                "unless --overwrite (a resumed run replaces its own)");
   t->add_option("--threads", c.threads,
                 "host backend compute threads; 0 = all cores (this rank's share)");
   t->add_option("--comm-timeout", c.comm_timeout,
@@ -166,8 +168,8 @@ void add_train_options(CLI::App* t, zo::train::TrainConfig& c, TrainTexts& x) {
   t->add_option("--keep", c.keep_last, "this run's checkpoints to keep; 0 = all")
       ->capture_default_str();
   t->add_flag("--overwrite", c.overwrite,
-              "start even where another run's checkpoints or metrics file exist (same-numbered "
-              "checkpoints and that file are replaced)");
+              "start even where another run's checkpoints, metrics or trace file exist "
+              "(same-numbered checkpoints and those files are replaced)");
   t->add_option("--resume", c.resume, "checkpoint directory to continue from, or 'latest'");
   t->add_flag("--convert-optimizer-state", c.convert_optimizer_state,
               "resume a checkpoint whose Adam state or master weights are in another "

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -159,6 +160,7 @@ void nvtx_pop() noexcept {}
 struct Trace::State {
   fs::path path;
   std::size_t max_events = 0;
+  std::string run_id;
   TraceClock::time_point origin;
 
   mutable std::mutex mu;                         // guards everything below
@@ -189,9 +191,10 @@ void Trace::StateDeleter::operator()(State* s) const noexcept {
   delete s;
 }
 
-Trace::Trace(fs::path path, std::size_t max_events) : state_(new State) {
+Trace::Trace(fs::path path, std::size_t max_events, std::string run_id) : state_(new State) {
   state_->path = std::move(path);
   state_->max_events = max_events;
+  state_->run_id = std::move(run_id);
   state_->origin = TraceClock::now();
 }
 
@@ -258,6 +261,15 @@ std::size_t Trace::dropped() const {
   return state_->dropped;
 }
 
+bool trace_of_run(const fs::path& path, const std::string& run_id) {
+  if (run_id.empty()) return false;
+  std::ifstream in(path, std::ios::binary);
+  std::string head(1024, '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  head.resize(std::size_t(in.gcount()));
+  return head.find("\"run_id\":" + nlohmann::json(run_id).dump()) != std::string::npos;
+}
+
 void Trace::write() const {
   if (!state_) return;
   std::vector<Event> events;
@@ -281,6 +293,7 @@ void Trace::write() const {
   out += "{\"displayTimeUnit\":\"ms\",\"otherData\":";
   append_json(out, nlohmann::json{{"clock", "steady_clock"},
                                   {"max_events", state_->max_events},
+                                  {"run_id", state_->run_id},
                                   {"dropped_events", dropped}});
   out += ",\"traceEvents\":[\n";
   out += R"({"ph":"M","pid":1,"name":"process_name","args":{"name":"offload_train"}})";

@@ -24,7 +24,10 @@ using TraceClock = std::chrono::steady_clock;
 class Trace {
  public:
   Trace() = default;  // disabled: every call is a cheap no-op and write() writes nothing
-  explicit Trace(std::filesystem::path path, std::size_t max_events = 1'000'000);
+  // `run_id` (the training run's) goes into "otherData", so that a resumed run can tell its own
+  // trace file from another run's (trace_of_run).
+  explicit Trace(std::filesystem::path path, std::size_t max_events = 1'000'000,
+                 std::string run_id = {});
   Trace(Trace&&) noexcept = default;  // the moved-from trace is disabled
   Trace& operator=(Trace&&) noexcept = default;
   Trace(const Trace&) = delete;
@@ -65,6 +68,10 @@ class Trace {
   };
   std::unique_ptr<State, StateDeleter> state_;
 };
+
+// Whether the trace file at `path` was written for run `run_id` (its "otherData.run_id", read from
+// the file's first KiB); false for a missing or unreadable file.
+bool trace_of_run(const std::filesystem::path& path, const std::string& run_id);
 
 // An NVTX push/pop range on the calling thread (nvtx3, header-only, from the CUDA toolkit) in CUDA
 // builds; a no-op otherwise. Without a tool attached (nsys, ncu) a push costs a few nanoseconds.

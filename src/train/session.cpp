@@ -221,7 +221,10 @@ void Session::check_outputs() {
     throw CheckpointError(rank == 0 ? failure : "rank 0: " + failure);
   }
   if (!cfg.trace.empty()) {
-    check_output_file(trace_path(cfg.trace, rank), "--trace", true, cfg.overwrite);
+    // A resumed run replaces its own trace (the file names the run); any other file is kept.
+    const std::string path = trace_path(cfg.trace, rank);
+    check_output_file(path, "--trace", !(resume_state && report::trace_of_run(path, run_id)),
+                      cfg.overwrite);
   }
 }
 
@@ -402,7 +405,7 @@ void Session::make_optimizer_state() {
 }
 
 void Session::make_updater_and_model() {
-  if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank));
+  if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank), 1'000'000, run_id);
   if (optim::StatePager* pager = opt->pager(); pager && trace.enabled()) {
     // Each staging slot's reads and writes on its own track (one transfer at a time per slot),
     // and the update's waits for them on another.
