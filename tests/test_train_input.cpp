@@ -522,6 +522,8 @@ TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
       {[&](auto& c) { c.comm_timeout = nan; }, "--comm-timeout"},
       {[&](auto& c) { c.state_chunk_elements = 2047; }, "--state-chunk must be 2048 to"},
       {[&](auto& c) { c.state_chunk_elements = std::size_t{1} << 31; }, "--state-chunk"},
+      {[&](auto& c) { c.state_chunk_elements = 8192; },
+       "add --state-dir DIR or drop --state-chunk"},
   };
   for (const auto& [set, flag] : cases) {
     zo::train::TrainConfig c = tiny(1);

@@ -21,6 +21,10 @@ void TrainConfig::validate_flags() const {
     bad("--state-chunk must be 2048 to 1073741824 elements (whole q8 blocks of 2048; default "
         "4194304)");
   }
+  if (state_dir.empty() && state_chunk_elements != optim::kDefaultChunkElements) {
+    bad("--state-chunk sizes the chunks of the --state-dir file; add --state-dir DIR or drop "
+        "--state-chunk");
+  }
   if (!state_dir.empty() && mode == "resident") {
     bad("--state-dir keeps the optimizer state on a drive for the CPU update; resident mode "
         "keeps it on the device: use --mode offload or stream");
