@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -227,6 +226,22 @@ TEST(Reliability, WhatARunWouldReplaceIsRefusedAndKept) {
             run_id_of(d.path / "ck1" / step_dir(2)));
   refused("--checkpoint-dir " + ck.string() + " --resume latest --steps 3 --trace " + t.string(),
           "--overwrite");
+  // A resumed run continues only its own metrics; a last line cut short is dropped, be it the
+  // start of an object (kill -9) or zero bytes (a power loss).
+  for (const std::string& tail : {std::string("{\"adam_exp"), std::string(64, '\0')}) {
+    const fs::path own = d.path / "own.jsonl";
+    const fs::path ck2 = d.path / ("ck2_" + std::to_string(tail.size()));
+    ASSERT_EQ(train("--steps 1 --checkpoint-dir " + ck2.string() + " --metrics " + own.string() +
+                    " --overwrite")
+                  .code,
+              0);
+    std::ofstream(own, std::ios::app) << tail;
+    const Result cut = train("--checkpoint-dir " + ck2.string() + " --resume latest --steps 2 " +
+                             "--metrics " + own.string());
+    EXPECT_EQ(cut.code, 0) << cut.out;
+    const std::string kept = bytes_of(own);
+    EXPECT_EQ(std::count(kept.begin(), kept.end(), '\n'), 2) << kept;
+  }
   // A resumed run continues only its own metrics.
   const std::string resume = "--checkpoint-dir " + ck.string() + " --resume latest --steps 3 ";
   refused(resume + "--metrics " + notes.string(), "not a metrics object");
@@ -239,6 +254,13 @@ TEST(Reliability, WhatARunWouldReplaceIsRefusedAndKept) {
   const Result r = train(resume + "--overwrite --metrics " + other.string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(bytes_of(other)).at("step"), 3) << bytes_of(other);
+  // A symlink is written through (/dev/stdout, say), never replaced.
+  const fs::path target = d.path / "target.jsonl", symlink = d.path / "symlink.jsonl";
+  std::ofstream(target) << "";
+  fs::create_symlink(target, symlink);
+  ASSERT_EQ(train("--steps 1 --overwrite --metrics " + symlink.string()).code, 0);
+  EXPECT_TRUE(fs::is_symlink(symlink));
+  EXPECT_NE(bytes_of(target).find("\"step\":1"), std::string::npos) << bytes_of(target);
   // --overwrite makes a new file: another name of the old one keeps its contents.
   const fs::path link = d.path / "link.jsonl";
   fs::create_hard_link(notes, link);
@@ -248,43 +270,53 @@ TEST(Reliability, WhatARunWouldReplaceIsRefusedAndKept) {
 }
 
 // Two runs in one --checkpoint-dir would replace each other's checkpoints: a run holds the
-// directory's lock (flock) while it lives, and a second one is refused.
+// directory's lock (a POSIX record lock on .offload_train.lock in it) while it lives, and a second
+// one is refused.
 TEST(Reliability, ASecondRunInTheSameCheckpointDirIsRefused) {
   TempDir d;
   const fs::path ck = d.path / "ck";
   fs::create_directories(ck);
-  const int fd = ::open(ck.c_str(), O_RDONLY | O_DIRECTORY);
+  const int fd = ::open((ck / ".offload_train.lock").c_str(), O_RDWR | O_CREAT, 0644);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  struct flock whole {};
+  whole.l_type = F_WRLCK;
+  whole.l_whence = SEEK_SET;
+  ASSERT_EQ(::fcntl(fd, F_SETLK, &whole), 0);
   const Result r = train("--steps 1 --checkpoint-dir " + ck.string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("in use by another offload_train run"), std::string::npos) << r.out;
-  EXPECT_TRUE(fs::is_empty(ck));
+  EXPECT_EQ(entries(ck), std::vector<std::string>{".offload_train.lock"});
   ::close(fd);
   EXPECT_EQ(train("--steps 1 --checkpoint-dir " + ck.string()).code, 0);
 }
 
 // ---- resuming is continuing the same run
+// -----------------------------------------------------------
 
-// A finished run resumed again has nothing to train (exit 0, said plainly, nothing written); a
-// folder of checkpoints given to --resume is refused with the command that takes its newest.
+// A run resumed at or past its --steps has nothing to train (exit 0, said plainly): nothing is
+// opened, moved or cut, not even the newer checkpoints and metrics a real resume from that step
+// would set aside. A folder of checkpoints given to --resume is refused with the way to its newest.
 TEST(Reliability, ResumingAFinishedRunOrAFolderSaysWhatToDo) {
   TempDir d;
-  const fs::path ck = d.path / "ck";
-  ASSERT_EQ(train("--steps 2 --checkpoint-dir " + ck.string()).code, 0);
-  const std::string before = bytes_of(ck / step_dir(2) / "MANIFEST.json");
+  const fs::path ck = d.path / "ck", m = d.path / "m.jsonl";
+  ASSERT_EQ(train("--steps 4 --checkpoint-every 2 --keep 0 --checkpoint-dir " + ck.string() +
+                  " --metrics " + m.string())
+                .code,
+            0);
+  const std::vector<std::string> saved = entries(ck);
+  const std::string metrics = bytes_of(m);
   Result r = zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " train --checkpoint-dir " +
-                                   ck.string() + " --resume latest --steps 2");
+                                   ck.string() + " --resume " + (ck / step_dir(2)).string() +
+                                   " --steps 2 --metrics " + m.string());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("nothing to train"), std::string::npos) << r.out;
-  EXPECT_EQ(entries(ck), std::vector<std::string>{step_dir(2)});
-  EXPECT_EQ(bytes_of(ck / step_dir(2) / "MANIFEST.json"), before);
+  EXPECT_EQ(entries(ck), saved);
+  EXPECT_EQ(bytes_of(m), metrics);
   r = train("--steps 3 --resume " + ck.string());
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("--resume latest --checkpoint-dir " + ck.string()), std::string::npos)
+  EXPECT_NE(r.out.find("'latest' with --checkpoint-dir " + ck.string()), std::string::npos)
       << r.out;
 }
-// -----------------------------------------------------------
 
 TEST(Reliability, AResumedRunTakesItsSettingsFromTheCheckpoint) {
   TempDir d;

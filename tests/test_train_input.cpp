@@ -28,6 +28,7 @@
 #include "train/evaluate.h"
 #include "train/export.h"
 #include "train/finite_weights.h"
+#include "train/run_outputs.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 
@@ -632,6 +633,18 @@ TEST(Export, WeightsThatAreNotFiniteAreRefusedUnlessAllowed) {
   EXPECT_HAS(e, "--allow-nonfinite");
   c.allow_nonfinite = true;
   EXPECT_NO_THROW(zo::train::export_checkpoint(c));
+}
+
+// The room a run asks of --checkpoint-dir's drive: one checkpoint, or it does not start; fewer
+// than it keeps at once is said.
+TEST(CheckpointRoom, OneCheckpointOrTheRunDoesNotStart) {
+  using zo::train::check_checkpoint_room;
+  EXPECT_HAS(error_of([] { check_checkpoint_room("ck", 999, 1000, 3, 2); }),
+             "less than one checkpoint of this model");
+  EXPECT_EQ(check_checkpoint_room("ck", 3000, 1000, 3, 2), "");
+  EXPECT_HAS(check_checkpoint_room("ck", 2999, 1000, 3, 2),
+             "free for 3 checkpoints of 1000 B at once (--keep 2 and the save in progress)");
+  EXPECT_HAS(check_checkpoint_room("ck", 1000, 1000, 5, 0), "--keep 0 keeps every save");
 }
 
 // A bad element is named by its index in the file (Hugging Face's shape): a GPT-2 Conv1D weight

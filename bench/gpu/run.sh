@@ -242,7 +242,7 @@ phase_offload() {
   train offload_dpu_bf16_bf16master_1558m 150 "${big[@]}" --mode offload --dpu --dpu-warmup 3 \
     --optimizer-state bf16 --master-weights bf16
   train trace_350m 120 --model gpt2-350m -b 8 --seq-len 1024 --steps 6 --device cuda \
-    --precision bf16 --mode offload --trace "$out/trace.json"
+    --precision bf16 --mode offload --trace "$out/trace.json" --overwrite
 }
 
 phase_stream() {

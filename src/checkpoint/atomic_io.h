@@ -152,8 +152,9 @@ std::filesystem::path enclosing_checkpoint(const std::filesystem::path& dir);
 // Deletes all but the newest keep_last_n complete checkpoints for which `belongs` is true (all of
 // them without a predicate; keep_last_n == 0: keep all) and returns what it deleted. `protect`
 // (the checkpoint just written) is never deleted and counts as kept. Never touches temporary or
-// incomplete directories. Each deletion removes MANIFEST.json first, so a crash mid-delete leaves
-// an incomplete (ignored) directory, never a damaged one that looks complete.
+// incomplete directories. Each deletion renames the checkpoint to a hidden ".<name>.old-" name
+// first, so a crash mid-delete leaves a hidden leftover, never a half-deleted directory under
+// the checkpoint's name.
 std::vector<std::filesystem::path> rotate_checkpoints(
     const std::filesystem::path& parent, std::string_view prefix, std::size_t keep_last_n,
     const std::function<bool(const CheckpointDir&)>& belongs = {},

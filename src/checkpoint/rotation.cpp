@@ -110,9 +110,11 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& parent, std::string_vie
       continue;
     }
     std::error_code ec;
-    // Manifest first: from here on the directory counts as incomplete and is never resumed from.
-    fs::remove(dir / kManifestName, ec);
-    if (!ec) fs::remove_all(dir, ec);
+    // Renamed to a hidden name first (one atomic step), then deleted: a crash midway leaves a
+    // hidden ".<name>.old-" directory that nothing lists, never a half-deleted one under its name.
+    const fs::path doomed = parent / ("." + dir.filename().native() + ".old-" + unique_suffix());
+    fs::rename(dir, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
     if (ec) {
       throw CheckpointError("cannot delete old checkpoint " + quoted(dir) + ": " + ec.message() +
                             ". Delete it by hand, or check the permissions of " + quoted(parent) +

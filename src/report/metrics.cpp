@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
@@ -14,7 +15,12 @@ double flops_per_token(std::size_t num_params, int n_layer, int q_width, int seq
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append, std::string run_id)
     : path_(path), run_id_(std::move(run_id)) {
-  if (!append) std::remove(path.c_str());  // (missing is fine; open reports the rest)
+  // A regular file is unlinked first, so that another hard link keeps its contents; a symlink
+  // (/dev/stdout, say) is written through.
+  std::error_code ec;
+  if (!append &&
+      std::filesystem::symlink_status(path, ec).type() == std::filesystem::file_type::regular)
+    std::filesystem::remove(path, ec);  // (open reports what fails)
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) {
     throw std::runtime_error("cannot open metrics file '" + path +

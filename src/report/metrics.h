@@ -34,8 +34,8 @@ double flops_per_token(std::size_t num_params, int n_layer, int q_width, int seq
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // A new file unless `append` (a resumed run continues the same file): an existing one is
-  // unlinked first, so that another name of it (a hard link) keeps its contents. Every line
+  // A new file unless `append` (a resumed run continues the same file): an existing regular file
+  // is unlinked first, so that another name of it (a hard link) keeps its contents. Every line
   // names the run (`run_id`), so that a resume can tell its own file from another run's.
   MetricsWriter(const std::string& path, bool append, std::string run_id);
   void write(const StepMetrics& m);  // one line, flushed

@@ -365,9 +365,9 @@ fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
     if (fs::is_directory(resume, ec) &&
         !fs::exists(fs::path(resume) / std::string(ckpt::kManifestName), ec) &&
         !latest_saved(resume).empty()) {
-      throw CheckpointError("--resume '" + resume +
-                            "' is a folder of checkpoints, not one; give one of them, or "
-                            "--resume latest --checkpoint-dir " +
+      throw CheckpointError("'" + resume +
+                            "' is a folder of checkpoints, not one; give one of them, or 'latest' "
+                            "with --checkpoint-dir " +
                             resume + " for its newest");
     }
     return resume;

@@ -90,8 +90,8 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
     }
   }
   // Entries named like checkpoints that are not complete ones: this run's own are what a deletion
-  // cut short left (rotation removes MANIFEST.json first); anything else is refused, even with
-  // --overwrite, as a save at its step would have to replace it.
+  // by an earlier version cut short left (it removed MANIFEST.json first); anything else is
+  // refused, even with --overwrite: it is not this run's to replace or delete.
   std::vector<ckpt::CheckpointDir> odd;
   for (ckpt::CheckpointDir& d : ckpt::list_incomplete(parent, kCheckpointPrefix)) {
     if (!run_id.empty() && describe(d).run_id == run_id) {
@@ -107,8 +107,8 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
     if (odd.size() > 4) names += " and " + std::to_string(odd.size() - 4) + " more";
     throw CheckpointError("--checkpoint-dir '" + parent.string() + "' holds " + names +
                           ", named like a checkpoint but not a complete one (no MANIFEST.json: "
-                          "not a checkpoint, or a copy cut short); a save at that step would "
-                          "replace it. Move it out of the way, or choose another "
+                          "not a checkpoint, or a copy cut short), which a run may neither "
+                          "replace nor delete. Move it out of the way, or choose another "
                           "--checkpoint-dir");
   }
   if (!others.empty()) {

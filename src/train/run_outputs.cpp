@@ -1,7 +1,6 @@
 #include "train/run_outputs.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +13,7 @@
 #include <system_error>
 
 #include "checkpoint/atomic_io.h"
+#include "core/bytes.h"
 #include "core/error.h"
 
 namespace zo::train {
@@ -85,26 +85,45 @@ void refuse_shared_outputs(const std::vector<std::pair<const char*, fs::path>>& 
   }
 }
 
+std::string check_checkpoint_room(const std::string& dir, std::uint64_t available,
+                                  std::uint64_t one, std::uint64_t kept, int keep_last) {
+  const std::string where = "--checkpoint-dir '" + dir + "'";
+  if (available < one) {
+    throw CheckpointError(where + " has " + format_bytes(available) +
+                          " free, less than one checkpoint of this model (" + format_bytes(one) +
+                          "); free space there, or choose another --checkpoint-dir");
+  }
+  if (available >= kept * one) return "";
+  return where + " has " + format_bytes(available) + " free for " + std::to_string(kept) +
+         " checkpoints of " + format_bytes(one) + " at once (" +
+         (keep_last > 0 ? "--keep " + std::to_string(keep_last) + " and the save in progress"
+                        : std::string("--keep 0 keeps every save")) +
+         "): a later save may find the drive full";
+}
+
 DirLock::DirLock(const fs::path& dir, const char* flag) {
-  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const fs::path file = dir / kLockFileName;
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     throw CheckpointError(std::string(flag) + " '" + dir.string() +
-                          "' cannot be opened to lock it (" + std::strerror(errno) +
-                          "); fix its permissions or choose another path");
+                          "': cannot open its lock file '" + file.string() + "' (" +
+                          std::strerror(errno) + "); fix its permissions or choose another path");
   }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  struct flock whole {};
+  whole.l_type = F_WRLCK;
+  whole.l_whence = SEEK_SET;
+  if (::fcntl(fd_, F_SETLK, &whole) == 0) return;
   const int err = errno;
-  if (err == EWOULDBLOCK) {
-    ::close(fd_);
-    fd_ = -1;
+  ::close(fd_);
+  fd_ = -1;
+  if (err == EACCES || err == EAGAIN) {
     throw CheckpointError(std::string(flag) + " '" + dir.string() +
-                          "' is in use by another offload_train run (it holds the directory's "
-                          "lock); wait for that run to finish, or choose another path");
+                          "' is in use by another offload_train run (it holds the lock on '" +
+                          file.string() +
+                          "'); wait for that run to finish, or choose another path");
   }
   note_ = std::string(flag) + " '" + dir.string() + "' could not be locked (" + std::strerror(err) +
           "): make sure no other run uses it at the same time";
-  ::close(fd_);
-  fd_ = -1;
 }
 
 DirLock::~DirLock() {
@@ -147,8 +166,11 @@ std::string metrics_not_continuable(const fs::path& path, const std::string& run
   std::int64_t number = 0;
   while (std::getline(in, text)) {
     ++number;
-    // The last line without its newline: a write cut short, if it begins as one of ours does.
-    if (in.eof() && text.rfind("{\"", 0) == 0) break;
+    // The last line without its newline: a write cut short (kill -9: a prefix of an object; a
+    // power loss: zero bytes), which the resume drops.
+    if (in.eof() &&
+        (text.empty() || text[0] == '{' || text.find_first_not_of('\0') == std::string::npos))
+      break;
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
       return "line " + std::to_string(number) + " is not a metrics object";

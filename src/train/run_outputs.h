@@ -29,14 +29,24 @@ void refuse_shared_outputs(
 // The --checkpoint-dir of a run: made and writable, and neither a checkpoint nor inside one.
 void check_checkpoint_dir_path(const std::filesystem::path& dir);
 
-// An exclusive advisory lock (flock) on a directory, held while the object lives: two runs in
-// one --checkpoint-dir would replace each other's checkpoints. Throws CheckpointError when
-// another process holds it. Where the file system has no flock (some network file systems), the
-// lock is not taken and `note()` says so.
+// Whether `available` bytes under --checkpoint-dir `dir` hold this run's checkpoints of `one`
+// bytes: throws CheckpointError when not even one fits; returns a note when fewer than `kept` (the
+// --keep saves and the one being written, or every save with --keep 0) fit at once, else "".
+std::string check_checkpoint_room(const std::string& dir, std::uint64_t available,
+                                  std::uint64_t one, std::uint64_t kept, int keep_last);
+
+// An exclusive lock on a directory, held while the object lives: two runs in one --checkpoint-dir
+// would replace each other's checkpoints. A POSIX record lock (fcntl) on the file kLockFileName in
+// it, which network file systems (NFS) pass to the server, so runs on two hosts exclude each other
+// too; the kernel drops it when the process ends, however it ends. The file stays (removing it
+// would race with a run about to lock it). Throws CheckpointError when another process holds it;
+// where the file system refuses locks, the lock is not taken and `note()` says so. (One per
+// process: closing any other descriptor of the file would drop a POSIX lock.)
+inline constexpr const char* kLockFileName = ".offload_train.lock";
 class DirLock {
  public:
   DirLock() = default;
-  explicit DirLock(const std::filesystem::path& dir, const char* flag);
+  DirLock(const std::filesystem::path& dir, const char* flag);
   ~DirLock();
   DirLock(DirLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)), note_(std::move(o.note_)) {}
   DirLock& operator=(DirLock&& o) noexcept;
@@ -52,8 +62,8 @@ class DirLock {
 // Whether a resumed run may continue the --metrics file: "" when it is missing or holds only
 // metrics objects of run `run_id` (or of no run: files from before metrics named the run), else
 // what it holds instead (another run's steps, lines that are not metrics objects). The last line
-// may be cut short (kill -9) if it begins as a metrics object. Throws CheckpointError when it
-// cannot be read.
+// may be cut short (kill -9: it begins with '{'; a power loss: zero bytes). Throws
+// CheckpointError when it cannot be read.
 std::string metrics_not_continuable(const std::filesystem::path& path, const std::string& run_id);
 
 // A resumed run's --metrics file continues from the resumed step: the objects of later steps

@@ -73,10 +73,17 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   if (const char* s = std::getenv("ZO_TEST_ERROR_STEP")) cfg.inject_error_step = std::atoll(s);
   join_job();
   resolve_model();
+  // A finished run resumed again (a scheduler's restart, say): nothing is opened or changed.
+  if (resume_state && cfg.steps <= resume_state->at("step").get<std::int64_t>()) {
+    finished = true;
+    start_step = resume_state->at("step").get<std::int64_t>();
+    return;
+  }
   check_outputs();
   open_device_and_plan();  // before the data: a spec too large for memory costs nothing more
   open_data();
-  make_optimizer_state();
+  make_optimizer_state();  // (its file, with --state-dir, may share the checkpoints' drive)
+  if (rank == 0 && !cfg.checkpoint_dir.empty()) check_checkpoint_space();
   make_updater_and_model();
   init_weights();
   updater->load_state();
@@ -164,9 +171,9 @@ void Session::resolve_model() {
     cfg.validate(spec);
   } catch (const std::invalid_argument& e) {
     if (!resume_state) throw;
-    throw std::invalid_argument(std::string(e.what()) + " (a resumed run's settings are its " +
-                                "checkpoint's, from " + resume_dir.string() +
-                                "/trainer_state.json, unless given again)");
+    throw std::invalid_argument(std::string(e.what()) + " (a resumed run takes every setting " +
+                                "not given again, and its model, from " + resume_dir.string() +
+                                "/trainer_state.json)");
   }
   T = cfg.seq_len > 0 ? cfg.seq_len : spec.block_size;
   if (cfg.steps > cfg.lr.total_steps) {
@@ -197,7 +204,6 @@ void Session::check_outputs() {
         if (!checkpoint_lock.note().empty()) notes.push_back(checkpoint_lock.note());
         checkpoint_claim = check_checkpoint_dir(cfg.checkpoint_dir, run_id, start, cfg.overwrite);
         notes.insert(notes.end(), checkpoint_claim.notes.begin(), checkpoint_claim.notes.end());
-        check_checkpoint_space(start);
       }
       // A resumed run appends to its metrics; a fresh one would replace the file.
       if (!cfg.metrics.empty()) {
@@ -208,7 +214,7 @@ void Session::check_outputs() {
             throw CheckpointError("--metrics '" + cfg.metrics + "' is not this run's metrics (" +
                                   metrics_foreign +
                                   "), so the resumed run cannot continue it; choose another "
-                                  "path, or pass --overwrite to replace it");
+                                  "path (or pass --overwrite to start that file anew)");
           }
         }
       }
@@ -220,18 +226,29 @@ void Session::check_outputs() {
   if (!failure.empty()) {
     throw CheckpointError(rank == 0 ? failure : "rank 0: " + failure);
   }
-  if (!cfg.trace.empty()) {
-    // A resumed run replaces its own trace (the file names the run); any other file is kept.
+  if (cfg.trace.empty()) return;
+  // Every rank checks its own trace file (a resumed run replaces its own: the file names the
+  // run; any other is kept), and every rank learns whether one was refused.
+  std::string refused;
+  try {
     const std::string path = trace_path(cfg.trace, rank);
     check_output_file(path, "--trace", !(resume_state && report::trace_of_run(path, run_id)),
                       cfg.overwrite);
+  } catch (const std::exception& e) {
+    refused = e.what();
   }
+  double any = refused.empty() ? 0.0 : 1.0;
+  if (ranks > 1) comm->all_reduce(&any, 1, comm::ReduceOp::kSum);
+  if (!refused.empty()) throw CheckpointError(refused);
+  if (any > 0.0)
+    throw CheckpointError("another rank's --trace file was refused (its message says why)");
 }
 
 // The drive under --checkpoint-dir holds at least one checkpoint (refused before the first step
 // rather than at the first save), and is said to be short when it cannot hold what this run keeps
 // at once: its --keep saves and the one being written.
-void Session::check_checkpoint_space(std::uint64_t start) {
+void Session::check_checkpoint_space() {
+  const std::uint64_t start = resume_state ? resume_state->at("step").get<std::uint64_t>() : 0;
   std::error_code ec;
   const std::filesystem::space_info space = std::filesystem::space(cfg.checkpoint_dir, ec);
   if (ec) return;  // no figure (some network file systems): the save reports a full drive
@@ -241,18 +258,9 @@ void Session::check_checkpoint_space(std::uint64_t start) {
       (cfg.checkpoint_interval > 0 ? steps / std::uint64_t(cfg.checkpoint_interval) : 0) + 1;
   const std::uint64_t kept =
       cfg.keep_last > 0 ? std::min<std::uint64_t>(saves, std::uint64_t(cfg.keep_last) + 1) : saves;
-  const std::string where = "--checkpoint-dir '" + cfg.checkpoint_dir + "'";
-  if (space.available < one) {
-    throw CheckpointError(where + " has " + format_bytes(space.available) +
-                          " free, less than one checkpoint of this model (" + format_bytes(one) +
-                          "); free space there, or choose another --checkpoint-dir");
-  }
-  if (space.available < kept * one) {
-    notes.push_back(where + " has " + format_bytes(space.available) + " free for " +
-                    std::to_string(kept) + " checkpoints of " + format_bytes(one) +
-                    " at once (--keep " + std::to_string(cfg.keep_last) +
-                    " and the save in progress): a later save may find the drive full");
-  }
+  const std::string note =
+      check_checkpoint_room(cfg.checkpoint_dir, space.available, one, kept, cfg.keep_last);
+  if (!note.empty()) notes.push_back(note);
 }
 
 // The data, opened and validated before anything large is allocated.

@@ -55,6 +55,8 @@ struct Session {
   std::unique_ptr<dev::Stream> stream;  // forward and backward
   std::unique_ptr<optim::HostOptimizer> opt;
   bool resident = false;  // optimizer state on the device (TrainConfig::mode)
+  // Resumed at or past --steps: nothing else was opened, and the run trains nothing.
+  bool finished = false;
   // Offload, grad_accum > 1: micro-batches summed on the device (TrainConfig::grad_accum_on).
   bool accumulate_on_device = false;
   int param_window = 0;  // > 0: stream mode's window (TrainConfig::mode)
@@ -77,7 +79,7 @@ struct Session {
   void join_job();
   void resolve_model();
   void check_state_format();
-  void check_checkpoint_space(std::uint64_t start);
+  void check_checkpoint_space();
   void check_outputs();
   void open_data();
   void open_device_and_plan();

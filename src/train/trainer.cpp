@@ -44,6 +44,16 @@ int Trainer::rank() const {
 TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   Session& S = *impl_;
   const TrainConfig& cfg = S.cfg;
+  if (S.finished) {  // a finished run resumed again
+    if (log && !cfg.quiet && S.rank == 0) {
+      log("nothing to train: the checkpoint " + S.resume_dir.string() + " is at step " +
+          std::to_string(S.start_step) + " and --steps " + std::to_string(cfg.steps) +
+          " is the step to reach; give a larger --steps to continue the run");
+    }
+    TrainSummary none;
+    none.first_step = S.start_step;
+    return none;
+  }
   Updater& up = *S.updater;
   model::Model& model = *S.model;
   dev::Device& dev = *S.dev;
@@ -60,14 +70,6 @@ TrainSummary Trainer::run(const std::function<void(const std::string&)>& log) {
   const double fpt = report::flops_per_token(S.layout->size(), S.spec.n_layer,
                                              S.spec.n_head * S.spec.head_size(), T);
 
-  if (S.start_step >= cfg.steps) {  // a finished run resumed again (a scheduler's restart, say)
-    say("nothing to train: the checkpoint " + S.resume_dir.string() + " is at step " +
-        std::to_string(S.start_step) + " and --steps " + std::to_string(cfg.steps) +
-        " is the step to reach; give a larger --steps to continue the run");
-    TrainSummary none;
-    none.first_step = S.start_step;
-    return none;
-  }
   report::MetricsWriter metrics;
   if (!cfg.metrics.empty() && S.rank == 0) {
     metrics = report::MetricsWriter(cfg.metrics, S.start_step > 0, S.run_id);
