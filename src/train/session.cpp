@@ -83,7 +83,18 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   open_device_and_plan();  // before the data: a spec too large for memory costs nothing more
   open_data();
   make_optimizer_state();  // (its file, with --state-dir, may share the checkpoints' drive)
-  if (rank == 0 && !cfg.checkpoint_dir.empty()) check_checkpoint_space();
+  if (!cfg.checkpoint_dir.empty()) {  // rank 0 checks its drive; every rank learns the outcome
+    std::string failure;
+    if (rank == 0) {
+      try {
+        check_checkpoint_space();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    if (ranks > 1) failure = comm::broadcast_string(*comm, failure, 0);
+    if (!failure.empty()) throw CheckpointError(rank == 0 ? failure : "rank 0: " + failure);
+  }
   make_updater_and_model();
   init_weights();
   updater->load_state();
