@@ -411,16 +411,21 @@ std::string init_from_config(const std::string& init_from) {
                               "--model (a preset, a JSON spec or the model's config.json)");
 }
 
+void check_checkpoint_model(const fs::path& dir, const nlohmann::json& state,
+                            const model::ModelSpec& built) {
+  const model::ModelSpec spec = checkpoint_spec(state);
+  if (!spec.same_architecture(built)) {
+    throw CheckpointError("checkpoint '" + dir.string() + "' is for model " +
+                          spec.to_json().dump() + ", but this run builds " +
+                          built.to_json().dump() +
+                          "; pass the matching --model or start a new --checkpoint-dir");
+  }
+}
+
 nlohmann::json load_checkpoint(const fs::path& dir, const model::ParameterLayout& layout,
                                optim::HostOptimizer& opt) {
   nlohmann::json state = read_trainer_state(dir);
-  const model::ModelSpec spec = checkpoint_spec(state);
-  if (!spec.same_architecture(layout.spec())) {
-    throw CheckpointError("checkpoint '" + dir.string() + "' is for model " +
-                          spec.to_json().dump() + ", but this run builds " +
-                          layout.spec().to_json().dump() +
-                          "; pass the matching --model or start a new --checkpoint-dir");
-  }
+  check_checkpoint_model(dir, state, layout.spec());
   // The moments first: their files are checked before any tensor is read.
   load_moments(dir, state, layout, opt);
   load_master(dir, layout, opt);

@@ -70,6 +70,9 @@ std::filesystem::path resolve_checkpoint(const std::string& resume,
 // Verifies checksums and reads trainer_state.json (no weights); checks that its model spec is the
 // one model.safetensors records, where it records one.
 nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+// Throws CheckpointError when the checkpoint's model is not the architecture `built`.
+void check_checkpoint_model(const std::filesystem::path& dir, const nlohmann::json& trainer_state,
+                            const model::ModelSpec& built);
 // The model spec a checkpoint was trained with.
 model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state);
 // The config.json beside --init-from's weights (model::hf_config_beside), for a run or a sample

@@ -75,6 +75,7 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   resolve_model();
   // A finished run resumed again (a scheduler's restart, say): nothing is opened or changed.
   if (resume_state && cfg.steps <= resume_state->at("step").get<std::int64_t>()) {
+    check_checkpoint_model(resume_dir, *resume_state, spec);  // a wrong --model is still wrong
     finished = true;
     start_step = resume_state->at("step").get<std::int64_t>();
     return;
