@@ -645,6 +645,10 @@ TEST(CheckpointRoom, OneCheckpointOrTheRunDoesNotStart) {
   EXPECT_HAS(check_checkpoint_room("ck", 2999, 1000, 3, 2),
              "free for 3 checkpoints of 1000 B at once (--keep 2 and the save in progress)");
   EXPECT_HAS(check_checkpoint_room("ck", 1000, 1000, 5, 0), "--keep 0 keeps every save");
+  // Many saves of a large model: their product exceeds 2^64, the drive still falls short.
+  EXPECT_HAS(check_checkpoint_room("ck", std::uint64_t{1} << 40, std::uint64_t{1} << 36,
+                                   std::uint64_t{1} << 30, 0),
+             "a later save may find the drive full");
 }
 
 // A bad element is named by its index in the file (Hugging Face's shape): a GPT-2 Conv1D weight

@@ -93,7 +93,7 @@ std::string check_checkpoint_room(const std::string& dir, std::uint64_t availabl
                           " free, less than one checkpoint of this model (" + format_bytes(one) +
                           "); free space there, or choose another --checkpoint-dir");
   }
-  if (available >= kept * one) return "";
+  if (available / one >= kept) return "";  // (kept * one could wrap)
   return where + " has " + format_bytes(available) + " free for " + std::to_string(kept) +
          " checkpoints of " + format_bytes(one) + " at once (" +
          (keep_last > 0 ? "--keep " + std::to_string(keep_last) + " and the save in progress"
