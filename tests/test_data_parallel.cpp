@@ -302,6 +302,23 @@ TEST(DataParallel, MismatchedFlagsAreRefusedOnEveryRank) {
   EXPECT_FALSE(fs::exists(d.path / "ck")) << "nothing written";
 }
 
+// Each rank checks its own --trace file; one refused (another run's file) stops every rank
+// before the first step, with no hang, and that file keeps its bytes.
+TEST(DataParallel, ATraceFileRefusedOnOneRankStopsEveryRank) {
+  NEED_MPI();
+  TempDir d;
+  const fs::path rank1 = d.path / "trace.rank1.json";
+  { std::ofstream(rank1) << "another run's trace"; }
+  const Result r = run_command("timeout 120 " + kMpiexec + " -np 2 " + kBin + kCommon +
+                               " --micro-batch 2 --trace " + (d.path / "trace.json").string());
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung:\n" << r.out;
+  EXPECT_NE(r.out.find("trace.rank1.json' already exists"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("another rank's --trace file was refused"), std::string::npos) << r.out;
+  EXPECT_EQ(bytes_of(rank1), "another run's trace");
+  EXPECT_FALSE(fs::exists(d.path / "trace.json"));
+}
+
 // A rank that stops responding (ZO_TEST_STALL=<rank>:<step> sleeps for 4 x --comm-timeout):
 // the other ends the whole job after about one timeout, naming the cause; the checkpoints
 // written before stay complete and resumable.

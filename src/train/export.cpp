@@ -123,7 +123,8 @@ std::string export_checkpoint(const ExportConfig& c) {
                           " or pass --allow-nonfinite to write them anyway");
   }
   // The checkpoint's tensors have the export's names and shapes: copied piece by piece.
-  const auto file = ckpt::SafetensorsFile::open(weights);
+  const auto file = ckpt::SafetensorsFile::open(
+      weights, ckpt::safetensors_header_limit(4 * layout.tensors().size()));
   const model::HfSource source = [&file](const model::TensorInfo& t, std::uint64_t first,
                                          std::span<float> piece) {
     file.read_f32(t.name, piece, first);

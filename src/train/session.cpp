@@ -74,10 +74,9 @@ Session::Session(const TrainConfig& c) : cfg(c) {
   join_job();
   resolve_model();
   // A finished run resumed again (a scheduler's restart, say): nothing is opened or changed.
-  if (resume_state && cfg.steps <= resume_state->at("step").get<std::int64_t>()) {
+  if (resume_state && cfg.steps <= start_step) {
     check_checkpoint_model(resume_dir, *resume_state, spec);  // a wrong --model is still wrong
     finished = true;
-    start_step = resume_state->at("step").get<std::int64_t>();
     return;
   }
   check_outputs();
@@ -167,6 +166,7 @@ void Session::resolve_model() {
       notes.push_back("resumed with " + o);
     check_state_format();
     run_id = resume_state->value("run_id", std::string());
+    start_step = resume_state->at("step").get<std::int64_t>();
   } else {
     run_id = comm::broadcast_string(*comm, rank == 0 ? new_run_id() : std::string(), 0);
   }
@@ -203,7 +203,7 @@ void Session::resolve_model() {
 // and every rank learns the outcome): the checkpoint directory (made, writable, holding no other
 // run's checkpoints unless --overwrite), the metrics file, and this rank's trace file.
 void Session::check_outputs() {
-  const std::uint64_t start = resume_state ? resume_state->at("step").get<std::uint64_t>() : 0;
+  const auto start = std::uint64_t(start_step);  // 0: a fresh run
   std::string failure;
   if (rank == 0) {
     try {
@@ -260,7 +260,7 @@ void Session::check_outputs() {
 // rather than at the first save), and is said to be short when it cannot hold what this run keeps
 // at once: its --keep saves and the one being written.
 void Session::check_checkpoint_space() {
-  const std::uint64_t start = resume_state ? resume_state->at("step").get<std::uint64_t>() : 0;
+  const auto start = std::uint64_t(start_step);  // 0: a fresh run
   std::error_code ec;
   const std::filesystem::space_info space = std::filesystem::space(cfg.checkpoint_dir, ec);
   if (ec) return;  // no figure (some network file systems): the save reports a full drive
