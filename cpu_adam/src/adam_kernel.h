@@ -163,35 +163,39 @@ bool nonfinite_range(const void* grads, float grad_mult, std::size_t begin, std:
 // the map's coefficients are scaled by b1 * absmax once per block (Q8Decoder::times).
 
 // Software prefetch ahead of pass 1, one hint per cache line of each stream. The q8 loop computes
-// about 1.8 cycles per parameter, and the hardware prefetchers alone left it ~30% slower from
+// about 1.5 cycles per parameter, and the hardware prefetchers alone left it ~30% slower from
 // DRAM than in cache (one thread: 1.52 against 2.19 Gparam/s; 2.06 with these hints). The fp32
 // and bf16 kernels, memory-bound, ran slower with hints, so only this loop has them.
 inline constexpr std::size_t kQ8PrefetchAhead = 1024;  // elements: 4 KiB of an fp32 master
+// Pass 1 runs in groups of kQ8Group elements, one cache line of codes, so each group hints a
+// fixed set of lines with no test per vector.
+inline constexpr std::size_t kQ8Group = 64;
 
-// Hints the line of `base` (elements of kSize bytes) holding element f, on the vector (lanes i..)
-// whose bytes start a new 64-byte line. (Always inlined: GCC 12 counts a prefetch as no side
-// effect, finds an out-of-line wrapper `const` and deletes its calls.)
-template <class V, std::size_t kSize>
-[[gnu::always_inline]] inline void prefetch_line(const void* base, std::size_t i, std::size_t f) {
-  if ((i * kSize) % 64 < V::kWidth * kSize)
-    __builtin_prefetch(static_cast<const char*>(base) + f * kSize, 1, 3);
+// Hints the lines of elements [f, f + kQ8Group) of `base` (elements of kSize bytes). Groups are
+// consecutive, so the lines of every stream are covered whatever its alignment. (Always inlined:
+// GCC 12 counts a prefetch as no side effect, finds an out-of-line wrapper `const` and deletes
+// its calls.)
+template <std::size_t kSize>
+[[gnu::always_inline]] inline void prefetch_group(const void* base, std::size_t f) {
+  const char* line = static_cast<const char*>(base) + f * kSize;
+  for (std::size_t b = 0; b < kQ8Group * kSize; b += 64)
+    __builtin_prefetch(line + b, 1, 3);
 }
 
-// Every stream of pass 1 at element i + kQ8PrefetchAhead, when that is inside the range.
-template <class V, DType G, int O, bool kB16>
-[[gnu::always_inline]] inline void q8_prefetch(const detail::AdamArrays& a, std::size_t i,
+// Every stream of pass 1 at element f, when that is inside the range.
+template <DType G, int O, bool kB16>
+[[gnu::always_inline]] inline void q8_prefetch(const detail::AdamArrays& a, std::size_t f,
                                                std::size_t end) {
-  const std::size_t f = i + kQ8PrefetchAhead;
   if (f >= end) return;
-  prefetch_line<V, G == DType::kF32 ? 4 : 2>(a.g, i, f);
+  prefetch_group<G == DType::kF32 ? 4 : 2>(a.g, f);
   if constexpr (kB16) {
-    prefetch_line<V, 2>(a.p16, i, f);
+    prefetch_group<2>(a.p16, f);
   } else {
-    prefetch_line<V, 4>(a.p, i, f);
+    prefetch_group<4>(a.p, f);
   }
-  prefetch_line<V, 1>(a.m, i, f);
-  prefetch_line<V, 1>(a.v, i, f);
-  if constexpr (O != detail::kOutNone) prefetch_line<V, 2>(a.out, i, f);
+  prefetch_group<1>(a.m, f);
+  prefetch_group<1>(a.v, f);
+  if constexpr (O != detail::kOutNone) prefetch_group<2>(a.out, f);
 }
 
 template <class V>
@@ -306,6 +310,9 @@ inline float q8_reciprocal(float absmax) {
 template <class V, class Tail, DType G, int O, bool kL2, bool kB16>
 bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_t begin,
                    std::size_t end) {
+  // The pointers as a local the loop's stores cannot reach: codes stored through uint8_t* may
+  // alias anything else reachable, so `a`'s pointers would be read again after every store.
+  const detail::AdamArrays local = a;
   const VecScalars<V> k(s);
   const VecScalars<Tail> kt(s);
   SrStream<V> sr(a.sr_seed, a.t, a.sr_first_index);
@@ -326,18 +333,25 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
     Q8Maxima<V> max;
     Q8Maxima<Tail> max_tail;
     // The pending block is whole: its pass 2 has at least as many vectors as this pass 1 (the
-    // test only skips it in a range's first block, which has none pending).
+    // test only skips it in a range's first block, or after a NaN block, which have none).
+    const bool quantize = pending.b1 > pending.b0;
     std::size_t i = b0, j = pending.b0;
-    for (; i + V::kWidth <= b1; i += V::kWidth) {
-      q8_prefetch<V, G, O, kB16>(a, i, end);
-      q8_update_lanes<V, G, O, kL2, kB16>(a, d, k, sr, i, mt + (i - b0), vt + (i - b0), max,
+    const auto lanes = [&](std::size_t e) {
+      q8_update_lanes<V, G, O, kL2, kB16>(local, d, k, sr, e, mt + (e - b0), vt + (e - b0), max,
                                           typename V::Full{});
-      if (j < pending.b1) {
-        q8_quantize_lanes<V>(a, q, j, pending.mt + (j - pending.b0), pending.vt + (j - pending.b0),
-                             inv_m, inv_v, typename V::Full{});
+      if (quantize) {
+        q8_quantize_lanes<V>(local, q, j, pending.mt + (j - pending.b0),
+                             pending.vt + (j - pending.b0), inv_m, inv_v, typename V::Full{});
         j += V::kWidth;
       }
+    };
+    for (; i + kQ8Group <= b1; i += kQ8Group) {
+      q8_prefetch<G, O, kB16>(local, i + kQ8PrefetchAhead, end);
+      for (std::size_t u = 0; u < kQ8Group; u += V::kWidth)
+        lanes(i + u);
     }
+    for (; i + V::kWidth <= b1; i += V::kWidth)
+      lanes(i);
     if constexpr (V::kMaskedTail) {
       if (i < b1) {
         q8_update_lanes<V, G, O, kL2, kB16>(a, d, k, sr, i, mt + (i - b0), vt + (i - b0), max,
