@@ -258,6 +258,8 @@ TEST(Cli, ReadmeWorkedExampleRuns) {
   EXPECT_EQ(config.at("lr_schedule_steps"), 300);
   EXPECT_TRUE(fs::exists(d.path / "tiny.safetensors"));
   EXPECT_NE(r.out.find("eval: loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; weights runs/demo/step_00000350/model.safetensors"), std::string::npos)
+      << r.out;
 }
 
 // A mistyped flag or subcommand names the nearest valid one; every mistake is one line starting
@@ -314,7 +316,7 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
                        "billion"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("device: offload mode keeps every 16-bit weight there"), std::string::npos)
+  EXPECT_NE(r.out.find("device: offload mode keeps every weight there (bf16)"), std::string::npos)
       << r.out;
   // A device too small for every weight: auto shows stream mode's plan and picks it.
   r =
@@ -369,7 +371,7 @@ TEST(Cli, PlanShowsWhatEachFormatAdmitsInANamedBudget) {
       << r.out;
   r = run("plan --model gpt2-124m --precision bf16 --master-weights bf16 --optimizer-state q8");
   EXPECT_NE(r.out.find("bf16 master weights"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("16-bit upload buffer"), std::string::npos) << "uploads read the master";
+  EXPECT_EQ(r.out.find("upload buffer"), std::string::npos) << "uploads read the master";
   r = run("info");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--master-weights bf16 --optimizer-state q8     6.00 bytes"),
@@ -382,6 +384,16 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("no-such-flag"), std::string::npos);
   EXPECT_EQ(run("").code, 2) << "a subcommand is required";
+  // Integers are plain decimal in their type's range (CLI11 alone read "010" as 8 and took "-1"
+  // for an unsigned flag as 2^64 - 1).
+  for (const char* flags :
+       {"train -b 010", "train --seq-len 0x20", "train --seed -1",
+        "train --seed 18446744073709551616", "plan --seq-len 064", "sample --seed +3"}) {
+    r = run(flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find("is not a whole number in decimal"), std::string::npos) << flags << "\n"
+                                                                                 << r.out;
+  }
   r = run("train --model gpt2-9000m");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("offload_train: error:"), std::string::npos);
@@ -600,6 +612,51 @@ TEST(Cli, PlanChecksTheStateDirAsTrainDoes) {
       << r.out;
   r = run("plan --mode offload --drive-rate 3 --state-dir " + d.path.string());
   EXPECT_EQ(r.code, 0) << r.out;
+  // A state file larger than the drive's free space (1.3 trillion parameters: 15 TB), which
+  // train refuses when it makes the file.
+  const fs::path big = d.path / "big.json";
+  std::ofstream(big) << R"({"n_layer": 400, "n_head": 64, "n_embd": 16384, "vocab_size": 50304,
+                           "block_size": 64})";
+  r = run("plan --model " + big.string() + " --precision bf16 --mode offload --state-dir " +
+          d.path.string());
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("drive: DOES NOT FIT: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" free under --state-dir " + d.path.string()), std::string::npos) << r.out;
+  r = run("info --state-dir ''");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--state-dir '' names no directory"), std::string::npos) << r.out;
+}
+
+// --mode auto picks resident only where nothing asks for offload mode's host side, and says why.
+TEST(Cli, PlanAutoPicksOffloadForItsOwnFlags) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--dpu", "--mode offload (--dpu delays offload mode's CPU update)"},
+      {"--grad-accum 2 --grad-accum-on host",
+       "--mode offload (--grad-accum-on host sums offload mode's gradients on the host)"},
+      {"--optimizer-state q8 --state-dir .",
+       "--mode offload (--state-dir keeps the optimizer state on a drive)"},
+      {"", "--mode resident (everything fits on the device"},
+  };
+  for (const auto& [flags, pick] : cases) {
+    const Result r = run(std::string("plan --model tiny --precision bf16 ") + flags);
+    EXPECT_EQ(r.code, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("recommended: ") + pick), std::string::npos) << flags << "\n"
+                                                                                  << r.out;
+  }
+}
+
+// train --trace plans the trace's event buffer: a budget that holds the run without it does not
+// hold it with it.
+TEST(Cli, TrainPlansTheTraceBuffer) {
+  TempDir d;
+  const std::string train = "train --device host --steps 1 -q --host-memory 200MiB";
+  Result r = run(train);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run(train + " --trace " + (d.path / "t.json").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--trace events (at most 1000000)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d.path / "t.json"));
 }
 
 // eval scores the held-out tail as training does: on the checkpoint it wrote, the same batches

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -96,6 +97,10 @@ TEST(Reliability, AFreshRunRefusesAnotherRunsCheckpointsUnlessOverwrite) {
                              ck.string() + " --resume latest --steps 3 --keep 0";
   r = zo::test::run_command(resume);
   EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("also holds checkpoints of another run (step_00000003, step_00000004) "
+                       "than the one resumed at step 2. Pass --overwrite"),
+            std::string::npos)
+      << r.out;
   r = zo::test::run_command(resume + " --overwrite");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step_00000002 at step 2"), std::string::npos) << r.out;
@@ -291,6 +296,84 @@ TEST(Reliability, ASecondRunInTheSameCheckpointDirIsRefused) {
   EXPECT_EQ(train("--steps 1 --checkpoint-dir " + ck.string()).code, 0);
 }
 
+// What crashes and users leave in a --checkpoint-dir: this run's copy that a deletion cut short
+// set aside is removed (any other is named), a user's copies under names of their own are never
+// rotated, resumes within one second get abandoned-* folders of their own, and `latest` does not
+// step over a newer checkpoint it cannot read. A resume without --checkpoint-dir says it saves
+// nothing.
+TEST(Reliability, LeftoversCopiesAndADamagedNewestAreHandled) {
+  TempDir d;
+  const fs::path ck = d.path / "ck";
+  const std::string bin = ZO_OFFLOAD_TRAIN_BIN;
+  const auto copy = fs::copy_options::recursive;
+  ASSERT_EQ(train("--steps 4 --checkpoint-every 2 --keep 0 --checkpoint-dir " + ck.string()).code,
+            0);
+  const fs::path ours = ck / ".step_00000002.old-12345-0badf00d",
+                 newer = ck / ".step_00000004.old-1-2";
+  fs::rename(ck / step_dir(2), ours);  // a kill between rotation's rename and its deletion
+  fs::copy(ck / step_dir(4), newer, copy);
+  for (const char* name : {"step_2", "step_0000000004"})
+    fs::copy(ck / step_dir(4), ck / name, copy);
+  Result r = zo::test::run_command(bin + " train --checkpoint-dir " + ck.string() +
+                                   " --resume latest --steps 8 --checkpoint-every 2 --keep 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + ours.string() +
+                       ", an old checkpoint of this run whose deletion was cut short"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("left " + newer.string() + ": a copy of step 4 set aside"),
+            std::string::npos)
+      << r.out;
+  std::vector<std::string> want = {newer.filename().string(), "step_0000000004", step_dir(8),
+                                   "step_2"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(entries(ck), want);
+  r = zo::test::run_command(bin + " train --resume " + (ck / step_dir(8)).string() + " --steps 9");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("no --checkpoint-dir: this resumed run saves no checkpoints"),
+            std::string::npos)
+      << r.out;
+
+  // Folders abandoned-<time> for the next seconds exist already: the move picks another name.
+  const fs::path ck2 = d.path / "ck2";
+  ASSERT_EQ(train("--steps 4 --checkpoint-every 2 --keep 0 --checkpoint-dir " + ck2.string()).code,
+            0);
+  for (int s = 0; s < 30; ++s) {
+    const std::time_t t = std::time(nullptr) + s;
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char name[64];
+    std::strftime(name, sizeof name, "abandoned-%Y%m%d-%H%M%S", &tm);
+    fs::create_directories(ck2 / name / step_dir(4));
+  }
+  r = zo::test::run_command(bin + " train --checkpoint-dir " + ck2.string() + " --resume " +
+                            (ck2 / step_dir(2)).string() + " --steps 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::size_t moved = r.out.find("-2 (not deleted)");
+  ASSERT_NE(moved, std::string::npos) << r.out;
+  const std::size_t at = r.out.rfind("moved to ", moved) + 9;
+  EXPECT_TRUE(
+      fs::exists(fs::path(r.out.substr(at, moved + 2 - at)) / step_dir(4) / "MANIFEST.json"))
+      << r.out;
+
+  // The newest (step 3) cannot be read: `latest` names it instead of taking step 2.
+  std::ofstream(ck2 / step_dir(3) / "trainer_state.json", std::ios::trunc) << "{";
+  for (const std::string& cmd :
+       {bin + " eval --device host --data synthetic --batches 1 --checkpoint latest",
+        bin + " export -o " + (d.path / "out.safetensors").string() + " --checkpoint latest",
+        bin + " train --resume latest --steps 4"}) {
+    r = zo::test::run_command(cmd + " --checkpoint-dir " + ck2.string());
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find(" latest: step_00000003 in '" + ck2.string() +
+                         "' is no older than step_00000002, the newest that can be read, but "
+                         "cannot be read itself"),
+              std::string::npos)
+        << cmd << "\n"
+        << r.out;
+  }
+  EXPECT_FALSE(fs::exists(d.path / "out.safetensors"));
+}
+
 // ---- resuming is continuing the same run
 // -----------------------------------------------------------
 
@@ -453,6 +536,29 @@ std::pair<int, std::size_t> peak_rss(const std::string& args, const fs::path& lo
   rusage use{};
   ::wait4(run.pid, &status, 0, &use);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::size_t(use.ru_maxrss) * 1024};
+}
+
+// The host backend's device pool trains within exactly the planned device figure in every mode,
+// for GPT-2 and a Llama (its RoPE table), and one byte less is refused.
+TEST(Reliability, TheDevicePoolTrainsWithinThePlannedFigure) {
+  for (const char* model : {"tiny", "tiny-llama"}) {
+    for (const char* mode : {"resident", "offload"}) {
+      SCOPED_TRACE(std::string(model) + " " + mode);
+      const std::string flags = std::string(" --model ") + model + " -b 2 --seq-len 32 --mode " +
+                                mode + " --precision fp32";
+      const Result plan =
+          zo::test::run_command(std::string(ZO_OFFLOAD_TRAIN_BIN) + " plan --json" + flags);
+      ASSERT_EQ(plan.code, 0) << plan.out;
+      const std::size_t device = nlohmann::json::parse(plan.out)[mode]["device"]["total"];
+      const std::string train = std::string(ZO_OFFLOAD_TRAIN_BIN) +
+                                " train -q --device host --steps 1 --eval-batches 1" + flags +
+                                " --device-memory ";
+      Result r = zo::test::run_command(train + std::to_string(device) + "B");
+      EXPECT_EQ(r.code, 0) << r.out;
+      r = zo::test::run_command(train + std::to_string(device - 1) + "B");
+      EXPECT_EQ(r.code, 1) << r.out;
+    }
+  }
 }
 
 // The plan is the peak: a run stays within the plan's host figure (on the host backend, plus its

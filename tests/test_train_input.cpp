@@ -177,6 +177,31 @@ TEST_F(TrainerState, SectionsAreCheckedByKey) {
              "\"master_weights_dtype\" is \"fp16\"; expected \"fp32\" or \"bf16\"");
 }
 
+// What the files hold must be what trainer_state.json says: its step is its folder's, the
+// weights are in the master's dtype, the moments are where it places them.
+TEST_F(TrainerState, TheStepTheWeightsAndTheMomentFilesAgreeWithIt) {
+  EXPECT_HAS(error_after([](Json& s) { s["step"] = 5; }),
+             "\"step\" is 5, but the checkpoint's folder is step_00000002, saved at step 2");
+  EXPECT_HAS(error_after([](Json& s) { s.erase("optimizer_state_dtype"); }),
+             "\"optimizer_state_dtype\" is missing");
+  EXPECT_HAS(error_after([](Json& s) { s.erase("master_weights_dtype"); }),
+             "\"master_weights_dtype\" is missing");
+  const std::string e = error_after([](Json& s) { s["master_weights_dtype"] = "bf16"; });
+  EXPECT_HAS(e, "model.safetensors holds ");
+  EXPECT_HAS(e, " as F32, but trainer_state.json says the master weights are bf16 (BF16)");
+  reseal(dir_, "optimizer.rank0-of1.safetensors", file_bytes(dir_ / "optimizer.safetensors"));
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir_); }),
+             "holds optimizer.rank0-of1.safetensors, but trainer_state.json names no optimizer "
+             "shards, so no load would read it");
+  reseal(dir_, "optimizer.rank0-of1.safetensors", std::nullopt);
+  EXPECT_NO_THROW(read_trainer_state(dir_));
+  // A copy under a name of its own keeps whatever step it holds.
+  const fs::path copy = tmp_.path / "best";
+  fs::rename(dir_, copy);
+  edit_state(copy, [](Json& s) { s["step"] = 5; });
+  EXPECT_NO_THROW(read_trainer_state(copy));
+}
+
 TEST_F(TrainerState, DeepOrRepeatedJsonIsRefused) {
   const std::string text = file_bytes(dir_ / "trainer_state.json");
   // A second "step" after the real one: nlohmann would keep the later silently.
@@ -197,6 +222,14 @@ TEST_F(TrainerState, ResumeRefusesADamagedDataCursor) {
   c.resume = dir_.string();
   const std::string e = error_of([&] { zo::train::Trainer t(c); });
   EXPECT_HAS(e, "batches_served = -1 is not an integer in [0, ");
+  edit_state(dir_, [](Json& s) {
+    s["data"]["batches_served"] = 2;
+    s["data"].erase("data");
+  });
+  const std::string missing = error_of([&] { zo::train::Trainer t(c); });
+  EXPECT_HAS(missing, "checkpoint '" + dir_.string() + "': malformed data loader state");
+  EXPECT_HAS(missing, "key 'data' not found; the checkpoint is damaged");
+  EXPECT_EQ(missing.find("json.exception"), std::string::npos) << missing;
 }
 
 TEST_F(TrainerState, AFifoInTheCheckpointIsRefusedWithoutBlocking) {
@@ -317,8 +350,19 @@ TEST(Q8Checkpoint, DamagedScalesAreCaughtByTheChecksumOrTheCheck) {
   std::memcpy(bad.data() + at, &nan, 4);
   reseal(dir, "optimizer.safetensors", bad);
   e = error_of([&] { zo::train::Trainer t(r); });
-  EXPECT_HAS(e, "Adam m of wte.weight [0, 0]: nan");
+  EXPECT_HAS(e,
+             "Adam m of wte.weight [0, 0]: nan (the first element of a q8 block of 2048 that "
+             "is NaN as a whole)");
   EXPECT_HAS(e, "cannot be trained from");
+  // Maxima of another dtype: the message says what q8's are.
+  bad = good;
+  const std::size_t dtype = bad.find("\"F32\"", bad.find("\"exp_avg_absmax.wte.weight\""));
+  ASSERT_NE(dtype, std::string::npos);
+  bad.replace(dtype, 5, "\"I32\"");
+  reseal(dir, "optimizer.safetensors", bad);
+  EXPECT_HAS(error_of([&] { zo::train::Trainer t(r); }),
+             "tensor 'exp_avg_absmax.wte.weight' is I32, but trainer_state.json says the "
+             "optimizer state is q8, whose block maxima are F32");
 
   // Maxima no update writes, resealed: a negative one would flip the block's m silently.
   for (const float x : {-0.5f, -0.0f, std::numeric_limits<float>::infinity(), 1e-40f}) {
@@ -497,7 +541,10 @@ TEST_F(ShardedCheckpoint, RangesAreCheckedAsASetBeforeAnythingIsRead) {
   EXPECT_HAS(error_with_ranges({{0, h}, {h, h}}, {{h, L}}), "a non-empty range");
   // Tiling ranges whose sizes disagree with the shards' tensors.
   EXPECT_HAS(error_with_ranges({{0, h + 1}}, {{h + 1, L}}),
-             "has shape [" + std::to_string(h) + "], expected [" + std::to_string(h + 1) + "]");
+             "holds " + std::to_string(h) + " elements, but trainer_state.json gives this shard " +
+                 std::to_string(h + 1) +
+                 " (its optimizer_shards ranges); the shard files were "
+                 "swapped or changed after the save");
   edit_state(dir_, [&](Json& s) {
     s["optimizer_shards"]["files"][0]["ranges"] = {{0, h}};
     s["optimizer_shards"]["files"][1]["ranges"] = {{h, L}};
@@ -506,6 +553,14 @@ TEST_F(ShardedCheckpoint, RangesAreCheckedAsASetBeforeAnythingIsRead) {
   EXPECT_HAS(load_error(), "expected \"optimizer.rank1-of2.safetensors\"");
   edit_state(dir_, [](Json& s) { s["optimizer_shards"]["ranks"] = 3; });
   EXPECT_HAS(load_error(), "one entry per rank (ranks = 3)");
+  edit_state(dir_, [](Json& s) {
+    s["optimizer_shards"]["ranks"] = 2;
+    s["optimizer_shards"]["files"][1]["file"] = "optimizer.rank1-of2.safetensors";
+  });
+  reseal(dir_, "optimizer.rank1-of2.safetensors", std::nullopt);
+  EXPECT_HAS(load_error(),
+             "lacks optimizer.rank1-of2.safetensors, the optimizer shard "
+             "trainer_state.json names");
 }
 
 TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
@@ -521,7 +576,11 @@ TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
       {[&](auto& c) { c.comm_timeout = inf; }, "--comm-timeout"},
       {[&](auto& c) { c.comm_timeout = 1e300; }, "--comm-timeout"},
       {[&](auto& c) { c.comm_timeout = nan; }, "--comm-timeout"},
-      {[&](auto& c) { c.state_chunk_elements = 2047; }, "--state-chunk must be 2048 to"},
+      {[&](auto& c) { c.state_chunk_elements = 2047; }, "--state-chunk must be a multiple of 2048"},
+      {[&](auto& c) { c.state_chunk_elements = 3000; }, "--state-chunk must be a multiple of 2048"},
+      {[&](auto& c) { c.adam_threads = 16777216; }, "--adam-threads must be 0 (all cores) to 4096"},
+      {[&](auto& c) { c.adam_threads = -3; }, "--adam-threads must be 0 (all cores) to 4096"},
+      {[&](auto& c) { c.threads = 1 << 30; }, "--threads must be 0 (all cores) to 4096"},
       {[&](auto& c) { c.state_chunk_elements = std::size_t{1} << 31; }, "--state-chunk"},
       {[&](auto& c) { c.state_chunk_elements = 8192; },
        "add --state-dir DIR or drop --state-chunk"},

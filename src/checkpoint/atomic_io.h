@@ -134,12 +134,12 @@ struct CheckpointDir {
   std::uint64_t step = 0;
 };
 
-// Complete checkpoints in `parent` (directories named <prefix><digits> that hold a
-// MANIFEST.json), oldest first (by step number, not by name). Temporary directories (".name.tmp-")
-// and incomplete ones are ignored. A missing parent gives an empty list.
+// Complete checkpoints in `parent` (directories named checkpoint_dir_name(prefix, step) that hold
+// a MANIFEST.json; other names are a user's), oldest first (by step number, not by name). Temporary
+// directories (".name.tmp-") and incomplete ones are ignored. A missing parent gives an empty list.
 std::vector<CheckpointDir> list_checkpoints(const std::filesystem::path& parent,
                                             std::string_view prefix);
-// The entries of `parent` named like checkpoints (<prefix><digits>) that are not complete ones:
+// The entries of `parent` named like checkpoints (checkpoint_dir_name) that are not complete ones:
 // files, or directories without a MANIFEST.json (a user's, or a copy cut short). A save at their
 // step would have to replace them; nothing of this library does.
 std::vector<CheckpointDir> list_incomplete(const std::filesystem::path& parent,
@@ -170,6 +170,11 @@ std::vector<std::filesystem::path> move_checkpoints_aside(const std::filesystem:
 // Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."),
 // and directories being written now.
 std::vector<std::filesystem::path> list_temporary_dirs(const std::filesystem::path& parent);
+
+// The checkpoints set aside under ".<name>.old-<pid>-<hex>" by a deletion (rotation) or a
+// replacement that was cut short, with the step of <name>, oldest first.
+std::vector<CheckpointDir> list_set_aside(const std::filesystem::path& parent,
+                                          std::string_view prefix);
 
 // Removes the temporary directories in `parent` whose writer record names `owner` and whose
 // writer is gone: a process on this host and boot that no longer runs (its pid is free, or

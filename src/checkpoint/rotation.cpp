@@ -21,16 +21,18 @@ std::string checkpoint_dir_name(std::string_view prefix, std::uint64_t step) {
 
 namespace {
 
-// The step of a directory entry named <prefix><digits>; none for every other name (temporary
-// ".x.tmp-", ".old-", unrelated).
-std::optional<std::uint64_t> step_of(const std::string& name, std::string_view prefix) {
-  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return {};
-  const std::string_view digits = std::string_view(name).substr(prefix.size());
+// The step of a directory entry named exactly checkpoint_dir_name(prefix, step); none for every
+// other name (temporary ".x.tmp-", ".old-", a user's copy such as step_2 or step_0000000002,
+// unrelated), which nothing here lists, rotates or refuses.
+std::optional<std::uint64_t> step_of(std::string_view name, std::string_view prefix) {
+  if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return {};
+  const std::string_view digits = name.substr(prefix.size());
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return {};
   std::uint64_t step = 0;
   const auto [ptr, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
   if (err != std::errc() || ptr != digits.data() + digits.size()) return {};
+  if (checkpoint_dir_name(prefix, step) != name) return {};
   return step;
 }
 
@@ -164,6 +166,22 @@ std::vector<fs::path> list_temporary_dirs(const fs::path& parent) {
     }
   }
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<CheckpointDir> list_set_aside(const fs::path& parent, std::string_view prefix) {
+  std::vector<CheckpointDir> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::size_t old = name.find(".old-");
+    if (name.size() < 2 || name[0] != '.' || old == std::string::npos) continue;
+    if (const auto step = step_of(std::string_view(name).substr(1, old - 1), prefix))
+      out.push_back({it->path(), *step});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointDir& a, const CheckpointDir& b) {
+    return a.step != b.step ? a.step < b.step : a.path < b.path;
+  });
   return out;
 }
 

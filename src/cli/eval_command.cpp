@@ -43,12 +43,15 @@ int run_eval(const EvalCommand& cmd) {
     const nlohmann::json j = {
         {"loss", r.loss},       {"perplexity", std::isfinite(ppl) ? nlohmann::json(ppl) : nullptr},
         {"batches", r.batches}, {"tokens", r.tokens},
-        {"data", r.split},      {"device", r.device}};
+        {"data", r.split},      {"device", r.device},
+        {"weights", r.weights}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("eval: loss %.4f, perplexity %.2f over %lld tokens in %lld batch%s (%s) on %s\n",
-                r.loss, ppl, static_cast<long long>(r.tokens), static_cast<long long>(r.batches),
-                r.batches == 1 ? "" : "es", r.split.c_str(), r.device.c_str());
+    std::printf(
+        "eval: loss %.4f, perplexity %.2f over %lld tokens in %lld batch%s (%s) on %s; weights "
+        "%s\n",
+        r.loss, ppl, static_cast<long long>(r.tokens), static_cast<long long>(r.batches),
+        r.batches == 1 ? "" : "es", r.split.c_str(), r.device.c_str(), r.weights.c_str());
   }
   return 0;
 }

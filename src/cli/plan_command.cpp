@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -151,12 +152,26 @@ int run_plan(const PlanCommand& cmd) {
     const auto& p = m == "resident" ? choice.resident
                     : m == "stream" ? choice.stream
                                     : choice.offload;
+    // The state file needs its bytes free on the drive, as train checks when it makes it.
+    bool drive_fits = true;
+    std::string drive_note;
+    if (pi.engine.state_on_drive) {
+      std::error_code ec;
+      const std::filesystem::space_info space = std::filesystem::space(c.state_dir, ec);
+      if (!ec && space.available < p.drive_total) {
+        drive_fits = false;
+        drive_note = "  drive: DOES NOT FIT: " + format_bytes(p.drive_total) + " needed, " +
+                     format_bytes(space.available) + " free under --state-dir " + c.state_dir +
+                     "\n";
+      }
+    }
     if (cmd.json) {
       j[m] = p.to_json(pi);
+      if (pi.engine.state_on_drive) j[m]["drive"]["fits"] = drive_fits;
     } else {
-      std::fputs(p.format(pi).c_str(), stdout);
+      std::fputs((p.format(pi) + drive_note).c_str(), stdout);
     }
-    if (mode != "auto" || pick == m) fits = p.device_fits && p.host_fits;
+    if (mode != "auto" || pick == m) fits = p.device_fits && p.host_fits && drive_fits;
   }
   pi.engine.param_window = 0;
   // Offload mode's host bytes per parameter of every combination, and what each admits.
@@ -183,9 +198,10 @@ int run_plan(const PlanCommand& cmd) {
       }
       if (device_limit) {
         std::printf(
-            "  device: offload mode keeps every 16-bit weight there: up to %.2f billion "
+            "  device: offload mode keeps every weight there (%s): up to %.2f billion "
             "parameters in %s with these activations\n",
-            double(device_limit) / 1e9, format_bytes(pi.device_capacity).c_str());
+            std::string(dtype_name(pi.act_dtype)).c_str(), double(device_limit) / 1e9,
+            format_bytes(pi.device_capacity).c_str());
       }
     }
   }

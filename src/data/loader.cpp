@@ -271,7 +271,14 @@ void DataLoader::restore(const nlohmann::json& state) {
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(std::string("malformed data loader state in the checkpoint: ") + e.what());
+    // Its text without the library's "[json.exception.<kind>.<id>] " tag.
+    const std::string what = e.what();
+    const std::size_t tag = what.starts_with('[') ? what.find("] ") : std::string::npos;
+    throw DataError(
+        "malformed data loader state in the checkpoint (trainer_state.json's "
+        "\"data\"): " +
+        (tag == std::string::npos ? what : what.substr(tag + 2)) +
+        "; the checkpoint is damaged, resume from another one");
   }
   if (!diffs.empty()) {
     std::string msg =

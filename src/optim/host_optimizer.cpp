@@ -542,8 +542,13 @@ std::string HostOptimizer::find_invalid(const model::ParameterLayout& layout) {
                              : x < 0.0f && array == 2
                                  ? "negative (" + std::to_string(x) + ")"
                                  : std::to_string(x) + " before any update (adam_step 0)";
+    // A q8 block with a NaN anywhere reads NaN as a whole: its first element is named.
+    const bool q8_block = array > 0 && state_format() == StateFormat::kQ8 && std::isnan(x);
     return std::string(kNames[array]) + " of " + t->name + " " +
-           model::hf_index(*t, offset - t->offset) + ": " + what;
+           model::hf_index(*t, offset - t->offset) + ": " + what +
+           (q8_block ? " (the first element of a q8 block of " +
+                           std::to_string(cpu_adam::kQ8Block) + " that is NaN as a whole)"
+                     : std::string());
   }
   return {};
 }

@@ -72,12 +72,24 @@ void add_model_file(ckpt::AtomicDirectory& dir, const model::ParameterLayout& la
 
 // The spec model.safetensors was saved with (its metadata; checkpoints written before it was
 // recorded have none) must be trainer_state.json's: the same shapes with another n_head, say,
-// would otherwise train, export and sample another model without a word.
+// would otherwise train, export and sample another model without a word. Its tensors hold the
+// master weights in their own dtype: bf16 weights under an fp32 master would resume at a
+// precision the run never had.
 void check_weights_spec(const fs::path& dir, const nlohmann::json& state) {
   const auto file = ckpt::SafetensorsFile::open(
       dir / "model.safetensors",
       ckpt::safetensors_header_limit(
           4 * model::ParameterLayout(checkpoint_spec(state)).tensors().size()));
+  const std::string master = state.value("master_weights_dtype", std::string("fp32"));
+  const std::string_view want =
+      ckpt::safetensors_dtype_name(master == "bf16" ? DType::kBF16 : DType::kF32);
+  for (const ckpt::TensorInfo& t : file.tensors()) {
+    if (t.dtype_name == want) continue;
+    throw CheckpointError("checkpoint '" + dir.string() + "': model.safetensors holds " + t.name +
+                          " as " + t.dtype_name + ", but trainer_state.json says the master " +
+                          "weights are " + master + " (" + std::string(want) + "); one of the " +
+                          "files was changed after the save. Resume from an earlier checkpoint");
+  }
   const auto it = file.metadata().find(std::string(kSpecMetadataKey));
   if (it == file.metadata().end()) {
     if (state.at("format_version").get<std::int64_t>() < 2) return;  // not recorded then
@@ -104,6 +116,24 @@ void check_weights_spec(const fs::path& dir, const nlohmann::json& state) {
                           stated + " is not the spec its weights were saved with " + saved +
                           " (model.safetensors); one of the files was changed after the save. "
                           "Resume from an earlier checkpoint");
+  }
+}
+
+// The moments are in optimizer.safetensors, or in the shards trainer_state.json names: a file of
+// the other kind is one no load reads, so the checkpoint is not the one saved.
+void check_moment_files(const fs::path& dir, const nlohmann::json& state,
+                        const ckpt::Manifest& manifest) {
+  const bool sharded = state.contains("optimizer_shards");
+  for (const ckpt::ManifestEntry& e : manifest.files) {
+    const bool shard = e.path.starts_with("optimizer.rank");
+    if ((sharded && e.path == "optimizer.safetensors") || (!sharded && shard)) {
+      throw CheckpointError("checkpoint '" + dir.string() + "' holds " + e.path + ", but " +
+                            (sharded ? "trainer_state.json places the optimizer state in shards "
+                                       "(optimizer_shards)"
+                                     : "trainer_state.json names no optimizer shards") +
+                            ", so no load would read it: the checkpoint was changed after the "
+                            "save. Resume from an earlier checkpoint");
+    }
   }
 }
 
@@ -358,25 +388,61 @@ std::size_t checkpoint_file_bytes(const model::ParameterLayout& layout, DType ma
   return n * (dtype_size(master) + 2 * state_element_bytes(state)) + scales + headers;
 }
 
-fs::path resolve_checkpoint(const std::string& resume, const fs::path& parent) {
-  if (resume != "latest") {
+fs::path resolve_checkpoint(const std::string& value, const fs::path& parent,
+                            std::string_view flag) {
+  const std::string f(flag);
+  if (value != "latest") {
     // A folder of checkpoints rather than one: say how to take its newest.
     std::error_code ec;
-    if (fs::is_directory(resume, ec) &&
-        !fs::exists(fs::path(resume) / std::string(ckpt::kManifestName), ec) &&
-        !latest_saved(resume).empty()) {
-      throw CheckpointError("'" + resume +
+    if (fs::is_directory(value, ec) &&
+        !fs::exists(fs::path(value) / std::string(ckpt::kManifestName), ec) &&
+        !latest_saved(value).empty()) {
+      throw CheckpointError("'" + value +
                             "' is a folder of checkpoints, not one; give one of them, or 'latest' "
                             "with --checkpoint-dir " +
-                            resume + " for its newest");
+                            value + " for its newest");
     }
-    return resume;
+    return value;
+  }
+  if (parent.empty()) {
+    throw CheckpointError(f +
+                          " latest needs --checkpoint-dir, the folder whose newest checkpoint "
+                          "to take; or give " +
+                          f + " a checkpoint's path");
+  }
+  std::error_code ec;
+  if (fs::exists(parent / std::string(ckpt::kManifestName), ec)) {
+    throw CheckpointError(f + " latest: --checkpoint-dir '" + parent.string() +
+                          "' is one checkpoint, not a folder of them; give " + f + " " +
+                          parent.string() + " to use it, or --checkpoint-dir " +
+                          parent.parent_path().string() + " for the newest there");
   }
   const fs::path latest = latest_saved(parent);
   if (latest.empty()) {
-    throw CheckpointError("--resume latest: no complete checkpoint in '" + parent.string() +
-                          "'; start without --resume or point --checkpoint-dir at the "
-                          "right directory");
+    throw CheckpointError(f + " latest: no complete checkpoint in '" + parent.string() + "'; " +
+                          (f == "--resume" ? "start without --resume or point " : "point ") +
+                          "--checkpoint-dir at the right directory");
+  }
+  // One whose trainer_state.json cannot be read has no save time: it may be the latest, so an
+  // older one is not taken in its place without a word.
+  const std::vector<RunCheckpoint> all = run_checkpoints(parent);
+  const auto chosen = std::find_if(all.begin(), all.end(),
+                                   [&](const RunCheckpoint& c) { return c.path == latest; });
+  for (const RunCheckpoint& c : all) {
+    if (chosen == all.end()) break;  // the folder changed under us: take what was found
+    if (c.run_id != "?" || c.step < chosen->step || c.path == latest) continue;
+    std::string why = "unreadable";
+    try {
+      (void)read_trainer_state(c.path);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    throw CheckpointError(f + " latest: " + c.path.filename().string() + " in '" + parent.string() +
+                          "' is no older than " + latest.filename().string() +
+                          ", the newest that can be read, but cannot be read itself (" + why +
+                          "), so which one is the latest is unknown. Give " + f +
+                          " the checkpoint's path, or move the damaged one out of '" +
+                          parent.string() + "'");
   }
   return latest;
 }
@@ -386,7 +452,7 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) {
     throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory");
   }
-  ckpt::verify_directory(dir);
+  const ckpt::Manifest manifest = ckpt::verify_directory(dir);
   const std::string text = ckpt::read_file(dir / "trainer_state.json");
   nlohmann::json state;
   try {
@@ -397,6 +463,7 @@ nlohmann::json read_trainer_state(const fs::path& dir) {
   }
   validate_trainer_state(state, dir);
   check_weights_spec(dir, state);
+  check_moment_files(dir, state, manifest);
   return state;
 }
 

@@ -63,9 +63,12 @@ std::size_t checkpoint_buffer_bytes(const model::ParameterLayout& layout, int ra
 std::size_t checkpoint_file_bytes(const model::ParameterLayout& layout, DType master,
                                   StateFormat state);
 
-// Resolves "latest" (the newest complete checkpoint in parent) or a directory path.
-std::filesystem::path resolve_checkpoint(const std::string& resume,
-                                         const std::filesystem::path& parent);
+// Resolves "latest" (the most recently saved complete checkpoint in parent; refused when a
+// checkpoint at least as new cannot be read) or a directory path. `flag` names the value in
+// messages.
+std::filesystem::path resolve_checkpoint(const std::string& value,
+                                         const std::filesystem::path& parent,
+                                         std::string_view flag = "--resume");
 
 // Verifies checksums and reads trainer_state.json (no weights); checks that its model spec is the
 // one model.safetensors records, where it records one.

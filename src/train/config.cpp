@@ -17,9 +17,17 @@ void TrainConfig::validate_flags() const {
   if (checkpoint_interval > 0 && checkpoint_dir.empty()) {
     bad("--checkpoint-every needs --checkpoint-dir");
   }
-  if (state_chunk_elements < 2048 || state_chunk_elements > (std::size_t{1} << 30)) {
-    bad("--state-chunk must be 2048 to 1073741824 elements (whole q8 blocks of 2048; default "
-        "4194304)");
+  if (state_chunk_elements < 2048 || state_chunk_elements > (std::size_t{1} << 30) ||
+      state_chunk_elements % 2048 != 0) {
+    bad("--state-chunk must be a multiple of 2048 (whole q8 blocks) from 2048 to 1073741824 "
+        "elements (default 4194304)");
+  }
+  // Beyond any machine: TBB ignores the excess, and an arena asked for 2^24 threads crashed.
+  for (const auto& [flag, n] :
+       {std::pair{"--threads", threads}, {"--adam-threads", adam_threads}}) {
+    if (n < 0 || n > kMaxThreads) {
+      bad(std::string(flag) + " must be 0 (all cores) to " + std::to_string(kMaxThreads));
+    }
   }
   if (state_dir.empty() && state_chunk_elements != optim::kDefaultChunkElements) {
     bad("--state-chunk sizes the chunks of the --state-dir file; add --state-dir DIR or drop "
@@ -86,8 +94,7 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   }
   if (mode == "stream") {
     if (param_window != 0 && (param_window < 2 || param_window > spec.n_layer)) {
-      bad("--param-window must be in 2.." + std::to_string(spec.n_layer) +
-          " (the model's blocks; a window of all of them is --mode offload)");
+      bad("--param-window must be in 2.." + std::to_string(spec.n_layer) + " (the model's blocks)");
     }
     if (spec.n_layer < 2) {
       bad("--mode stream passes the blocks through a window of at least 2; this model has " +
@@ -115,11 +122,12 @@ void TrainConfig::validate(const model::ModelSpec& spec) const {
   if (loss_scale_window < 1) bad("--loss-scale-window must be >= 1");
   if (mode == "resident" && optimizer_state != StateFormat::kF32) {
     bad("--optimizer-state " + std::string(state_format_name(optimizer_state)) +
-        " is for --mode offload (host memory); resident mode keeps fp32 state on the device");
+        " is for --mode offload or stream (host memory); resident mode keeps fp32 state on the "
+        "device");
   }
   if (mode == "resident" && master_weights != DType::kF32) {
-    bad("--master-weights bf16 is for --mode offload (host memory); resident mode keeps fp32 "
-        "master weights on the device");
+    bad("--master-weights bf16 is for --mode offload or stream (host memory); resident mode keeps "
+        "fp32 master weights on the device");
   }
   if (master_weights != DType::kF32 && master_weights != DType::kBF16) {
     bad("--master-weights must be fp32 or bf16");

@@ -20,6 +20,9 @@ namespace zo::train {
 inline constexpr int kMaxMicroBatch = 1 << 16, kMaxGradAccum = 4096, kMaxEvalBatches = 1 << 20;
 inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 40;
 
+// The most threads --threads and --adam-threads take.
+inline constexpr int kMaxThreads = 4096;
+
 struct TrainConfig {
   // model
   std::string model = "tiny";  // preset name or JSON spec path

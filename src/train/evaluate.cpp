@@ -118,6 +118,7 @@ EvalResult evaluate(const EvalConfig& c) {
   r.tokens = static_cast<std::int64_t>(s.count);
   r.split = loader.describe();
   r.device = m.device().name();
+  r.weights = m.weights_file().string();
   return r;
 }
 

@@ -48,8 +48,9 @@ struct EvalConfig {
 struct EvalResult {
   double loss = 0.0;  // mean cross-entropy, nats per token
   std::int64_t batches = 0, tokens = 0;
-  std::string split;   // the loader's description of what was read
-  std::string device;  // Device::name()
+  std::string split;    // the loader's description of what was read
+  std::string device;   // Device::name()
+  std::string weights;  // the file scored (a checkpoint's model.safetensors)
 };
 
 // The default sequence length's cap (a Llama 3's block_size is 131072).

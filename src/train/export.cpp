@@ -109,7 +109,7 @@ std::string export_checkpoint(const ExportConfig& c) {
   } else {
     check_directory_output(out, c.force);
   }
-  const auto dir = resolve_checkpoint(c.checkpoint, c.checkpoint_dir);
+  const auto dir = resolve_checkpoint(c.checkpoint, c.checkpoint_dir, "--checkpoint");
   const auto spec = checkpoint_spec(read_trainer_state(dir));
   const model::ParameterLayout layout(spec);
   const fs::path weights = dir / "model.safetensors";
@@ -135,13 +135,13 @@ std::string export_checkpoint(const ExportConfig& c) {
     // Its folder, made only now that nothing is refused.
     ensure_writable_dir(out.parent_path().empty() ? fs::path(".") : out.parent_path(), "-o");
     model::export_hf_weights(out, layout, source, c.dtype);
-    return "wrote " + c.out + " (" + what + ")";
+    return "wrote " + c.out + " from " + dir.string() + " (" + what + ")";
   }
   const auto files = model::export_hf_directory(out, layout, source, c.dtype, shard_bytes);
   std::string list;
   for (const auto& f : files)
     list += (list.empty() ? "" : ", ") + f;
-  return "wrote " + c.out + "/: " + list + " (" + what + ")";
+  return "wrote " + c.out + "/: " + list + " from " + dir.string() + " (" + what + ")";
 }
 
 }  // namespace zo::train

@@ -34,7 +34,8 @@ void check_one_source(const WeightsSource& s) {
 model::ModelSpec load_spec(const WeightsSource& s) {
   check_one_source(s);
   if (!s.checkpoint.empty())
-    return checkpoint_spec(read_trainer_state(resolve_checkpoint(s.checkpoint, s.checkpoint_dir)));
+    return checkpoint_spec(
+        read_trainer_state(resolve_checkpoint(s.checkpoint, s.checkpoint_dir, "--checkpoint")));
   return model::load_model_spec(s.model.empty() ? init_from_config(s.init_from) : s.model);
 }
 
@@ -58,11 +59,12 @@ InferenceModel::InferenceModel(const WeightsSource& source, const model::ModelSp
 
   // The weights, piece by piece, into the host copy in the act dtype.
   const std::filesystem::path dir =
-      source.checkpoint.empty() ? std::filesystem::path()
-                                : resolve_checkpoint(source.checkpoint, source.checkpoint_dir);
-  const std::filesystem::path file = source.checkpoint.empty()
-                                         ? std::filesystem::path(source.init_from)
-                                         : dir / "model.safetensors";
+      source.checkpoint.empty()
+          ? std::filesystem::path()
+          : resolve_checkpoint(source.checkpoint, source.checkpoint_dir, "--checkpoint");
+  file_ = source.checkpoint.empty() ? std::filesystem::path(source.init_from)
+                                    : dir / "model.safetensors";
+  const std::filesystem::path& file = file_;
   try {
     host_ = pinned::PinnedBuffer(bytes, dev::staging_pin_options(*dev_, true));
   } catch (const HostMemoryError& e) {

@@ -4,6 +4,7 @@
 // Model of the asked shape over them. The flags are checked before the device is opened.
 #pragma once
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,12 +55,15 @@ class InferenceModel {
   model::Model& model() { return *model_; }
   model::ParameterStore& parameters() { return *store_; }
   int param_window() const { return window_; }  // 0: every weight on the device
+  // The file the weights came from (a checkpoint's model.safetensors once "latest" is resolved).
+  const std::filesystem::path& weights_file() const { return file_; }
 
  private:
   model::ParameterLayout layout_;
   std::unique_ptr<dev::Device> dev_;
   std::unique_ptr<dev::Stream> stream_;
   int window_ = 0;
+  std::filesystem::path file_;
   dev::Buffer params_;         // (layout size) act dtype, without a window
   pinned::PinnedBuffer host_;  // (layout size) act dtype: the import, then a window's source
   std::unique_ptr<model::ParameterStore> store_;

@@ -26,14 +26,17 @@ std::string saved_dtype(StateFormat f) {
   return f == StateFormat::kF32 ? "F32" : f == StateFormat::kBF16 ? "BF16" : "U8";
 }
 
-// The stored dtype each moment tensor of format f must have.
-void expect_dtype(const ckpt::SafetensorsFile& file, const std::string& name, StateFormat f) {
+// The stored dtype each moment tensor of format f must have; q8's block maxima are F32.
+void expect_dtype(const ckpt::SafetensorsFile& file, const std::string& name, StateFormat f,
+                  bool absmax = false) {
   const std::string& d = file.info(name).dtype_name;
-  if (d != saved_dtype(f)) {
+  const std::string want = absmax ? "F32" : saved_dtype(f);
+  if (d != want) {
     throw CheckpointError("checkpoint file '" + file.path().string() + "': tensor '" + name +
                           "' is " + d + ", but trainer_state.json says the optimizer state is " +
-                          std::string(state_format_name(f)) + " (" + saved_dtype(f) +
-                          "); the checkpoint is damaged. Resume from an earlier one");
+                          std::string(state_format_name(f)) + ", whose " +
+                          (absmax ? "block maxima are " : "moments are ") + want +
+                          "; the checkpoint is damaged. Resume from an earlier one");
   }
 }
 
@@ -96,7 +99,7 @@ class WholeSource final : public MomentSource {
         const std::string am = std::string(kAbsmax[k]) + "." + t.name;
         names.insert(am);
         file_.expect_shape(am, {cpu_adam::q8_blocks(t.numel)});
-        expect_dtype(file_, am, StateFormat::kF32);
+        expect_dtype(file_, am, f, true);
       }
     }
     expect_only(file_, names);
@@ -166,6 +169,13 @@ class ShardedSource final : public MomentSource {
                 const model::ParameterLayout& layout, StateFormat f)
       : layout_(layout), f_(f) {
     for (const ShardFile& sf : shard_files(shards, layout.size(), dir)) {
+      std::error_code ec;
+      if (!fs::exists(dir / sf.name, ec)) {
+        throw CheckpointError("checkpoint '" + dir.string() + "' lacks " + sf.name +
+                              ", the optimizer shard trainer_state.json names (optimizer_shards); "
+                              "the checkpoint was copied in part or changed after the save. "
+                              "Copy the whole checkpoint directory, or resume from an earlier one");
+      }
       files_.push_back(ckpt::SafetensorsFile::open(dir / sf.name, header_limit(layout)));
       const ckpt::SafetensorsFile& file = files_.back();
       std::vector<optim::OwnedRange> ranges;
@@ -187,12 +197,21 @@ class ShardedSource final : public MomentSource {
       std::set<std::string> names;
       for (int k = 0; k < 2; ++k) {
         names.insert(kMoments[k]);
+        const std::uint64_t n = file.info(kMoments[k]).numel;
+        if (n != sf.local_size) {  // not this rank's ranges: swapped or replaced shards
+          throw CheckpointError(
+              "checkpoint file '" + file.path().string() + "': tensor '" + kMoments[k] +
+              "' holds " + std::to_string(n) + " elements, but trainer_state.json gives this " +
+              "shard " + std::to_string(sf.local_size) + " (its optimizer_shards ranges); the " +
+              "shard files were swapped or changed after the save. Resume from an earlier " +
+              "checkpoint");
+        }
         file.expect_shape(kMoments[k], {sf.local_size});
         expect_dtype(file, kMoments[k], f);
         if (f != StateFormat::kQ8) continue;
         names.insert(kAbsmax[k]);
         file.expect_shape(kAbsmax[k], {blocks});
-        expect_dtype(file, kAbsmax[k], StateFormat::kF32);
+        expect_dtype(file, kAbsmax[k], f, true);
       }
       expect_only(file, names);
     }

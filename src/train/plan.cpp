@@ -96,7 +96,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.device.push_back({"activations (B=" + std::to_string(in.shape.B) + ", T=" +
                           std::to_string(in.shape.T) + (in.shape.recompute ? ", recompute)" : ")"),
                       model::activation_bytes(in.spec, in.shape, esize), false});
-  if (in.resident) p.device.push_back({"norm scratch", 64, false});
+  if (in.resident) {
+    p.device.push_back({"gradient norm and step gate", 64, false});
+    // One entry per run of tensors with the same weight decay: at most one per tensor.
+    p.device.push_back({"AdamW run table", layout.tensors().size() * 8, false});
+  }
+  if (in.spec.llama())
+    p.device.push_back({"RoPE inverse frequencies", std::size_t(in.spec.head_dim / 2) * 4, false});
   const std::size_t sb = state_element_bytes(in.optimizer_state);
   std::string state = "(";  // built by append: GCC 12 warns falsely on "(" + string (PR 105329)
   state.append(state_format_name(in.optimizer_state)).append(")");
@@ -129,10 +135,16 @@ MemoryPlan plan_memory(const PlanInput& in) {
     if (f.host_grads) p.host.push_back({"gradient landing buffer" + two, f.host_grads});
     if (f.host_accum) p.host.push_back({"fp32 accumulated gradients" + two, f.host_accum});
     if (f.host_ring) p.host.push_back({"accumulation ring", f.host_ring});
-    if (f.host_upload) p.host.push_back({"16-bit upload buffer", f.host_upload});
+    if (f.host_upload) {
+      p.host.push_back({std::string(dtype_name(in.act_dtype)) + " upload buffer", f.host_upload});
+    }
   }
   p.host.push_back({"checkpoint, import and init buffers",
                     checkpoint_buffer_bytes(layout, in.engine.ranks), false});
+  if (in.trace_events > 0) {
+    p.host.push_back({"--trace events (at most " + std::to_string(in.trace_events) + ")",
+                      in.trace_events * kTraceEventBytes, false});
+  }
   // The step's losses (every micro-batch), evaluation's (at most 16 batches in flight) and the
   // tokens' two staging slots: page-locked on a GPU.
   const std::size_t BT = std::size_t(in.shape.B) * std::size_t(in.shape.T);
@@ -197,8 +209,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
     const double hide = double(esize) * in.device_tflops * 1e12 / (2.0 * in.link_gb_per_s * 1e9);
     char rates[160];
     std::snprintf(rates, sizeof rates,
-                  "%.0f tokens per micro-batch (now %d) at %g GB/s and %g TFLOP/s", std::ceil(hide),
-                  in.shape.B * in.shape.T, in.link_gb_per_s, in.device_tflops);
+                  "%.0f tokens per micro-batch (now %lld) at %g GB/s and %g TFLOP/s",
+                  std::ceil(hide), static_cast<long long>(in.shape.B) * in.shape.T,
+                  in.link_gb_per_s, in.device_tflops);
     p.streaming = "the embeddings and the final group stay, the blocks pass through " +
                   std::to_string(window) + " slots of " + format_bytes(block) +
                   "; parameters copied to the device per step: " + format_bytes(copies * block) +
@@ -299,13 +312,17 @@ ModeChoice choose_mode(PlanInput in, bool gpu) {
   }
   if (!gpu) {
     c.reason = "the host backend runs the offload engine (resident mode is for a GPU)";
+  } else if (in.engine.state_on_drive) {
+    c.reason = "--state-dir keeps the optimizer state on a drive";
   } else if (in.optimizer_state != StateFormat::kF32) {
     c.reason =
         std::string(state_format_name(in.optimizer_state)) + " optimizer state lives on the host";
   } else if (in.engine.master != DType::kF32) {
     c.reason = "bf16 master weights live on the host";
-  } else if (in.engine.state_on_drive) {
-    c.reason = "--state-dir keeps the optimizer state on a drive";
+  } else if (in.engine.dpu) {
+    c.reason = "--dpu delays offload mode's CPU update";
+  } else if (in.grad_accum_on == AccumPlacement::kHost) {
+    c.reason = "--grad-accum-on host sums offload mode's gradients on the host";
   } else if (!c.resident.device_fits) {
     c.reason = "the whole training state (" + format_bytes(c.resident.device_total) +
                ") does not fit on the device (" + format_bytes(in.device_capacity) + ")";

@@ -42,8 +42,14 @@ struct PlanInput {
   // The optimizer state on a drive (engine.state_on_drive): its chunks and staging slots.
   std::size_t state_chunk_elements = optim::kDefaultChunkElements;
   std::size_t state_slots = optim::kDefaultStagingSlots;
-  double drive_gb_per_s = 0.0;  // the drive's rate each way; 0 = no time predicted
+  double drive_gb_per_s = 0.0;   // the drive's rate each way; 0 = no time predicted
+  std::size_t trace_events = 0;  // train --trace: the most events its trace holds (0: none)
 };
+
+// The host bytes one trace event may take (report::Trace keeps them until the end: the event, its
+// name and arguments; about 300 measured).
+inline constexpr std::size_t kTraceEventBytes = 384;
+inline constexpr std::size_t kTraceMaxEvents = 1'000'000;  // train --trace's cap
 
 struct PlanLine {
   std::string what;

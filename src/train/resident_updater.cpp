@@ -166,6 +166,7 @@ class ResidentUpdater final : public Updater {
     float sumsq;
     StepGate gate;
   };
+  static_assert(sizeof(Stats) <= 64, "the plan counts 64 bytes (train/plan.cpp)");
 
   dev::Buffer params_, grads_;  // (n) act dtype each
   dev::Buffer stats_;           // one Stats

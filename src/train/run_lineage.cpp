@@ -100,6 +100,19 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
       odd.push_back(std::move(d));
     }
   }
+  for (ckpt::CheckpointDir& d : ckpt::list_set_aside(parent, kCheckpointPrefix)) {
+    if (!run_id.empty() && d.step < start_step && describe(d).run_id == run_id) {
+      claim.set_aside.push_back(std::move(d.path));
+    } else {
+      claim.notes.push_back(
+          "left " + d.path.string() + ": a copy of step " + std::to_string(d.step) +
+          " set aside by a deletion or replacement that was cut short (" +
+          (start_step == 0
+               ? std::string("not this run's")
+               : "another run's, or not older than step " + std::to_string(start_step)) +
+          "); remove it by hand once it is not needed");
+    }
+  }
   if (!odd.empty()) {
     std::string names;
     for (std::size_t i = 0; i < odd.size() && i < 4; ++i)
@@ -112,6 +125,14 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
                           "--checkpoint-dir");
   }
   if (!others.empty()) {
+    if (!overwrite && start_step > 0) {  // resumed: 'latest' may well have been this run's
+      throw CheckpointError(
+          "--checkpoint-dir '" + parent.string() + "' also holds checkpoints of another run (" +
+          list(others) + ") than the one resumed at step " + std::to_string(start_step) +
+          ". Pass --overwrite to continue this run there anyway (same-numbered checkpoints of "
+          "the other run are then replaced; its others are kept), give --resume the other "
+          "run's checkpoint path to continue that one, or choose another --checkpoint-dir");
+    }
     if (!overwrite) {
       throw CheckpointError(
           "--checkpoint-dir '" + parent.string() + "' holds checkpoints of another run (" +
@@ -136,6 +157,14 @@ std::vector<std::string> remove_leftovers(const DirClaim& claim) {
                        : "removed " + p.string() +
                              ", an incomplete checkpoint of this run (a deletion cut short)");
   }
+  for (const fs::path& p : claim.set_aside) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    notes.push_back(ec ? "could not remove " + p.string() + " (" + ec.message() +
+                             "), an old checkpoint of this run; remove it by hand"
+                       : "removed " + p.string() +
+                             ", an old checkpoint of this run whose deletion was cut short");
+  }
   return notes;
 }
 
@@ -145,7 +174,12 @@ std::string move_abandoned(const fs::path& parent, const DirClaim& claim,
   std::vector<ckpt::CheckpointDir> dirs;
   for (const RunCheckpoint& c : claim.abandoned)
     dirs.push_back({c.path, c.step});
-  const std::string folder = "abandoned-" + utc_stamp();
+  // Unique: two resumes within a second would otherwise share (and collide in) one folder.
+  const std::string stamp = "abandoned-" + utc_stamp();
+  std::string folder = stamp;
+  std::error_code ec;
+  for (int n = 2; fs::exists(fs::symlink_status(parent / folder, ec)); ++n)
+    folder = stamp + "-" + std::to_string(n);
   ckpt::move_checkpoints_aside(parent, dirs, folder);
   return "resuming at step " + std::to_string(start_step) + " abandons this run's " +
          list(claim.abandoned) + ": moved to " + (parent / folder).string() + " (not deleted)";

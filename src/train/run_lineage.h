@@ -40,15 +40,19 @@ struct DirClaim {
   std::vector<std::string> notes;                // what to tell the user
   std::vector<RunCheckpoint> abandoned;          // this run's checkpoints newer than start_step
   std::vector<std::filesystem::path> leftovers;  // this run's incomplete checkpoint directories
+  // This run's checkpoints older than start_step that a deletion cut short left under a hidden
+  // ".<name>.old-" name (ckpt::list_set_aside); any other such copy is only named in `notes`.
+  std::vector<std::filesystem::path> set_aside;
 };
 // Throws CheckpointError listing the checkpoints of other runs unless `overwrite`, and entries
 // named like checkpoints that are not complete ones (unless this run's) always. Changes nothing.
 DirClaim check_checkpoint_dir(const std::filesystem::path& parent, const std::string& run_id,
                               std::uint64_t start_step, bool overwrite);
-// Removes this run's incomplete checkpoint directories once the run is sure to start; returns
-// what to tell the user.
+// Removes this run's incomplete and set-aside checkpoint directories once the run is sure to
+// start; returns what to tell the user.
 std::vector<std::string> remove_leftovers(const DirClaim& claim);
-// Moves the abandoned checkpoints into parent/abandoned-<UTC time>/ once the run is sure to start;
+// Moves the abandoned checkpoints into parent/abandoned-<UTC time>/ (-2, -3, ... appended when
+// that exists) once the run is sure to start;
 // returns what to tell the user ("" when there were none).
 std::string move_abandoned(const std::filesystem::path& parent, const DirClaim& claim,
                            std::uint64_t start_step);

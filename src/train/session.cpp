@@ -11,6 +11,7 @@
 #include "checkpoint/atomic_io.h"
 #include "comm/comm.h"
 #include "core/bytes.h"
+#include "core/error.h"
 #include "data/token_source.h"
 #include "device/make_device.h"
 #include "model/hf_weights.h"
@@ -167,6 +168,11 @@ void Session::resolve_model() {
     check_state_format();
     run_id = resume_state->value("run_id", std::string());
     start_step = resume_state->at("step").get<std::int64_t>();
+    if (cfg.checkpoint_dir.empty())
+      notes.push_back(
+          "no --checkpoint-dir: this resumed run saves no checkpoints (give one, "
+          "e.g. the folder of " +
+          resume_dir.string() + ", to keep saving)");
   } else {
     run_id = comm::broadcast_string(*comm, rank == 0 ? new_run_id() : std::string(), 0);
   }
@@ -337,6 +343,7 @@ void Session::open_device_and_plan() {
       engine_config(),
       parse_accum_placement(cfg.grad_accum_on)};
   pi.state_chunk_elements = cfg.state_chunk_elements;
+  if (!cfg.trace.empty()) pi.trace_events = kTraceMaxEvents;
   pi.engine.param_window =
       offered_param_window(spec, cfg.mode, cfg.param_window, ranks, cfg.dpu, cfg.grad_accum_on);
   if (cfg.mode == "stream" && ranks > 1) {
@@ -425,7 +432,8 @@ void Session::make_optimizer_state() {
 }
 
 void Session::make_updater_and_model() {
-  if (!cfg.trace.empty()) trace = report::Trace(trace_path(cfg.trace, rank), 1'000'000, run_id);
+  if (!cfg.trace.empty())
+    trace = report::Trace(trace_path(cfg.trace, rank), kTraceMaxEvents, run_id);
   if (optim::StatePager* pager = opt->pager(); pager && trace.enabled()) {
     // Each staging slot's reads and writes on its own track (one transfer at a time per slot),
     // and the update's waits for them on another.
@@ -479,7 +487,11 @@ void Session::init_weights() {
     const nlohmann::json st = load_checkpoint(resume_dir, *layout, *opt);
     start_step = st.at("step").get<std::int64_t>();
     tokens = st.at("tokens").get<std::int64_t>();
-    loaders.train->restore(st.at("data"));
+    try {
+      loaders.train->restore(st.at("data"));
+    } catch (const DataError& e) {
+      throw DataError("checkpoint '" + resume_dir.string() + "': " + e.what());
+    }
     if (st.contains("loss_scaler")) scaler.restore(st.at("loss_scaler"));
   } else {
     // Every rank makes (or reads) only the parts of the initial model it owns.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -72,6 +73,18 @@ void check_loss_scaler(const Json& s, const fs::path& dir) {
   }
 }
 
+// N of a folder named <kCheckpointPrefix><digits>, as saves name them; none for other names.
+std::optional<std::uint64_t> step_in_name(const std::string& name) {
+  const std::string prefix = kCheckpointPrefix;
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 19 ||
+      name.compare(0, prefix.size(), prefix) != 0)
+    return {};
+  const std::string digits = name.substr(prefix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return {};
+  return std::stoull(digits);
+}
+
 }  // namespace
 
 void validate_trainer_state(const Json& state, const fs::path& dir) {
@@ -91,6 +104,14 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
                "); the checkpoint was written by another version of offload_train");
   }
   const std::uint64_t step = count_member(state, "", "step", kMaxSteps, "2^40", dir);
+  // The folder a save names after its step (a copy under another name is not checked).
+  const fs::path folder = dir.filename().empty() ? dir.parent_path() : dir;
+  if (const std::optional<std::uint64_t> named = step_in_name(folder.filename().string());
+      named && *named != step) {
+    refuse(dir, "step",
+           "is " + std::to_string(step) + ", but the checkpoint's folder is " +
+               folder.filename().string() + ", saved at step " + std::to_string(*named));
+  }
   count_member(state, "", "adam_step", step, "step = " + std::to_string(step), dir);
   count_member(state, "", "tokens", kMaxCount, "2^53", dir);
   if (state.contains("gemm_choices") && !state["gemm_choices"].is_string()) {
@@ -110,6 +131,10 @@ void validate_trainer_state(const Json& state, const fs::path& dir) {
     spec = checkpoint_spec(state);
   } catch (const std::invalid_argument& e) {
     refuse(dir, "model_spec", std::string("is refused: ") + e.what());
+  }
+  if (version.get<std::int64_t>() >= 2) {  // every save of format 2 records both
+    member(state, "", "optimizer_state_dtype", dir);
+    member(state, "", "master_weights_dtype", dir);
   }
   if (state.contains("optimizer_state_dtype")) {
     const Json& d = state["optimizer_state_dtype"];
