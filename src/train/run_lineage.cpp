@@ -149,22 +149,18 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
 
 std::vector<std::string> remove_leftovers(const DirClaim& claim) {
   std::vector<std::string> notes;
-  for (const fs::path& p : claim.leftovers) {
-    std::error_code ec;
-    fs::remove_all(p, ec);
-    notes.push_back(ec ? "could not remove " + p.string() + " (" + ec.message() +
-                             "), an incomplete checkpoint of this run; remove it by hand"
-                       : "removed " + p.string() +
-                             ", an incomplete checkpoint of this run (a deletion cut short)");
-  }
-  for (const fs::path& p : claim.set_aside) {
-    std::error_code ec;
-    fs::remove_all(p, ec);
-    notes.push_back(ec ? "could not remove " + p.string() + " (" + ec.message() +
-                             "), an old checkpoint of this run; remove it by hand"
-                       : "removed " + p.string() +
-                             ", an old checkpoint of this run whose deletion was cut short");
-  }
+  const auto remove = [&](const std::vector<fs::path>& dirs, const std::string& what,
+                          const std::string& why) {
+    for (const fs::path& p : dirs) {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+      notes.push_back(ec ? "could not remove " + p.string() + " (" + ec.message() + "), " + what +
+                               "; remove it by hand"
+                         : "removed " + p.string() + ", " + what + why);
+    }
+  };
+  remove(claim.leftovers, "an incomplete checkpoint of this run", " (a deletion cut short)");
+  remove(claim.set_aside, "an old checkpoint of this run", " whose deletion was cut short");
   return notes;
 }
 
