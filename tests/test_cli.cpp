@@ -386,14 +386,17 @@ TEST(Cli, BadInputExitsNonZeroWithAMessage) {
   EXPECT_EQ(run("").code, 2) << "a subcommand is required";
   // Integers are plain decimal in their type's range (CLI11 alone read "010" as 8 and took "-1"
   // for an unsigned flag as 2^64 - 1).
-  for (const char* flags :
-       {"train -b 010", "train --seq-len 0x20", "train --seed -1",
-        "train --seed 18446744073709551616", "plan --seq-len 064", "sample --seed +3"}) {
+  for (const auto& [flags, why] :
+       {std::pair{"train -b 010", "'010' is a number with a leading zero (read as octal)"},
+        {"plan --seq-len 064", "'064' is a number with a leading zero"},
+        {"train --seq-len 0x20", "'0x20' is not a whole number in decimal"},
+        {"train --seed -1", "'-1' is not a whole number from 0 in decimal"},
+        {"train --seed 18446744073709551616", "'18446744073709551616' is out of range"}}) {
     r = run(flags);
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
-    EXPECT_NE(r.out.find("is not a whole number in decimal"), std::string::npos) << flags << "\n"
-                                                                                 << r.out;
+    EXPECT_NE(r.out.find(why), std::string::npos) << flags << "\n" << r.out;
   }
+  EXPECT_EQ(run("plan --seq-len +64 -b 1").code, 0) << "a plus sign is still decimal";
   r = run("train --model gpt2-9000m");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("offload_train: error:"), std::string::npos);

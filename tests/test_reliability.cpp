@@ -308,9 +308,10 @@ TEST(Reliability, LeftoversCopiesAndADamagedNewestAreHandled) {
   const auto copy = fs::copy_options::recursive;
   ASSERT_EQ(train("--steps 4 --checkpoint-every 2 --keep 0 --checkpoint-dir " + ck.string()).code,
             0);
-  const fs::path ours = ck / ".step_00000002.old-12345-0badf00d",
-                 newer = ck / ".step_00000004.old-1-2";
-  fs::rename(ck / step_dir(2), ours);  // a kill between rotation's rename and its deletion
+  const fs::path ours = ck / ".step_00000002.del-12345-0badf00d",
+                 newer = ck / ".step_00000004.del-1-2", replaced = ck / ".step_00000002.old-7-8";
+  fs::copy(ck / step_dir(2), replaced, copy);  // a replacement's: maybe the only copy
+  fs::rename(ck / step_dir(2), ours);          // a kill between rotation's rename and its deletion
   fs::copy(ck / step_dir(4), newer, copy);
   for (const char* name : {"step_2", "step_0000000004"})
     fs::copy(ck / step_dir(4), ck / name, copy);
@@ -321,11 +322,18 @@ TEST(Reliability, LeftoversCopiesAndADamagedNewestAreHandled) {
                        ", an old checkpoint of this run whose deletion was cut short"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("left " + newer.string() + ": a copy of step 4 set aside"),
+  EXPECT_NE(r.out.find("left " + newer.string() +
+                       ": a copy of step 4 whose deletion was cut "
+                       "short (another run's, or not older than step 4)"),
             std::string::npos)
       << r.out;
-  std::vector<std::string> want = {newer.filename().string(), "step_0000000004", step_dir(8),
-                                   "step_2"};
+  EXPECT_NE(r.out.find("left " + replaced.string() +
+                       ": a copy of step 2 moved aside by a "
+                       "replacement that was cut short, maybe its only copy"),
+            std::string::npos)
+      << r.out;
+  std::vector<std::string> want = {newer.filename().string(), replaced.filename().string(),
+                                   "step_0000000004", step_dir(8), "step_2"};
   std::sort(want.begin(), want.end());
   EXPECT_EQ(entries(ck), want);
   r = zo::test::run_command(bin + " train --resume " + (ck / step_dir(8)).string() + " --steps 9");
@@ -366,12 +374,21 @@ TEST(Reliability, LeftoversCopiesAndADamagedNewestAreHandled) {
     EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
     EXPECT_NE(r.out.find(" latest: step_00000003 in '" + ck2.string() +
                          "' is no older than step_00000002, the newest that can be read, but "
-                         "cannot be read itself"),
+                         "its trainer_state.json cannot be read"),
               std::string::npos)
         << cmd << "\n"
         << r.out;
   }
   EXPECT_FALSE(fs::exists(d.path / "out.safetensors"));
+  // A --checkpoint-dir that is itself a checkpoint (a trailing slash too): its folder is named.
+  r = zo::test::run_command(bin + " export -o " + (d.path / "out.safetensors").string() +
+                            " --checkpoint latest --checkpoint-dir " +
+                            (ck2 / step_dir(2)).string() + "/");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("is one checkpoint, not a folder of them; give --checkpoint-dir " +
+                       ck2.string() + " (its folder)"),
+            std::string::npos)
+      << r.out;
 }
 
 // ---- resuming is continuing the same run

@@ -195,10 +195,11 @@ TEST_F(TrainerState, TheStepTheWeightsAndTheMomentFilesAgreeWithIt) {
              "shards, so no load would read it");
   reseal(dir_, "optimizer.rank0-of1.safetensors", std::nullopt);
   EXPECT_NO_THROW(read_trainer_state(dir_));
-  // A copy under a name of its own keeps whatever step it holds.
-  const fs::path copy = tmp_.path / "best";
+  // A copy under a name of its own (a save's would be step_00000005) keeps whatever step it holds.
+  const fs::path copy = tmp_.path / "step_5";
   fs::rename(dir_, copy);
-  edit_state(copy, [](Json& s) { s["step"] = 5; });
+  EXPECT_NO_THROW(read_trainer_state(copy));
+  edit_state(copy, [](Json& s) { s["step"] = 3; });
   EXPECT_NO_THROW(read_trainer_state(copy));
 }
 

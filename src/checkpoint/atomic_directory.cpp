@@ -235,8 +235,8 @@ void AtomicDirectory::commit() {
       } else if (err == EINVAL || err == ENOSYS) {
         // No atomic exchange here: move the old one aside first. A crash between the two renames
         // leaves no final directory, but both copies survive under hidden names.
-        const fs::path aside =
-            parent / ("." + final_.filename().native() + ".old-" + unique_suffix());
+        const fs::path aside = parent / ("." + final_.filename().native() +
+                                         std::string(kSetAsideMarker) + unique_suffix());
         if (::rename(final_.c_str(), aside.c_str()) != 0) {
           throw_write_error("move aside the old checkpoint", final_, errno, parent);
         }

@@ -152,7 +152,7 @@ std::filesystem::path enclosing_checkpoint(const std::filesystem::path& dir);
 // Deletes all but the newest keep_last_n complete checkpoints for which `belongs` is true (all of
 // them without a predicate; keep_last_n == 0: keep all) and returns what it deleted. `protect`
 // (the checkpoint just written) is never deleted and counts as kept. Never touches temporary or
-// incomplete directories. Each deletion renames the checkpoint to a hidden ".<name>.old-" name
+// incomplete directories. Each deletion renames the checkpoint to a hidden ".<name>.del-" name
 // first, so a crash mid-delete leaves a hidden leftover, never a half-deleted directory under
 // the checkpoint's name.
 std::vector<std::filesystem::path> rotate_checkpoints(
@@ -167,14 +167,18 @@ std::vector<std::filesystem::path> move_checkpoints_aside(const std::filesystem:
                                                           const std::vector<CheckpointDir>& dirs,
                                                           const std::string& folder);
 
-// Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-..."),
-// and directories being written now.
+// Leftovers of interrupted writes in `parent` (".<name>.tmp-<pid>-<hex>", ".<name>.old-...",
+// ".<name>.del-..."), and directories being written now.
 std::vector<std::filesystem::path> list_temporary_dirs(const std::filesystem::path& parent);
 
-// The checkpoints set aside under ".<name>.old-<pid>-<hex>" by a deletion (rotation) or a
-// replacement that was cut short, with the step of <name>, oldest first.
+// The hidden names a checkpoint goes by between two steps that a crash may separate:
+// ".<name>.del-<pid>-<hex>" while rotation deletes it, ".<name>.old-<pid>-<hex>" while a
+// replacement without an atomic exchange moves it aside (then it may be the only copy).
+inline constexpr std::string_view kDeletingMarker = ".del-";
+inline constexpr std::string_view kSetAsideMarker = ".old-";
+// The checkpoints of `parent` under such a name (`marker`), with the step of <name>, oldest first.
 std::vector<CheckpointDir> list_set_aside(const std::filesystem::path& parent,
-                                          std::string_view prefix);
+                                          std::string_view prefix, std::string_view marker);
 
 // Removes the temporary directories in `parent` whose writer record names `owner` and whose
 // writer is gone: a process on this host and boot that no longer runs (its pid is free, or

@@ -113,8 +113,9 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& parent, std::string_vie
     }
     std::error_code ec;
     // Renamed to a hidden name first (one atomic step), then deleted: a crash midway leaves a
-    // hidden ".<name>.old-" directory that nothing lists, never a half-deleted one under its name.
-    const fs::path doomed = parent / ("." + dir.filename().native() + ".old-" + unique_suffix());
+    // hidden ".<name>.del-" directory that nothing lists, never a half-deleted one under its name.
+    const fs::path doomed =
+        parent / ("." + dir.filename().native() + std::string(kDeletingMarker) + unique_suffix());
     fs::rename(dir, doomed, ec);
     if (!ec) fs::remove_all(doomed, ec);
     if (ec) {
@@ -161,7 +162,9 @@ std::vector<fs::path> list_temporary_dirs(const fs::path& parent) {
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::end(it); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.size() > 1 && name[0] == '.' &&
-        (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos)) {
+        (name.find(".tmp-") != std::string::npos ||
+         name.find(kSetAsideMarker) != std::string::npos ||
+         name.find(kDeletingMarker) != std::string::npos)) {
       out.push_back(it->path());
     }
   }
@@ -169,14 +172,19 @@ std::vector<fs::path> list_temporary_dirs(const fs::path& parent) {
   return out;
 }
 
-std::vector<CheckpointDir> list_set_aside(const fs::path& parent, std::string_view prefix) {
+std::vector<CheckpointDir> list_set_aside(const fs::path& parent, std::string_view prefix,
+                                          std::string_view marker) {
   std::vector<CheckpointDir> out;
   std::error_code ec;
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    // ".<name><marker><pid>-<hex>", as unique_suffix() makes them.
     const std::string name = it->path().filename().string();
-    const std::size_t old = name.find(".old-");
-    if (name.size() < 2 || name[0] != '.' || old == std::string::npos) continue;
-    if (const auto step = step_of(std::string_view(name).substr(1, old - 1), prefix))
+    const std::size_t at = name.find(marker);
+    if (name.size() < 2 || name[0] != '.' || at == std::string::npos) continue;
+    const std::string_view suffix = std::string_view(name).substr(at + marker.size());
+    if (suffix.empty() || suffix.find_first_not_of("0123456789abcdef-") != std::string::npos)
+      continue;
+    if (const auto step = step_of(std::string_view(name).substr(1, at - 1), prefix))
       out.push_back({it->path(), *step});
   }
   std::sort(out.begin(), out.end(), [](const CheckpointDir& a, const CheckpointDir& b) {

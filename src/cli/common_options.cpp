@@ -40,35 +40,37 @@ void add_inference_memory_options(CLI::App* app, ByteSize& device_memory, int& p
 
 namespace {
 
-// Decimal digits with no leading zero (0 itself aside), a minus sign only where `is_signed`, and
-// a value the type's 64 bits hold.
-bool plain_decimal(const std::string& s, bool is_signed) {
-  const std::size_t digits = is_signed && s.starts_with('-') ? 1 : 0;
-  if (s.size() <= digits || (s[digits] == '0' && s.size() > digits + 1)) return false;
+// Why `s` is not a plain decimal integer of 64 bits ("" if it is): an optional sign (a minus only
+// where `is_signed`), digits with no leading zero (0 itself aside).
+std::string not_plain_decimal(const std::string& s, bool is_signed) {
+  const std::size_t sign = s.starts_with('+') || (is_signed && s.starts_with('-')) ? 1 : 0;
+  if (s.size() <= sign || s.find_first_not_of("0123456789", sign) != std::string::npos)
+    return is_signed ? "not a whole number in decimal" : "not a whole number from 0 in decimal";
+  if (s[sign] == '0' && s.size() > sign + 1) return "a number with a leading zero (read as octal)";
   const char* end = s.data() + s.size();
   std::from_chars_result r;
   if (is_signed) {
     std::int64_t v = 0;
-    r = std::from_chars(s.data(), end, v);
+    r = std::from_chars(s.data() + (s[0] == '+' ? 1 : 0), end, v);
   } else {
     std::uint64_t v = 0;
-    r = std::from_chars(s.data(), end, v);
+    r = std::from_chars(s.data() + sign, end, v);
   }
-  return r.ec == std::errc() && r.ptr == end;
+  return r.ec == std::errc() && r.ptr == end ? "" : "out of range";
 }
 
 }  // namespace
 
 void check_whole_numbers(const CLI::App& app) {
   for (const CLI::Option* o : app.get_options()) {
+    // CLI11's names of integer types, with a validator's description after a colon.
     const std::string type = o->get_type_name();
-    if (o->count() == 0 || (type != "INT" && type != "UINT")) continue;
+    const bool is_signed = type.starts_with("INT"), is_unsigned = type.starts_with("UINT");
+    if (o->count() == 0 || (!is_signed && !is_unsigned)) continue;
     for (const std::string& v : o->results()) {
-      if (plain_decimal(v, type == "INT")) continue;
-      throw CLI::ValidationError(o->get_name(), "'" + v + "' is not a whole number in decimal" +
-                                                    (type == "UINT" ? " from 0" : "") +
-                                                    " (no leading zeros, hex or octal; at most 2^" +
-                                                    (type == "UINT" ? "64 - 1" : "63 - 1") + ")");
+      if (const std::string why = not_plain_decimal(v, is_signed); !why.empty())
+        throw CLI::ValidationError(o->get_name(),
+                                   "'" + v + "' is " + why + "; give plain decimal digits");
     }
   }
   for (const CLI::App* sub : app.get_subcommands())  // the parsed ones

@@ -412,10 +412,15 @@ fs::path resolve_checkpoint(const std::string& value, const fs::path& parent,
   }
   std::error_code ec;
   if (fs::exists(parent / std::string(ckpt::kManifestName), ec)) {
+    fs::path folder = fs::absolute(parent, ec).lexically_normal();
+    if (folder.filename().empty()) folder = folder.parent_path();
+    folder = folder.parent_path();
     throw CheckpointError(f + " latest: --checkpoint-dir '" + parent.string() +
-                          "' is one checkpoint, not a folder of them; give " + f + " " +
-                          parent.string() + " to use it, or --checkpoint-dir " +
-                          parent.parent_path().string() + " for the newest there");
+                          "' is one checkpoint, not a folder of them; give --checkpoint-dir " +
+                          folder.string() + " (its folder) for the newest there" +
+                          (f == "--resume"
+                               ? ", or --resume " + parent.string() + " with it"
+                               : ", or " + f + " " + parent.string() + " for this one"));
   }
   const fs::path latest = latest_saved(parent);
   if (latest.empty()) {
@@ -430,17 +435,12 @@ fs::path resolve_checkpoint(const std::string& value, const fs::path& parent,
                                    [&](const RunCheckpoint& c) { return c.path == latest; });
   for (const RunCheckpoint& c : all) {
     if (chosen == all.end()) break;  // the folder changed under us: take what was found
-    if (c.run_id != "?" || c.step < chosen->step || c.path == latest) continue;
-    std::string why = "unreadable";
-    try {
-      (void)read_trainer_state(c.path);
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
+    if (c.unreadable.empty() || c.step < chosen->step || c.path == latest) continue;
     throw CheckpointError(f + " latest: " + c.path.filename().string() + " in '" + parent.string() +
                           "' is no older than " + latest.filename().string() +
-                          ", the newest that can be read, but cannot be read itself (" + why +
-                          "), so which one is the latest is unknown. Give " + f +
+                          ", the newest that can be read, but its trainer_state.json cannot be "
+                          "read (" +
+                          c.unreadable + "), so which one is the latest is unknown. Give " + f +
                           " the checkpoint's path, or move the damaged one out of '" +
                           parent.string() + "'");
   }

@@ -19,13 +19,15 @@ namespace {
 // Lineage only: the file is not verified here (resume verifies it); a checkpoint that cannot be
 // read belongs to no run and is never touched.
 RunCheckpoint describe(const ckpt::CheckpointDir& d) {
-  RunCheckpoint c{d.path, d.step, "?", 0};
+  RunCheckpoint c{d.path, d.step, "?", 0, {}};
   try {
-    const nlohmann::json s =
-        ckpt::parse_json(ckpt::read_file(d.path / "trainer_state.json", 1u << 20));
+    // The reader's own bound: a sharded or many-file run's state passes 1 MiB.
+    const nlohmann::json s = ckpt::parse_json(ckpt::read_file(d.path / "trainer_state.json"));
     c.run_id = s.value("run_id", std::string());
     c.saved_at_ns = s.value("saved_at_ns", std::int64_t{0});
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    c.run_id = "?";
+    c.unreadable = e.what();
   }
   return c;
 }
@@ -100,18 +102,24 @@ DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,
       odd.push_back(std::move(d));
     }
   }
-  for (ckpt::CheckpointDir& d : ckpt::list_set_aside(parent, kCheckpointPrefix)) {
+  for (ckpt::CheckpointDir& d :
+       ckpt::list_set_aside(parent, kCheckpointPrefix, ckpt::kDeletingMarker)) {
     if (!run_id.empty() && d.step < start_step && describe(d).run_id == run_id) {
       claim.set_aside.push_back(std::move(d.path));
     } else {
-      claim.notes.push_back(
-          "left " + d.path.string() + ": a copy of step " + std::to_string(d.step) +
-          " set aside by a deletion or replacement that was cut short (" +
-          (start_step == 0
-               ? std::string("not this run's")
-               : "another run's, or not older than step " + std::to_string(start_step)) +
-          "); remove it by hand once it is not needed");
+      claim.notes.push_back("left " + d.path.string() + ": a copy of step " +
+                            std::to_string(d.step) + " whose deletion was cut short (" +
+                            (start_step == 0 ? std::string("not this run's")
+                                             : "another run's, or not older than step " +
+                                                   std::to_string(start_step)) +
+                            "); remove it by hand once it is not needed");
     }
+  }
+  for (const ckpt::CheckpointDir& d :
+       ckpt::list_set_aside(parent, kCheckpointPrefix, ckpt::kSetAsideMarker)) {
+    claim.notes.push_back("left " + d.path.string() + ": a copy of step " + std::to_string(d.step) +
+                          " moved aside by a replacement that was cut short, maybe its only "
+                          "copy; remove it by hand once it is not needed");
   }
   if (!odd.empty()) {
     std::string names;

@@ -23,6 +23,7 @@ struct RunCheckpoint {
   std::uint64_t step = 0;
   std::string run_id;            // "" for checkpoints written before run ids existed
   std::int64_t saved_at_ns = 0;  // wall clock (Unix epoch) at the save; 0 when unknown
+  std::string unreadable;        // why trainer_state.json could not be read ("" if it could)
 };
 
 std::string new_run_id();    // 16 random hex digits
@@ -40,8 +41,9 @@ struct DirClaim {
   std::vector<std::string> notes;                // what to tell the user
   std::vector<RunCheckpoint> abandoned;          // this run's checkpoints newer than start_step
   std::vector<std::filesystem::path> leftovers;  // this run's incomplete checkpoint directories
-  // This run's checkpoints older than start_step that a deletion cut short left under a hidden
-  // ".<name>.old-" name (ckpt::list_set_aside); any other such copy is only named in `notes`.
+  // This run's checkpoints older than start_step that its rotation was deleting when it was cut
+  // short (hidden ".<name>.del-" names); any other such copy, and every one a replacement set
+  // aside (".<name>.old-": maybe the only copy), is only named in `notes`.
   std::vector<std::filesystem::path> set_aside;
 };
 // Throws CheckpointError listing the checkpoints of other runs unless `overwrite`, and entries

@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "checkpoint/atomic_io.h"
 #include "core/error.h"
 #include "train/checkpoint_io.h"
 #include "train/config.h"
@@ -73,7 +74,8 @@ void check_loss_scaler(const Json& s, const fs::path& dir) {
   }
 }
 
-// N of a folder named <kCheckpointPrefix><digits>, as saves name them; none for other names.
+// N of a folder named as a save names step N's (ckpt::checkpoint_dir_name); none for other
+// names.
 std::optional<std::uint64_t> step_in_name(const std::string& name) {
   const std::string prefix = kCheckpointPrefix;
   if (name.size() <= prefix.size() || name.size() > prefix.size() + 19 ||
@@ -82,7 +84,9 @@ std::optional<std::uint64_t> step_in_name(const std::string& name) {
   const std::string digits = name.substr(prefix.size());
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return {};
-  return std::stoull(digits);
+  const std::uint64_t n = std::stoull(digits);
+  if (ckpt::checkpoint_dir_name(prefix, n) != name) return {};  // a user's copy, e.g. step_2
+  return n;
 }
 
 }  // namespace
