@@ -33,18 +33,13 @@ struct Event {
   double ts = 0.0;   // us since origin, rounded to ns
   double dur = 0.0;  // 'X': us; 'C': the counter value
   std::string name;
-  nlohmann::json args;  // null: none
+  std::string args;  // the arguments' JSON object, serialised when recorded; empty: none
 };
 
 // Nanosecond resolution keeps the file short ("1234.567" instead of 17 digits) and is what the
 // viewers keep anyway. Rounding is monotone, so nested spans stay nested.
 double round_ns(double us) {
   return std::round(us * 1000.0) / 1000.0;
-}
-
-nlohmann::json as_args(nlohmann::json args) {
-  if (args.is_null() || args.is_object()) return args;
-  return nlohmann::json{{"value", std::move(args)}};
 }
 
 void append_number(std::string& out, double v) {
@@ -57,6 +52,15 @@ void append_number(std::string& out, double v) {
 void append_json(std::string& out, const nlohmann::json& j) {
   // Invalid UTF-8 in a name or argument becomes U+FFFD instead of failing the whole write.
   out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// An event's arguments as the text of a JSON object (a value that is not one as {"value": v}),
+// kept instead of the parsed tree, which took several allocations per event.
+std::string args_text(nlohmann::json args) {
+  std::string out;
+  if (args.is_null()) return out;
+  append_json(out, args.is_object() ? args : nlohmann::json{{"value", std::move(args)}});
+  return out;
 }
 
 void append_event(std::string& out, const Event& e) {
@@ -81,9 +85,9 @@ void append_event(std::string& out, const Event& e) {
     out += ",\"args\":{\"value\":";
     append_number(out, e.dur);
     out += '}';
-  } else if (!e.args.is_null()) {
+  } else if (!e.args.empty()) {
     out += ",\"args\":";
-    append_json(out, e.args);
+    out += e.args;
   }
   out += '}';
 }
@@ -224,7 +228,7 @@ void Trace::span(std::string_view track, std::string_view name, double begin_us,
   e.ts = round_ns(begin_us);
   e.dur = std::max(0.0, round_ns(round_ns(end_us) - e.ts));
   e.name.assign(name);
-  e.args = as_args(std::move(args));
+  e.args = args_text(std::move(args));
   state_->record(track, std::move(e));
 }
 
@@ -235,7 +239,7 @@ void Trace::instant(std::string_view track, std::string_view name, double t_us,
   e.ph = 'i';
   e.ts = round_ns(t_us);
   e.name.assign(name);
-  e.args = as_args(std::move(args));
+  e.args = args_text(std::move(args));
   state_->record(track, std::move(e));
 }
 
@@ -272,19 +276,23 @@ bool trace_of_run(const fs::path& path, const std::string& run_id) {
 
 void Trace::write() const {
   if (!state_) return;
-  std::vector<Event> events;
+  // Pointers, not copies (a copy doubled the buffer's memory at the end of a run): a deque's
+  // push_back moves no element, and recorded events never change.
+  std::vector<const Event*> events;
   std::vector<std::string> tracks;
   std::size_t dropped = 0;
   {
     std::lock_guard lock(state_->mu);
-    events.assign(state_->events.begin(), state_->events.end());
+    events.reserve(state_->events.size());
+    for (const Event& e : state_->events)
+      events.push_back(&e);
     tracks = state_->tracks;
     dropped = state_->dropped;
   }
   // Time order, enclosing spans before the spans they contain (older viewers rely on it).
-  const auto key = [](const Event& e) { return std::pair(e.ts, e.ph == 'X' ? -e.dur : 0.0); };
+  const auto key = [](const Event* e) { return std::pair(e->ts, e->ph == 'X' ? -e->dur : 0.0); };
   std::stable_sort(events.begin(), events.end(),
-                   [&](const Event& a, const Event& b) { return key(a) < key(b); });
+                   [&](const Event* a, const Event* b) { return key(a) < key(b); });
 
   TempFile file(state_->path);
   constexpr std::size_t kFlushBytes = 1u << 20;
@@ -304,9 +312,9 @@ void Trace::write() const {
     out += "},\n{\"ph\":\"M\",\"pid\":1,\"tid\":" + tid +
            ",\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":" + tid + "}}";
   }
-  for (const Event& e : events) {
+  for (const Event* e : events) {
     out += ",\n";
-    append_event(out, e);
+    append_event(out, *e);
     if (out.size() >= kFlushBytes) file.append(out);
   }
   out += "\n]}\n";

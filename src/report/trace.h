@@ -58,7 +58,7 @@ class Trace {
   // file). Atomic: the JSON goes to a temporary file in the same directory, which is fsynced and
   // renamed over `path`, so readers see the old file or the new one, never a partial one. Throws
   // std::runtime_error naming the path and the OS error. Recording threads are blocked only
-  // while the events are copied, not while the file is written.
+  // while the events are listed, not while the file is written.
   void write() const;
 
  private:
