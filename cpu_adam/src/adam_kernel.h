@@ -159,7 +159,8 @@ bool nonfinite_range(const void* grads, float grad_mult, std::size_t begin, std:
 // Pass 1 of a block of kQ8Block dequantizes m and v (q8_codec.h), runs the element math above with
 // them and keeps the unrounded new moments in temporaries and the bits of their maxima; pass 2
 // quantizes them over the new maxima. Pass 2 of a block runs interleaved with pass 1 of the next,
-// so that memory streams steadily while the quantizing computes. b1 * m_old is decoded directly:
+// so that memory streams steadily while the quantizing computes (where the ISA has the registers
+// for both: V::kQ8Interleave). b1 * m_old is decoded directly:
 // the map's coefficients are scaled by b1 * absmax once per block (Q8Decoder::times).
 
 // Software prefetch ahead of pass 1, one hint per cache line of each stream. The q8 loop computes
@@ -264,14 +265,20 @@ struct Q8Pending {
   float inv_m = 0.0f, inv_v = 0.0f;
 };
 
-// Pass 2 of `p` from element i on.
+// Pass 2 of `p` from element i on. (Out of line; the pointers and tables are copied into locals
+// that the code stores cannot reach, else every iteration reads them again, see adam_range_q8.)
 template <class V, class Tail>
 void q8_quantize_rest(const detail::AdamArrays& a, const Q8Codecs<V>& q, const Q8Codecs<Tail>& qt,
                       const Q8Pending& p, std::size_t i) {
   const typename V::F inv_m = V::set1(p.inv_m), inv_v = V::set1(p.inv_v);
-  for (; i + V::kWidth <= p.b1; i += V::kWidth)
-    q8_quantize_lanes<V>(a, q, i, p.mt + (i - p.b0), p.vt + (i - p.b0), inv_m, inv_v,
-                         typename V::Full{});
+  {
+    const detail::AdamArrays local = a;
+    const Q8Codecs<V> codecs = q;
+    const Q8Pending block = p;
+    for (; i + V::kWidth <= block.b1; i += V::kWidth)
+      q8_quantize_lanes<V>(local, codecs, i, block.mt + (i - block.b0), block.vt + (i - block.b0),
+                           inv_m, inv_v, typename V::Full{});
+  }
   if (i == p.b1) return;
   if constexpr (V::kMaskedTail) {
     q8_quantize_lanes<V>(a, q, i, p.mt + (i - p.b0), p.vt + (i - p.b0), inv_m, inv_v,
@@ -333,8 +340,9 @@ bool adam_range_q8(const detail::AdamArrays& a, const AdamScalars& s, std::size_
     Q8Maxima<V> max;
     Q8Maxima<Tail> max_tail;
     // The pending block is whole: its pass 2 has at least as many vectors as this pass 1 (the
-    // test only skips it in a range's first block, or after a NaN block, which have none).
-    const bool quantize = pending.b1 > pending.b0;
+    // test only skips it in a range's first block, or after a NaN block, which have none). Not
+    // interleaved, the whole pass 2 runs after this pass 1.
+    const bool quantize = V::kQ8Interleave && pending.b1 > pending.b0;
     std::size_t i = b0, j = pending.b0;
     const auto lanes = [&](std::size_t e) {
       q8_update_lanes<V, G, O, kL2, kB16>(local, d, k, sr, e, mt + (e - b0), vt + (e - b0), max,

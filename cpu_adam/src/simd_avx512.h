@@ -21,6 +21,7 @@ struct Avx512Isa {
   struct Full {};
   static constexpr std::size_t kWidth = 16;
   static constexpr bool kMaskedTail = true;
+  static constexpr bool kQ8Interleave = true;  // see Avx2Isa
 
   static M tail_mask(std::size_t n) { return static_cast<M>((1u << n) - 1u); }  // n < 16
 

@@ -15,6 +15,7 @@ struct ScalarIsa {
   struct Full {};
   static constexpr std::size_t kWidth = 1;
   static constexpr bool kMaskedTail = false;
+  static constexpr bool kQ8Interleave = true;  // see Avx2Isa
 
   static F set1(float x) { return x; }
   static F load(const float* p, Full) { return *p; }
