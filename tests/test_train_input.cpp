@@ -593,6 +593,21 @@ TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
   }
 }
 
+// Thread counts above the machine's run at its count (oneTBB's limit): the banner says so.
+TEST(TrainFlags, MoreThreadsThanTheMachineHasAreNamedInTheBanner) {
+  const int hw = int(std::thread::hardware_concurrency());
+  if (hw <= 0 || hw >= zo::train::kMaxThreads) GTEST_SKIP() << "hardware threads: " << hw;
+  zo::train::TrainConfig c = tiny(1);
+  c.quiet = false;
+  c.eval_batches = 1;
+  c.adam_threads = zo::train::kMaxThreads;
+  std::string out;
+  zo::train::Trainer(c).run([&](const std::string& s) { out += s + "\n"; });
+  EXPECT_HAS(out, "--adam-threads 4096: this machine has " + std::to_string(hw) +
+                      " hardware threads, so at most " + std::to_string(hw) + " run");
+  EXPECT_EQ(out.find("--threads "), std::string::npos) << out;
+}
+
 TEST(Sample, NoTokensAndBadNumbers) {
   zo::train::SampleConfig s;
   s.weights.checkpoint = trained_checkpoint().string();

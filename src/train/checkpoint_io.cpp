@@ -396,7 +396,7 @@ fs::path resolve_checkpoint(const std::string& value, const fs::path& parent,
     std::error_code ec;
     if (fs::is_directory(value, ec) &&
         !fs::exists(fs::path(value) / std::string(ckpt::kManifestName), ec) &&
-        !latest_saved(value).empty()) {
+        !ckpt::list_checkpoints(value, kCheckpointPrefix).empty()) {
       throw CheckpointError("'" + value +
                             "' is a folder of checkpoints, not one; give one of them, or 'latest' "
                             "with --checkpoint-dir " +
@@ -422,29 +422,26 @@ fs::path resolve_checkpoint(const std::string& value, const fs::path& parent,
                                ? ", or --resume " + parent.string() + " with it"
                                : ", or " + f + " " + parent.string() + " for this one"));
   }
-  const fs::path latest = latest_saved(parent);
-  if (latest.empty()) {
+  const std::vector<RunCheckpoint> all = run_checkpoints(parent);
+  const RunCheckpoint* latest = latest_saved(all);
+  if (latest == nullptr) {
     throw CheckpointError(f + " latest: no complete checkpoint in '" + parent.string() + "'; " +
                           (f == "--resume" ? "start without --resume or point " : "point ") +
                           "--checkpoint-dir at the right directory");
   }
   // One whose trainer_state.json cannot be read has no save time: it may be the latest, so an
   // older one is not taken in its place without a word.
-  const std::vector<RunCheckpoint> all = run_checkpoints(parent);
-  const auto chosen = std::find_if(all.begin(), all.end(),
-                                   [&](const RunCheckpoint& c) { return c.path == latest; });
   for (const RunCheckpoint& c : all) {
-    if (chosen == all.end()) break;  // the folder changed under us: take what was found
-    if (c.unreadable.empty() || c.step < chosen->step || c.path == latest) continue;
+    if (c.unreadable.empty() || c.step < latest->step || &c == latest) continue;
     throw CheckpointError(f + " latest: " + c.path.filename().string() + " in '" + parent.string() +
-                          "' is no older than " + latest.filename().string() +
+                          "' is no older than " + latest->path.filename().string() +
                           ", the newest that can be read, but its trainer_state.json cannot be "
                           "read (" +
                           c.unreadable + "), so which one is the latest is unknown. Give " + f +
                           " the checkpoint's path, or move the damaged one out of '" +
                           parent.string() + "'");
   }
-  return latest;
+  return latest->path;
 }
 
 nlohmann::json read_trainer_state(const fs::path& dir) {

@@ -70,7 +70,8 @@ EvalResult evaluate(const EvalConfig& c) {
   dev::check_device_request(request);
   // The spec (for a checkpoint, its files checksummed), then the data, then the weights: a bad
   // data path or token fails before gigabytes of weights are loaded.
-  const model::ModelSpec spec = load_spec(c.weights);
+  const WeightsSource weights = pin_checkpoint(c.weights);
+  const model::ModelSpec spec = load_spec(weights);
   if (c.seq_len > spec.block_size) {
     throw std::invalid_argument("--seq-len " + std::to_string(c.seq_len) +
                                 " exceeds the model's block_size " +
@@ -98,7 +99,7 @@ EvalResult evaluate(const EvalConfig& c) {
           ? c.batches
           : static_cast<int>(std::min<std::uint64_t>(pass, std::uint64_t(kMaxEvalBatches)));
 
-  InferenceModel m(c.weights, spec, request, {c.micro_batch, T, false},
+  InferenceModel m(weights, spec, request, {c.micro_batch, T, false},
                    "a smaller --micro-batch or --seq-len", c.param_window);
   const LossSum s = sum_losses(m.model(), m.parameters(), loader, batches, m.device(), m.stream());
 

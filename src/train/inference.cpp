@@ -31,6 +31,15 @@ void check_one_source(const WeightsSource& s) {
 
 }  // namespace
 
+WeightsSource pin_checkpoint(WeightsSource source) {
+  check_one_source(source);
+  if (!source.checkpoint.empty()) {
+    source.checkpoint =
+        resolve_checkpoint(source.checkpoint, source.checkpoint_dir, "--checkpoint").string();
+  }
+  return source;
+}
+
 model::ModelSpec load_spec(const WeightsSource& s) {
   check_one_source(s);
   if (!s.checkpoint.empty())

@@ -26,6 +26,10 @@ struct WeightsSource {
   std::string init_from, model;
 };
 
+// `source` with its checkpoint resolved once ("latest" becomes the path it names), so that the
+// spec and the weights come from the same checkpoint even while a run keeps saving.
+WeightsSource pin_checkpoint(WeightsSource source);
+
 // The model the weights are for (a checkpoint's trainer state, --model, or the config.json
 // beside Hugging Face weights), without reading them.
 model::ModelSpec load_spec(const WeightsSource& source);

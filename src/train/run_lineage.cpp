@@ -72,12 +72,12 @@ std::vector<RunCheckpoint> run_checkpoints(const fs::path& parent) {
   return out;
 }
 
-fs::path latest_saved(const fs::path& parent) {
-  const std::vector<RunCheckpoint> all = run_checkpoints(parent);
-  const auto it = std::max_element(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    return a.saved_at_ns != b.saved_at_ns ? a.saved_at_ns < b.saved_at_ns : a.step < b.step;
-  });
-  return it == all.end() ? fs::path() : it->path;
+const RunCheckpoint* latest_saved(const std::vector<RunCheckpoint>& checkpoints) {
+  const auto it =
+      std::max_element(checkpoints.begin(), checkpoints.end(), [](const auto& a, const auto& b) {
+        return a.saved_at_ns != b.saved_at_ns ? a.saved_at_ns < b.saved_at_ns : a.step < b.step;
+      });
+  return it == checkpoints.end() ? nullptr : &*it;
 }
 
 DirClaim check_checkpoint_dir(const fs::path& parent, const std::string& run_id,

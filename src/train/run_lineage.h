@@ -33,8 +33,8 @@ std::int64_t now_unix_ns();  // the wall clock, for saved_at
 // trainer_state.json cannot be read gets the run id "?" (it belongs to no run: never deleted).
 std::vector<RunCheckpoint> run_checkpoints(const std::filesystem::path& parent);
 
-// The most recently saved checkpoint (by saved_at, then step), or an empty path.
-std::filesystem::path latest_saved(const std::filesystem::path& parent);
+// The most recently saved of `checkpoints` (by saved_at, then step), or nullptr for none.
+const RunCheckpoint* latest_saved(const std::vector<RunCheckpoint>& checkpoints);
 
 // What run `run_id`, starting at `start_step` (0: fresh), finds in its --checkpoint-dir `parent`.
 struct DirClaim {

@@ -43,7 +43,8 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   request.threads = c.threads;
   request.capacity_bytes = c.device_memory;
   dev::check_device_request(request);
-  const model::ModelSpec spec = load_spec(c.weights);
+  const WeightsSource weights = pin_checkpoint(c.weights);
+  const model::ModelSpec spec = load_spec(weights);
   if (vocab_size) *vocab_size = spec.vocab_size;
   if (c.top_k > spec.vocab_size) {
     throw std::invalid_argument("--top-k " + std::to_string(c.top_k) +
@@ -65,7 +66,7 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   }
   const int T = c.context > 0 ? c.context : std::min(spec.block_size, kDefaultSampleContext);
 
-  InferenceModel m(c.weights, spec, request, {1, T, false}, "a smaller --context", c.param_window);
+  InferenceModel m(weights, spec, request, {1, T, false}, "a smaller --context", c.param_window);
   if (times) {
     times->device = m.device().name();
     if (m.param_window() != 0)
