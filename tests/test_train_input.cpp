@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
+#include "cpu_adam/cpu_adam.h"
 #include "file_size_limit.h"
 #include "input_test.h"
 #include "optim/host_optimizer.h"
@@ -606,6 +608,38 @@ TEST(TrainFlags, MoreThreadsThanTheMachineHasAreNamedInTheBanner) {
   EXPECT_HAS(out, "--adam-threads 4096: this machine has " + std::to_string(hw) +
                       " hardware threads, so at most " + std::to_string(hw) + " run");
   EXPECT_EQ(out.find("--threads "), std::string::npos) << out;
+}
+
+// q8 state on a CPU Adam path without AVX-512 is slower than fp32 state: the banner says so, and
+// only there.
+TEST(TrainFlags, Q8StateWithoutAvx512IsNamedInTheBanner) {
+  const auto banner = [](zo::cpu_adam::Isa isa) {
+    const char* was = std::getenv("ZO_CPU_ADAM_ISA");
+    const std::string saved = was ? was : "";
+    setenv("ZO_CPU_ADAM_ISA", std::string(zo::cpu_adam::isa_name(isa)).c_str(), 1);
+    zo::train::TrainConfig c = tiny(1);
+    c.quiet = false;
+    c.eval_batches = 1;
+    c.mode = "offload";
+    c.optimizer_state = zo::StateFormat::kQ8;
+    std::string out;
+    zo::train::Trainer(c).run([&](const std::string& s) { out += s + "\n"; });
+    if (was) {
+      setenv("ZO_CPU_ADAM_ISA", saved.c_str(), 1);
+    } else {
+      unsetenv("ZO_CPU_ADAM_ISA");
+    }
+    return out;
+  };
+  const std::string note = "--optimizer-state q8 on CPU Adam's ";
+  EXPECT_HAS(banner(zo::cpu_adam::Isa::kScalar), note + "scalar path (no AVX-512)");
+  if (zo::cpu_adam::isa_supported(zo::cpu_adam::Isa::kAvx2)) {
+    EXPECT_HAS(banner(zo::cpu_adam::Isa::kAvx2), note + "avx2 path (no AVX-512)");
+  }
+  if (zo::cpu_adam::isa_supported(zo::cpu_adam::Isa::kAvx512)) {
+    const std::string out = banner(zo::cpu_adam::Isa::kAvx512);
+    EXPECT_EQ(out.find(note), std::string::npos) << out;
+  }
 }
 
 TEST(Sample, NoTokensAndBadNumbers) {

@@ -265,8 +265,8 @@ struct Q8Pending {
   float inv_m = 0.0f, inv_v = 0.0f;
 };
 
-// Pass 2 of `p` from element i on. (Out of line; the pointers and tables are copied into locals
-// that the code stores cannot reach, else every iteration reads them again, see adam_range_q8.)
+// Pass 2 of `p` from element i on. The pointers and tables are copied into locals the code stores
+// cannot reach; otherwise every iteration reads them again (see adam_range_q8).
 template <class V, class Tail>
 void q8_quantize_rest(const detail::AdamArrays& a, const Q8Codecs<V>& q, const Q8Codecs<Tail>& qt,
                       const Q8Pending& p, std::size_t i) {

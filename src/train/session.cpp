@@ -12,6 +12,7 @@
 #include "comm/comm.h"
 #include "core/bytes.h"
 #include "core/error.h"
+#include "cpu_adam/cpu_adam.h"
 #include "data/token_source.h"
 #include "device/make_device.h"
 #include "model/hf_weights.h"
@@ -439,6 +440,13 @@ void Session::make_optimizer_state() {
   opt = std::make_unique<optim::HostOptimizer>(
       *layout, oc, ranks > 1 ? partitions[std::size_t(rank)] : std::vector<optim::OwnedRange>{});
   if (const optim::StatePager* p = opt->pager()) notes.push_back(p->describe());
+  // Without AVX-512, q8's table lookups make its update compute-bound (docs/performance.md).
+  const cpu_adam::Isa isa = cpu_adam::default_isa();
+  if (!resident && cfg.optimizer_state == StateFormat::kQ8 && isa < cpu_adam::Isa::kAvx512) {
+    notes.push_back("--optimizer-state q8 on CPU Adam's " + std::string(cpu_adam::isa_name(isa)) +
+                    " path (no AVX-512): its update is slower than fp32 state's (about "
+                    "0.6-0.8x with AVX2); q8 saves host memory here, not time");
+  }
 }
 
 void Session::make_updater_and_model() {
