@@ -245,15 +245,29 @@ inline void q8_update_lanes(const detail::AdamArrays& a, const Q8BlockDecoders<V
   max.v = V::max_bits(max.v, v, w);  // v >= 0: a sum of non-negative terms
 }
 
+// The codes of one moment's lanes: t (new moments) times inv (the reciprocal of their block's
+// absmax), coded into `codes`.
+template <class V, bool kSigned, class W>
+inline void q8_code_lanes(std::uint8_t* codes, const Q8Encoder<V>& e, const float* t,
+                          typename V::F inv, W w) {
+  V::store_u8(codes, e.template code<kSigned>(V::mul(V::load(t, w), inv)), w);
+}
+
 template <class V, class W>
 inline void q8_quantize_lanes(const detail::AdamArrays& a, const Q8Codecs<V>& q, std::size_t i,
                               const float* mt, const float* vt, typename V::F inv_m,
                               typename V::F inv_v, W w) {
-  using F = typename V::F;
-  const F x = V::mul(V::load(mt, w), inv_m);
-  V::store_u8(static_cast<std::uint8_t*>(a.m) + i, q.m_encoder.template code<true>(x), w);
-  const F y = V::mul(V::load(vt, w), inv_v);
-  V::store_u8(static_cast<std::uint8_t*>(a.v) + i, q.v_encoder.template code<false>(y), w);
+  q8_code_lanes<V, true>(static_cast<std::uint8_t*>(a.m) + i, q.m_encoder, mt, inv_m, w);
+  q8_code_lanes<V, false>(static_cast<std::uint8_t*>(a.v) + i, q.v_encoder, vt, inv_v, w);
+}
+
+// The codes of n elements (whole vectors) of one moment. Arguments by value: locals that the code
+// stores cannot reach, so the loop keeps the pointers and the encoder's tables in registers.
+template <class V, bool kSigned>
+void q8_code_vectors(std::uint8_t* codes, const Q8Encoder<V> e, const float* t, typename V::F inv,
+                     std::size_t n) {
+  for (std::size_t k = 0; k < n; k += V::kWidth)
+    q8_code_lanes<V, kSigned>(codes + k, e, t + k, inv, typename V::Full{});
 }
 
 // A block between its two passes: elements [b0, b1), new moments in mt and vt, and the
@@ -265,20 +279,18 @@ struct Q8Pending {
   float inv_m = 0.0f, inv_v = 0.0f;
 };
 
-// Pass 2 of `p` from element i on. The pointers and tables are copied into locals the code stores
-// cannot reach; otherwise every iteration reads them again (see adam_range_q8).
+// Pass 2 of `p` from element i on: m's codes, then v's, each loop holding one encoder's tables
+// (AVX2's 16 registers do not hold both).
 template <class V, class Tail>
 void q8_quantize_rest(const detail::AdamArrays& a, const Q8Codecs<V>& q, const Q8Codecs<Tail>& qt,
                       const Q8Pending& p, std::size_t i) {
   const typename V::F inv_m = V::set1(p.inv_m), inv_v = V::set1(p.inv_v);
-  {
-    const detail::AdamArrays local = a;
-    const Q8Codecs<V> codecs = q;
-    const Q8Pending block = p;
-    for (; i + V::kWidth <= block.b1; i += V::kWidth)
-      q8_quantize_lanes<V>(local, codecs, i, block.mt + (i - block.b0), block.vt + (i - block.b0),
-                           inv_m, inv_v, typename V::Full{});
-  }
+  const std::size_t whole = (p.b1 - i) / V::kWidth * V::kWidth;
+  q8_code_vectors<V, true>(static_cast<std::uint8_t*>(a.m) + i, q.m_encoder, p.mt + (i - p.b0),
+                           inv_m, whole);
+  q8_code_vectors<V, false>(static_cast<std::uint8_t*>(a.v) + i, q.v_encoder, p.vt + (i - p.b0),
+                            inv_v, whole);
+  i += whole;
   if (i == p.b1) return;
   if constexpr (V::kMaskedTail) {
     q8_quantize_lanes<V>(a, q, i, p.mt + (i - p.b0), p.vt + (i - p.b0), inv_m, inv_v,
