@@ -179,6 +179,14 @@ void write_file_atomic(const fs::path& path, const ByteProducer& produce) {
   fsync_dir(dir);
 }
 
+void move_files(const fs::path& from, std::span<const std::string> names, const fs::path& to) {
+  for (const std::string& name : names) {
+    if (::rename((from / name).c_str(), (to / name).c_str()) != 0)
+      throw_write_error("move a finished file into place as", to / name, errno, to);
+  }
+  fsync_dir(to);
+}
+
 void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
   write_file_atomic(path, [bytes](const ByteSink& sink) { sink(bytes); });
 }

@@ -40,6 +40,13 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::b
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 void write_file_atomic(const std::filesystem::path& path, const ByteProducer& produce);
 
+// Moves the files `names` of directory `from` into directory `to` on the same file system, in
+// order, each replacing a file of its name there, then fsyncs `to`. Renames need no free space,
+// so files written in full elsewhere can replace others without a full disk failing half way.
+// Throws CheckpointError naming the file.
+void move_files(const std::filesystem::path& from, std::span<const std::string> names,
+                const std::filesystem::path& to);
+
 // Reads a whole (small) file, e.g. a JSON state file; throws CheckpointError if it is missing,
 // unreadable, larger than max_bytes or not a regular file (a FIFO, device or directory is refused
 // without blocking).

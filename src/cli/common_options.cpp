@@ -61,8 +61,18 @@ std::string not_plain_decimal(const std::string& s, bool is_signed) {
 
 }  // namespace
 
-void check_whole_numbers(const CLI::App& app) {
+void check_option_values(const CLI::App& app) {
   for (const CLI::Option* o : app.get_options()) {
+    // An empty value is an unset shell variable far more often than a choice: `--init-from ""`
+    // trained from scratch, `--resume ""` started afresh.
+    if (o->count() > 0 && o->get_expected_min() > 0 && !o->get_positional()) {
+      for (const std::string& v : o->results()) {
+        if (v.empty())
+          throw CLI::ValidationError(o->get_name(),
+                                     "is empty; give a value, or leave the flag out for its "
+                                     "default");
+      }
+    }
     // CLI11's names of integer types, with a validator's description after a colon.
     const std::string type = o->get_type_name();
     const bool is_signed = type.starts_with("INT"), is_unsigned = type.starts_with("UINT");
@@ -74,7 +84,7 @@ void check_whole_numbers(const CLI::App& app) {
     }
   }
   for (const CLI::App* sub : app.get_subcommands())  // the parsed ones
-    check_whole_numbers(*sub);
+    check_option_values(*sub);
 }
 
 }  // namespace zo::cli

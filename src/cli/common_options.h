@@ -35,9 +35,9 @@ void add_device_options(CLI::App* app, std::string& device, std::string& precisi
 // --device-memory and --param-window of eval and sample (train::InferenceModel).
 void add_inference_memory_options(CLI::App* app, ByteSize& device_memory, int& param_window);
 
-// Every integer given to a parsed (sub)command is plain decimal and in its type's range. CLI11
-// reads integers with strtoll's base 0, so "010" was 8 and "0x10" 16, and an unsigned flag took
-// "-1" as 2^64 - 1. Throws CLI::ValidationError naming the flag.
-void check_whole_numbers(const CLI::App& app);
+// No option given to a parsed (sub)command is empty, and every integer is plain decimal and in
+// its type's range. CLI11 reads integers with strtoll's base 0, so "010" was 8 and "0x10" 16, and
+// an unsigned flag took "-1" as 2^64 - 1. Throws CLI::ValidationError naming the flag.
+void check_option_values(const CLI::App& app);
 
 }  // namespace zo::cli

@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
-    zo::cli::check_whole_numbers(app);
+    zo::cli::check_option_values(app);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every command-line mistake exits 2.
     return zo::cli::report_usage_error(app, e);
@@ -312,13 +312,7 @@ int main(int argc, char** argv) {
     if (tok.app->parsed()) return zo::cli::run_tokenize(tok);
     if (evl.app->parsed()) return zo::cli::run_eval(evl);
     if (smp.app->parsed()) return zo::cli::run_sample(smp);
-    if (info->parsed()) {
-      if (info->count("--state-dir") > 0 && info_state_dir.empty())
-        throw std::invalid_argument(
-            "--state-dir '' names no directory; give the directory on "
-            "the drive to measure");
-      return zo::cli::run_info(info_json, info_state_dir);
-    }
+    if (info->parsed()) return zo::cli::run_info(info_json, info_state_dir);
   } catch (const zo::CommError& e) {
     return end_broken_job(e);
   } catch (const std::exception& e) {

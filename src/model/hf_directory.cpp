@@ -77,12 +77,21 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
                                              std::uint64_t max_shard_bytes) {
   if (max_shard_bytes == 0) throw std::invalid_argument("export: shard size must be positive");
   std::error_code ec;
+  const bool fresh = !fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) {
     throw CheckpointError("cannot make the directory " + dir.string() + " (" +
                           (ec ? ec.message() : std::string("a file is in the way")) +
                           "); choose another path");
   }
+  // A directory made here goes again if the export fails (unless something else was put in it).
+  struct RemoveIfEmpty {
+    fs::path dir;
+    ~RemoveIfEmpty() {
+      std::error_code ignored;
+      if (!dir.empty()) fs::remove(dir, ignored);  // removes only an empty directory
+    }
+  } made{fresh ? dir : fs::path()};
   const auto& tensors = layout.tensors();
   std::vector<std::uint64_t> bytes;
   for (const auto& t : tensors)
@@ -91,9 +100,13 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
   const std::size_t n = starts.size();
   starts.push_back(tensors.size());
 
-  remove_file(dir / ckpt::kWeightsIndexName);
+  // Every new file is written whole into a hidden folder inside `dir` (removed on any failure,
+  // a full disk included) before one of the previous export's is touched; then renames, which
+  // need no space, put them in place. Never committed: the folder is only a staging area.
+  const ckpt::AtomicDirectory stage(dir / "export", ckpt::IfExists::kReplace);
+  const fs::path& staged = stage.temp_path();
   std::vector<std::string> written = {"config.json"};
-  ckpt::write_file_atomic(dir / "config.json", hf_config(layout.spec(), dtype).dump(2) + "\n");
+  ckpt::write_file_atomic(staged / "config.json", hf_config(layout.spec(), dtype).dump(2) + "\n");
   std::map<std::string, std::string> weight_map;
   std::uint64_t total = 0;
   for (std::size_t k = 0; k < n; ++k) {
@@ -106,14 +119,18 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
       weight_map.emplace(t.name, file);
       total += bytes[i];
     }
-    w.write(dir / file);
+    w.write(staged / file);
     written.push_back(file);
   }
   if (n > 1) {
-    ckpt::write_file_atomic(dir / ckpt::kWeightsIndexName,
+    ckpt::write_file_atomic(staged / ckpt::kWeightsIndexName,
                             ckpt::weights_index_json(total, weight_map));
     written.emplace_back(ckpt::kWeightsIndexName);
   }
+  // The old index goes first and the new one comes last, so that no index names a mix of shards.
+  remove_file(dir / ckpt::kWeightsIndexName);
+  ckpt::move_files(staged, written, dir);
+  made.dir.clear();
   // The rest of a previous export, which the new index (or model.safetensors) would contradict.
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(dir)) {

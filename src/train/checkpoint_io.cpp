@@ -469,6 +469,12 @@ model::ModelSpec checkpoint_spec(const nlohmann::json& trainer_state) {
 }
 
 std::string init_from_config(const std::string& init_from) {
+  std::error_code ec;
+  if (!fs::exists(init_from, ec)) {
+    throw CheckpointError("--init-from '" + init_from +
+                          "' does not exist; give a Hugging Face .safetensors file or model "
+                          "directory");
+  }
   if (const auto config = model::hf_config_beside(init_from)) return config->string();
   throw std::invalid_argument("--init-from '" + init_from +
                               "': no config.json beside the weights to take the model from; pass "

@@ -19,6 +19,18 @@
 namespace zo::train {
 namespace fs = std::filesystem;
 
+namespace {
+
+// Why `where` cannot be written, from the errno of a write probe, and the fix.
+std::string unwritable(const std::string& where, int err) {
+  const bool full = err == ENOSPC || err == EDQUOT;
+  return where + (full ? " is on a full file system (" : " is not writable (") +
+         std::strerror(err) + "); " + (full ? "free some space" : "fix its permissions") +
+         " or choose another path";
+}
+
+}  // namespace
+
 void ensure_writable_dir(const fs::path& dir, const char* flag) {
   const std::string where = std::string(flag) + " '" + dir.string() + "'";
   std::error_code ec;
@@ -29,16 +41,14 @@ void ensure_writable_dir(const fs::path& dir, const char* flag) {
                           "); choose another path");
   }
   const fs::path probe = dir / (".offload_train-write-test-" + std::to_string(::getpid()));
-  {
-    std::ofstream out(probe);
-    if (!out || !(out << "x") || !out.flush()) {
-      fs::remove(probe, ec);
-      throw CheckpointError(where +
-                            " is not writable; fix its permissions or choose another "
-                            "path");
-    }
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int err = fd < 0 ? errno : 0;
+  if (fd >= 0) {
+    if (::write(fd, "x", 1) != 1) err = errno;
+    if (::close(fd) != 0 && err == 0) err = errno;
+    fs::remove(probe, ec);
   }
-  fs::remove(probe, ec);
+  if (err != 0) throw CheckpointError(unwritable(where, err));
 }
 
 void refuse_inside_checkpoint(const fs::path& path, const char* flag) {
@@ -154,8 +164,9 @@ void check_output_file(const fs::path& path, const char* flag, bool keep_existin
     throw CheckpointError(where + " already exists (another run's output?); choose another " +
                           "path, or pass --overwrite to replace it");
   }
-  std::ofstream probe(path, std::ios::app);  // opens without truncating
-  if (!probe) throw CheckpointError(where + " is not writable; fix its permissions");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);  // without truncating
+  if (fd < 0) throw CheckpointError(unwritable(where, errno));
+  ::close(fd);
 }
 
 std::string metrics_not_continuable(const fs::path& path, const std::string& run_id) {
