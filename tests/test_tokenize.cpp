@@ -7,6 +7,7 @@
 // (when the files can be had).
 #include <gtest/gtest.h>
 #include <oneapi/tbb/task_arena.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -349,6 +350,32 @@ TEST(Tokenize, RefusesWhatItDoesNotImplementByName) {
             std::string::npos);
 }
 
+// Ids beyond 32 bits are refused rather than wrapped (2^32 read as 0), and ids far beyond the
+// token count rather than given gigabytes of tables.
+TEST(Tokenize, IdsOutOfRangeOrFarApartAreRefused) {
+  const auto refusal = [](auto edit) {
+    json j = tiny_json({});
+    edit(j);
+    return error_of([&] { make(j); });
+  };
+  EXPECT_HAS(refusal([](json& j) {
+               j["added_tokens"].push_back(
+                   {{"id", std::uint64_t{1} << 32}, {"content", "<x>"}, {"special", true}});
+             }),
+             "has an id above every 32-bit vocabulary");
+  EXPECT_HAS(refusal([](json& j) { j["model"]["vocab"]["zz"] = 250000000; }),
+             "its ids run up to 250000000 for ");
+  EXPECT_HAS(
+      refusal([](json& j) {
+        j["added_tokens"].push_back({{"id", 4000000000u}, {"content", "<x>"}, {"special", true}});
+      }),
+      "its ids run up to 4000000000 for ");
+  // A few reserved ids are no problem.
+  json j = tiny_json({});
+  j["added_tokens"].push_back({{"id", 100000}, {"content", "<x>"}, {"special", true}});
+  EXPECT_EQ(make(j).vocab_size(), 100001u);
+}
+
 // ---- the direct reader of vocab and merges -----------------------------------------------------
 
 // What a spec says, comparable: the vocabulary sorted, the rest as read.
@@ -613,6 +640,15 @@ TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
   o = options(c, {good});
   o.doc_token = "<|nope|>";
   EXPECT_NE(fails(c, o).find("<|nope|>"), std::string::npos);
+  const std::string fifo = (c.path / "f.txt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_HAS(fails(c, options(c, {good, fifo})), "f.txt' is not a regular file (a FIFO)");
+  // The shard name comes from the first input unless --name: "dir/" and "." give none.
+  for (const std::string& first : {c.path.string() + "/", c.path.string() + "/."}) {
+    e = fails(c, options(c, {first, good}));
+    EXPECT_HAS(e, "'" + first + "' gives no plain name");
+    EXPECT_HAS(e, "pass --name PREFIX");
+  }
 }
 
 TEST(Tokenize, ExistingShardsNeedForce) {

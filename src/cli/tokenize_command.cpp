@@ -27,7 +27,10 @@ void add_tokenize_command(CLI::App& app, TokenizeCommand& cmd) {
       ->capture_default_str();
   t->add_option("--doc-token", o.doc_token,
                 "token before each document (default <|begin_of_text|>, else <|endoftext|>)");
-  t->add_option("--threads", o.threads, "encoding threads; 0 = all cores")->capture_default_str();
+  // Beyond any machine (train's bound too): oneTBB crashed on an arena of 2^31 - 1 threads.
+  t->add_option("--threads", o.threads, "encoding threads; 0 = all cores")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   t->add_flag("--force", o.force, "replace shards of the same name in the output directory");
   t->add_option("inputs", o.inputs, ".txt files, .jsonl files or directories")->required();
   cmd.app = t;

@@ -52,6 +52,11 @@ std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs) {
         throw DataError("input directory '" + in + "' holds no .txt or .jsonl files");
       continue;
     }
+    if (!fs::is_regular_file(st)) {
+      throw DataError("input '" + in + "' is not a regular file (" +
+                      (fs::is_fifo(st) ? "a FIFO" : "a device or socket") +
+                      "); tokenize reads files whose size it can know: save the text to a file");
+    }
     auto f = classify(p);
     if (!f)
       throw DataError("input '" + in +

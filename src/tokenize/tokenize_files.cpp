@@ -117,6 +117,10 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
     total_bytes += f.size;
   const std::string name =
       o.name.empty() ? std::filesystem::path(o.inputs.front()).filename().stem().string() : o.name;
+  if (o.name.empty() && (name.empty() || name[0] == '.')) {
+    throw DataError("the shards are named after the first input, but '" + o.inputs.front() +
+                    "' gives no plain name ('" + name + "'); pass --name PREFIX");
+  }
 
   ShardOutput out(o.output_dir, name, o.force);
   SplitWriter train(out, "train", o.shard_tokens, wide), val(out, "val", o.shard_tokens, wide);

@@ -51,6 +51,9 @@ std::vector<std::array<std::uint32_t, 3>> merge_ids(
 
 }  // namespace
 
+// The most ids below the largest that no token has.
+constexpr std::uint64_t kMaxUnusedIds = std::uint64_t{1} << 20;
+
 Tokenizer::Tokenizer(TokenizerSpec spec)
     : source_(std::move(spec.source)),
       strings_(std::move(spec.strings)),
@@ -66,7 +69,15 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
     size = std::max<std::uint64_t>(size, e.id + 1ull);
   for (const auto& a : spec.added)
     size = std::max<std::uint64_t>(size, a.id + 1ull);
-  if (size > UINT32_MAX) fail("an added token's id is 4294967295, above every 32-bit vocabulary");
+  // Tables go by id: a few unused ids are common (reserved ones), millions are a broken file
+  // that would cost gigabytes.
+  const std::uint64_t tokens = vocab_.entries().size() + spec.added.size();
+  if (size > tokens + kMaxUnusedIds) {
+    fail("its ids run up to " + std::to_string(size - 1) + " for " + std::to_string(tokens) +
+         " tokens; more than " + std::to_string(kMaxUnusedIds) +
+         " unused ids is not a tokenizer this reads (check the ids in \"model\".\"vocab\" "
+         "and \"added_tokens\")");
+  }
   vocab_size_ = static_cast<std::uint32_t>(size);
   spans_.resize(vocab_size_);
   // Where several tokens share an id, the last in sorted order gives its bytes, and the first

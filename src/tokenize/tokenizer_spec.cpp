@@ -127,6 +127,8 @@ void read_added_tokens(const std::string& src, const json& added, TokenizerSpec&
     if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() ||
         !a.contains("content") || !a["content"].is_string())
       refuse(src, "added token " + a.dump() + " lacks an id or content");
+    if (a["id"].get<std::uint64_t>() >= UINT32_MAX)
+      refuse(src, "added token " + a.dump() + " has an id above every 32-bit vocabulary");
     AddedToken t{a["id"].get<std::uint32_t>(), a["content"].get<std::string>(),
                  a.value("special", false)};
     if (!t.special) {  // special ones are never matched in text, so their flags change nothing
