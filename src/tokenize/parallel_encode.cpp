@@ -80,13 +80,18 @@ void encode_chunks(Encoders& encoders, std::string_view s, std::vector<std::uint
   };
   const auto walk = [&](std::size_t k) {
     auto p = std::make_shared<Part>();
-    p->begin = starts[k];
+    p->begin = p->stop = starts[k];
     const std::size_t end = starts[k + 1], window = std::min(p->begin + kMeetWindow, end);
-    encoders.local().encode_from(s, p->begin, p->ids, [&](std::size_t e) {
-      if (e < window) p->ends.emplace_back(e, p->ids.size());
-      p->stop = e;
-      return e >= end;
-    });
+    // A chunk inside one piece walks nothing: join encodes that piece once, from where the
+    // walks before it ended (else every chunk of a long run encoded the rest of it: quadratic).
+    encoders.local().encode_from(
+        s, p->begin, p->ids,
+        [&](std::size_t e) {
+          if (e < window) p->ends.emplace_back(e, p->ids.size());
+          p->stop = e;
+          return e >= end;
+        },
+        end);
     return std::pair{k, std::shared_ptr<const Part>(std::move(p))};
   };
   const auto join = [&](const std::pair<std::size_t, std::shared_ptr<const Part>>& kp) {

@@ -95,9 +95,12 @@ class Encoder {
   // gives in `text` (a normalized segment) from byte `from` on, and calls stop(end) after each
   // piece with the offset where it ends, until that returns true. From 0, or from where a piece
   // of an earlier walk ended (Tokenizer::resumable_split), the pieces are those of Encoder::encode.
+  // A first piece that ends past `first_limit` is not encoded and ends the walk: a walk that
+  // starts inside a long run of one kind of character leaves the run to the walk that reaches
+  // it, so the run is encoded once rather than once per chunk it spans.
   template <class Stop>
   void encode_from(std::string_view text, std::size_t from, std::vector<std::uint32_t>& out,
-                   Stop&& stop);
+                   Stop&& stop, std::size_t first_limit = std::string_view::npos);
 
  private:
   void encode_segment(std::string_view text, std::vector<std::uint32_t>& out);
@@ -140,17 +143,20 @@ void Tokenizer::for_each_segment(std::string_view text, OnText&& on_text,
 
 template <class Stop>
 void Encoder::encode_from(std::string_view text, std::size_t from, std::vector<std::uint32_t>& out,
-                          Stop&& stop) {
+                          Stop&& stop, std::size_t first_limit) {
   if (matchers_.empty()) {  // no regex: the segment is one piece
+    if (text.size() > first_limit) return;
     if (from < text.size()) encode_piece(text.substr(from), out);
     stop(text.size());
     return;
   }
   auto& m = matchers_.front();
   m.start(text, from);
-  for (std::string_view piece; m.next(piece);) {
+  for (std::string_view piece; m.next(piece); first_limit = std::string_view::npos) {
+    const auto end = static_cast<std::size_t>(piece.data() + piece.size() - text.data());
+    if (end > first_limit) return;
     encode_split(piece, 1, out);
-    if (stop(static_cast<std::size_t>(piece.data() + piece.size() - text.data()))) return;
+    if (stop(end)) return;
   }
 }
 
