@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <oneapi/tbb/task_arena.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,7 @@
 #include "tokenize/decode.h"
 #include "tokenize/parallel_encode.h"
 #include "tokenize/pre_tokenizer.h"
+#include "tokenize/shard_output.h"
 #include "tokenize/tokenize_files.h"
 #include "tokenize/tokenizer.h"
 #include "tokenize/utf8.h"
@@ -649,6 +652,30 @@ TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
     EXPECT_HAS(e, "'" + first + "' gives no plain name");
     EXPECT_HAS(e, "pass --name PREFIX");
   }
+}
+
+// A run killed mid-way leaves its hidden staging directory; the next run of the same name removes
+// it once that process is gone (and leaves another name's alone).
+TEST(Tokenize, AKilledRunsStagingIsRemovedByTheNextRun) {
+  Corpus c;
+  fs::create_directories(c.out());
+  for (const std::string name : {"k", "other"}) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ShardOutput out(c.out(), name, false);
+      out.write("train", {1, 2, 3}, false);
+      ::_exit(0);  // as if killed: nothing removes the staging directory
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);  // gone, not a zombie
+    ASSERT_EQ(status, 0);
+  }
+  ASSERT_EQ(c.files().size(), 2u);
+  { ShardOutput again(c.out(), "k", false); }
+  const std::vector<std::string> left = c.files();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_NE(left.front().find("tokenize-other"), std::string::npos) << left.front();
 }
 
 TEST(Tokenize, ExistingShardsNeedForce) {

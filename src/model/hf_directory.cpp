@@ -103,7 +103,8 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
   // Every new file is written whole into a hidden folder inside `dir` (removed on any failure,
   // a full disk included) before one of the previous export's is touched; then renames, which
   // need no space, put them in place. Never committed: the folder is only a staging area.
-  const ckpt::AtomicDirectory stage(dir / "export", ckpt::IfExists::kReplace);
+  ckpt::remove_abandoned_saves(dir, "export");  // a killed export's, once its process is gone
+  const ckpt::AtomicDirectory stage(dir / "export", ckpt::IfExists::kReplace, "export");
   const fs::path& staged = stage.temp_path();
   std::vector<std::string> written = {"config.json"};
   ckpt::write_file_atomic(staged / "config.json", hf_config(layout.spec(), dtype).dump(2) + "\n");

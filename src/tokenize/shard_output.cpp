@@ -45,16 +45,15 @@ ShardOutput::ShardOutput(const fs::path& dir, const std::string& name, bool forc
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw DataError("cannot create output directory '" + dir.string() + "': " + ec.message());
-  staging_ = dir / ("." + name + ".tokenize-" + std::to_string(::getpid()));
-  fs::remove_all(staging_, ec);
-  if (!fs::create_directory(staging_, ec))
-    throw DataError("cannot create '" + staging_.string() + "': " + ec.message() +
-                    "; is the output directory writable?");
-}
-
-ShardOutput::~ShardOutput() {
-  std::error_code ec;
-  if (!committed_) fs::remove_all(staging_, ec);
+  // A killed run of the same NAME left its staging directory: removed once its process is gone
+  // (the writer record tells, across pid reuse and reboots; another host's is kept).
+  const std::string owner = "tokenize " + name;
+  ckpt::remove_abandoned_saves(dir, owner);
+  try {
+    staging_.emplace(dir / ("tokenize-" + name), ckpt::IfExists::kReplace, owner);
+  } catch (const CheckpointError& e) {
+    throw DataError(std::string(e.what()) + " (is the output directory writable?)");
+  }
 }
 
 int ShardOutput::shards(const std::string& split) const {
@@ -66,7 +65,7 @@ void ShardOutput::write(const std::string& split, const std::vector<std::uint32_
   int& n = split == "val" ? val_ : train_;
   char number[16];
   std::snprintf(number, sizeof number, "%06d", n++);
-  const fs::path path = staging_ / (name_ + "_" + split + "_" + number + ".bin");
+  const fs::path path = staging_->temp_path() / (name_ + "_" + split + "_" + number + ".bin");
   if (wide) {
     data::write_token_shard(path.string(), std::span<const std::uint32_t>(tokens));
   } else {
@@ -89,9 +88,7 @@ void ShardOutput::commit() {
   for (const auto& old : existing(dir_, name_)) {  // --force: an older, longer run's extra shards
     if (std::find(keep.begin(), keep.end(), old) == keep.end()) fs::remove(old);
   }
-  committed_ = true;
-  std::error_code ec;
-  fs::remove_all(staging_, ec);
+  staging_.reset();  // removes the staging directory, now holding only the writer record
 }
 
 }  // namespace zo::tokenize

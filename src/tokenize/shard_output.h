@@ -6,8 +6,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "checkpoint/atomic_io.h"
 
 namespace zo::tokenize {
 
@@ -16,7 +19,6 @@ class ShardOutput {
   // Creates the output directory if needed. DataError when it already holds NAME's shards and
   // `force` is false.
   ShardOutput(const std::filesystem::path& dir, const std::string& name, bool force);
-  ~ShardOutput();  // removes the staging directory unless committed
   ShardOutput(const ShardOutput&) = delete;
   ShardOutput& operator=(const ShardOutput&) = delete;
 
@@ -33,11 +35,13 @@ class ShardOutput {
                                                      const std::string& name);
 
  private:
-  std::filesystem::path dir_, staging_;
+  std::filesystem::path dir_;
   std::string name_;
+  // The hidden directory the shards are written into, removed when this goes (never committed:
+  // commit() moves the shards out of it).
+  std::optional<ckpt::AtomicDirectory> staging_;
   std::vector<std::filesystem::path> written_;  // in staging_
   int train_ = 0, val_ = 0;
-  bool committed_ = false;
 };
 
 }  // namespace zo::tokenize
