@@ -143,6 +143,11 @@ void for_each_document(const Chunk& chunk, const std::string& field,
     try {
       j = ckpt::parse_json(text);  // refuses invalid UTF-8 and lone surrogates in strings
     } catch (const std::exception& e) {
+      // Raw bytes: said by offset, not echoed to the terminal in the parser's message.
+      if (const auto bad = first_invalid_utf8(text); bad != kValidUtf8) {
+        throw DataError(where(chunk, line) + " is not valid UTF-8 at byte " + std::to_string(bad) +
+                        " of the line; convert the file to UTF-8 (iconv) or leave it out");
+      }
       throw DataError(where(chunk, line) + " is not a JSON object: " + e.what());
     }
     if (!j.is_object()) throw DataError(where(chunk, line) + " is not a JSON object");

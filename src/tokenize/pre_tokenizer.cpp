@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "core/error.h"
+
 namespace zo::tokenize {
 namespace {
 
@@ -131,7 +133,11 @@ bool SplitRegex::Matcher::next(std::string_view& piece) {
       at_ = text_.size();
       break;
     }
-    if (rc < 0) throw std::runtime_error("pre-tokenizer regex failed: " + pcre2_message(rc));
+    if (rc < 0) {
+      throw DataError("the pre-tokenizer's regex failed on this text (" + pcre2_message(rc) +
+                      "): its pattern backtracks too much here; check the tokenizer's Split "
+                      "pattern");
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s_->data);
     const PCRE2_SIZE begin = ov[0], end = ov[1];
     const std::string_view before = text_.substr(emitted_, begin - emitted_);

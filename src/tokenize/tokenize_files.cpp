@@ -148,10 +148,15 @@ TokenizeSummary tokenize_files(const TokenizeOptions& o, const Tokenizer& tokeni
       const std::size_t before = e->tokens.size();
       e->tokens.push_back(*doc_id);
       // A long document (a .txt file) is cut into chunks for every thread; the rest is one task.
-      if (doc.size() >= 2 * o.chunk_bytes) {
-        encode_parallel(tokenizer, encoders, doc, e->tokens, o.chunk_bytes);
-      } else {
-        encoders.local().encode(doc, e->tokens);
+      try {
+        if (doc.size() >= 2 * o.chunk_bytes) {
+          encode_parallel(tokenizer, encoders, doc, e->tokens, o.chunk_bytes);
+        } else {
+          encoders.local().encode(doc, e->tokens);
+        }
+      } catch (const DataError& err) {  // from inside the tokenizer: say which file and tokenizer
+        throw DataError("a document of '" + c->file->path + "' with tokenizer '" +
+                        tokenizer.source() + "': " + err.what());
       }
       e->lengths.push_back(static_cast<std::uint32_t>(e->tokens.size() - before));
     });
