@@ -444,8 +444,8 @@ void Session::make_optimizer_state() {
   const cpu_adam::Isa isa = cpu_adam::default_isa();
   if (!resident && cfg.optimizer_state == StateFormat::kQ8 && isa < cpu_adam::Isa::kAvx512) {
     notes.push_back("--optimizer-state q8 on CPU Adam's " + std::string(cpu_adam::isa_name(isa)) +
-                    " path (no AVX-512): its update is slower than fp32 state's (about "
-                    "0.6-0.8x with AVX2); q8 saves host memory here, not time");
+                    " path (no AVX-512): its update is no faster than fp32 state's (0.55-1.0x "
+                    "with AVX2 on two Zen 3 cores); q8 saves host memory here, not time");
   }
 }
 
