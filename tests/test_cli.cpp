@@ -130,17 +130,23 @@ TEST(Cli, TrainResumeExportSample) {
   EXPECT_NE(r.out.find(out + ".missing' does not exist"), std::string::npos) << r.out;
 }
 
+// Trains two steps of the tiny model into `ckpt`; the export command that reads its newest.
+std::string export_of_a_tiny_run(const std::string& ckpt) {
+  const Result r =
+      run("train --model tiny --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return "export --checkpoint latest --checkpoint-dir " + ckpt + " ";
+}
+
 // export -o DIR: a Hugging Face model directory, sharded at --shard-size, that --init-from and
 // --model read back; an existing directory is written into only with --force, which replaces the
 // previous export's weights and keeps other files.
 TEST(Cli, ExportWritesAHuggingFaceDirectory) {
   TempDir d;
   const std::string ckpt = (d.path / "ckpt").string();
-  Result r = run("train --model tiny --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const std::string exp = "export --checkpoint latest --checkpoint-dir " + ckpt + " ";
+  const std::string exp = export_of_a_tiny_run(ckpt);
   const fs::path out = d.path / "hf";
-  r = run(exp + "-o " + out.string() + " --shard-size 100KB --dtype bf16");
+  Result r = run(exp + "-o " + out.string() + " --shard-size 100KB --dtype bf16");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("model.safetensors.index.json"), std::string::npos) << r.out;
   std::ifstream index_in(out / "model.safetensors.index.json");
@@ -208,11 +214,9 @@ TEST(Cli, ExportWritesAHuggingFaceDirectory) {
 TEST(Cli, AFailedExportLeavesThePreviousOneWhole) {
   TempDir d;
   const std::string ckpt = (d.path / "ckpt").string();
-  Result r = run("train --model tiny --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const std::string exp = "export --checkpoint latest --checkpoint-dir " + ckpt + " ";
+  const std::string exp = export_of_a_tiny_run(ckpt);
   const fs::path out = d.path / "hf", fresh = d.path / "fresh";
-  r = run(exp + "-o " + out.string() + " --shard-size 100KB");
+  Result r = run(exp + "-o " + out.string() + " --shard-size 100KB");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto contents = [](const fs::path& dir) {
     std::map<std::string, std::string> files;
