@@ -609,6 +609,34 @@ TEST(AtomicFile, WritesAndReplaces) {
   EXPECT_EQ(dir_entries(tmp.path()), std::vector<std::string>{"state.json"});
 }
 
+// A rename that fails half way (here a missing finished file) puts every replaced and retired
+// file back; on success the previous versions wait in the source folder under ".previous-" names.
+TEST(AtomicFile, ReplaceFilesIsUndoneWhenARenameFails) {
+  TempDir d;
+  const fs::path from = d / "from", to = d / "to";
+  fs::create_directories(from);
+  fs::create_directories(to);
+  write_bytes(to / "a.bin", "old a");
+  write_bytes(to / "index", "old index");
+  write_bytes(to / "keep", "a user's");
+  write_bytes(from / "a.bin", "new a");
+  const std::string names[] = {"a.bin", "b.bin", "index"}, retire[] = {"index"};
+  EXPECT_THROW(replace_files(from, names, to, retire), CheckpointError);
+  EXPECT_EQ(dir_entries(to), (std::vector<std::string>{"a.bin", "index", "keep"}));
+  EXPECT_EQ(read_bytes(to / "a.bin"), "old a");
+  EXPECT_EQ(read_bytes(to / "index"), "old index");
+  EXPECT_EQ(dir_entries(from), (std::vector<std::string>{"a.bin"}));
+  EXPECT_EQ(read_bytes(from / "a.bin"), "new a");
+
+  write_bytes(from / "b.bin", "new b");
+  const std::string two[] = {"a.bin", "b.bin"};
+  replace_files(from, two, to, retire);
+  EXPECT_EQ(dir_entries(to), (std::vector<std::string>{"a.bin", "b.bin", "keep"}));
+  EXPECT_EQ(read_bytes(to / "a.bin"), "new a");
+  EXPECT_EQ(read_bytes(from / ".previous-a.bin"), "old a");
+  EXPECT_EQ(read_bytes(from / ".previous-index"), "old index");
+}
+
 TEST(AtomicFile, FailingProducerLeavesOldFileAndNoTemp) {
   TempDir tmp;
   const fs::path p = tmp / "model.safetensors";

@@ -3,6 +3,7 @@
 // layout, tensors nothing reads, FIFOs in a checkpoint; non-finite flags; sampling edge cases;
 // weights that are not finite, or whose logits are not, in sample and eval.
 #include <gtest/gtest.h>
+#include <oneapi/tbb/info.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -595,18 +596,19 @@ TEST(TrainFlags, NonFiniteOrOutOfRangeNumbersAreRefusedNamingTheFlag) {
   }
 }
 
-// Thread counts above the machine's run at its count (oneTBB's limit): the banner says so.
+// Thread counts above the CPUs the process may use run at that count (oneTBB's limit): the
+// banner says so.
 TEST(TrainFlags, MoreThreadsThanTheMachineHasAreNamedInTheBanner) {
-  const int hw = int(std::thread::hardware_concurrency());
-  if (hw <= 0 || hw >= zo::train::kMaxThreads) GTEST_SKIP() << "hardware threads: " << hw;
+  const int hw = tbb::info::default_concurrency();
+  if (hw <= 0 || hw >= zo::train::kMaxThreads) GTEST_SKIP() << "CPUs: " << hw;
   zo::train::TrainConfig c = tiny(1);
   c.quiet = false;
   c.eval_batches = 1;
   c.adam_threads = zo::train::kMaxThreads;
   std::string out;
   zo::train::Trainer(c).run([&](const std::string& s) { out += s + "\n"; });
-  EXPECT_HAS(out, "--adam-threads 4096: this machine has " + std::to_string(hw) +
-                      " hardware threads, so at most " + std::to_string(hw) + " run");
+  EXPECT_HAS(out, "--adam-threads 4096: this process may use " + std::to_string(hw) +
+                      " CPUs, so at most " + std::to_string(hw) + " run");
   EXPECT_EQ(out.find("--threads "), std::string::npos) << out;
 }
 
@@ -614,9 +616,20 @@ TEST(TrainFlags, MoreThreadsThanTheMachineHasAreNamedInTheBanner) {
 // only there.
 TEST(TrainFlags, Q8StateWithoutAvx512IsNamedInTheBanner) {
   const auto banner = [](zo::cpu_adam::Isa isa) {
-    const char* was = std::getenv("ZO_CPU_ADAM_ISA");
-    const std::string saved = was ? was : "";
-    setenv("ZO_CPU_ADAM_ISA", std::string(zo::cpu_adam::isa_name(isa)).c_str(), 1);
+    struct ForcedIsa {  // restored however the run ends
+      std::optional<std::string> was;
+      explicit ForcedIsa(zo::cpu_adam::Isa isa) {
+        if (const char* v = std::getenv("ZO_CPU_ADAM_ISA")) was = v;
+        setenv("ZO_CPU_ADAM_ISA", std::string(zo::cpu_adam::isa_name(isa)).c_str(), 1);
+      }
+      ~ForcedIsa() {
+        if (was) {
+          setenv("ZO_CPU_ADAM_ISA", was->c_str(), 1);
+        } else {
+          unsetenv("ZO_CPU_ADAM_ISA");
+        }
+      }
+    } forced(isa);
     zo::train::TrainConfig c = tiny(1);
     c.quiet = false;
     c.eval_batches = 1;
@@ -624,11 +637,6 @@ TEST(TrainFlags, Q8StateWithoutAvx512IsNamedInTheBanner) {
     c.optimizer_state = zo::StateFormat::kQ8;
     std::string out;
     zo::train::Trainer(c).run([&](const std::string& s) { out += s + "\n"; });
-    if (was) {
-      setenv("ZO_CPU_ADAM_ISA", saved.c_str(), 1);
-    } else {
-      unsetenv("ZO_CPU_ADAM_ISA");
-    }
     return out;
   };
   const std::string note = "--optimizer-state q8 on CPU Adam's ";

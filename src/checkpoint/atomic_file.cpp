@@ -179,10 +179,32 @@ void write_file_atomic(const fs::path& path, const ByteProducer& produce) {
   fsync_dir(dir);
 }
 
-void move_files(const fs::path& from, std::span<const std::string> names, const fs::path& to) {
+void replace_files(const fs::path& from, std::span<const std::string> names, const fs::path& to,
+                   std::span<const std::string> retire) {
+  struct Move {
+    fs::path src, dst;
+  };
+  std::vector<Move> done;  // to undo, last first
+  const auto move = [&](const fs::path& src, const fs::path& dst) {
+    if (::rename(src.c_str(), dst.c_str()) == 0) {
+      done.push_back({src, dst});
+      return;
+    }
+    const int err = errno;
+    for (auto it = done.rbegin(); it != done.rend(); ++it)
+      ::rename(it->dst.c_str(), it->src.c_str());  // frees names: nothing to fail on
+    throw_write_error("move a finished file into place as", dst, err, to);
+  };
+  const auto set_aside = [&](const std::string& name) {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(to / name, ec)))
+      move(to / name, from / (".previous-" + name));
+  };
+  for (const std::string& name : retire)
+    set_aside(name);
   for (const std::string& name : names) {
-    if (::rename((from / name).c_str(), (to / name).c_str()) != 0)
-      throw_write_error("move a finished file into place as", to / name, errno, to);
+    set_aside(name);
+    move(from / name, to / name);
   }
   fsync_dir(to);
 }

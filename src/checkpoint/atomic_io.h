@@ -40,12 +40,14 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::b
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 void write_file_atomic(const std::filesystem::path& path, const ByteProducer& produce);
 
-// Moves the files `names` of directory `from` into directory `to` on the same file system, in
-// order, each replacing a file of its name there, then fsyncs `to`. Renames need no free space,
-// so files written in full elsewhere can replace others without a full disk failing half way.
-// Throws CheckpointError naming the file.
-void move_files(const std::filesystem::path& from, std::span<const std::string> names,
-                const std::filesystem::path& to);
+// Replaces files of directory `to` by the finished files `names` of directory `from` (the same
+// file system), in order: first the files `retire` of `to` move into `from`, then each of
+// `names` moves in, its previous version (if any) moving into `from` first. If a rename fails (a
+// full disk can refuse a new name), every step is undone in reverse, so `to` is as it was, and
+// CheckpointError names the file. The previous versions stay in `from` (under ".previous-" names)
+// for the caller to delete with it. Then fsyncs `to`.
+void replace_files(const std::filesystem::path& from, std::span<const std::string> names,
+                   const std::filesystem::path& to, std::span<const std::string> retire);
 
 // Reads a whole (small) file, e.g. a JSON state file; throws CheckpointError if it is missing,
 // unreadable, larger than max_bytes or not a regular file (a FIFO, device or directory is refused

@@ -76,22 +76,27 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
                                              const HfSource& source, DType dtype,
                                              std::uint64_t max_shard_bytes) {
   if (max_shard_bytes == 0) throw std::invalid_argument("export: shard size must be positive");
+  // The directories made here go again if the export fails (unless something else was put in).
+  struct RemoveIfEmpty {
+    fs::path dir, top;  // dir and its parents up to top; empty: none made
+    ~RemoveIfEmpty() {
+      std::error_code ignored;
+      for (fs::path p = dir; !top.empty(); p = p.parent_path()) {
+        if (!fs::remove(p, ignored) || p == top) break;  // removes only an empty directory
+      }
+    }
+  } made{dir, {}};
   std::error_code ec;
-  const bool fresh = !fs::exists(dir, ec);
+  for (fs::path a = dir; !a.empty() && fs::status(a, ec).type() == fs::file_type::not_found;
+       a = a.parent_path()) {
+    made.top = a;
+  }
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) {
     throw CheckpointError("cannot make the directory " + dir.string() + " (" +
                           (ec ? ec.message() : std::string("a file is in the way")) +
                           "); choose another path");
   }
-  // A directory made here goes again if the export fails (unless something else was put in it).
-  struct RemoveIfEmpty {
-    fs::path dir;
-    ~RemoveIfEmpty() {
-      std::error_code ignored;
-      if (!dir.empty()) fs::remove(dir, ignored);  // removes only an empty directory
-    }
-  } made{fresh ? dir : fs::path()};
   const auto& tensors = layout.tensors();
   std::vector<std::uint64_t> bytes;
   for (const auto& t : tensors)
@@ -101,10 +106,10 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
   starts.push_back(tensors.size());
 
   // Every new file is written whole into a hidden folder inside `dir` (removed on any failure,
-  // a full disk included) before one of the previous export's is touched; then renames, which
-  // need no space, put them in place. Never committed: the folder is only a staging area.
-  ckpt::remove_abandoned_saves(dir, "export");  // a killed export's, once its process is gone
-  const ckpt::AtomicDirectory stage(dir / "export", ckpt::IfExists::kReplace, "export");
+  // a full disk included) before one of the previous export's is touched; then renames put them
+  // in place. Never committed: the folder is only a staging area.
+  ckpt::remove_abandoned_saves(dir, kExportOwner);  // a killed export's, once its process is gone
+  const ckpt::AtomicDirectory stage(dir / "export", ckpt::IfExists::kReplace, kExportOwner);
   const fs::path& staged = stage.temp_path();
   std::vector<std::string> written = {"config.json"};
   ckpt::write_file_atomic(staged / "config.json", hf_config(layout.spec(), dtype).dump(2) + "\n");
@@ -128,10 +133,11 @@ std::vector<std::string> export_hf_directory(const fs::path& dir, const Paramete
                             ckpt::weights_index_json(total, weight_map));
     written.emplace_back(ckpt::kWeightsIndexName);
   }
-  // The old index goes first and the new one comes last, so that no index names a mix of shards.
-  remove_file(dir / ckpt::kWeightsIndexName);
-  ckpt::move_files(staged, written, dir);
-  made.dir.clear();
+  // The old index goes first and the new one comes last, so that no index names a mix of shards;
+  // a rename that fails puts everything back.
+  const std::string old_index[] = {std::string(ckpt::kWeightsIndexName)};
+  ckpt::replace_files(staged, written, dir, old_index);
+  made.top.clear();
   // The rest of a previous export, which the new index (or model.safetensors) would contradict.
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(dir)) {

@@ -126,13 +126,17 @@ nlohmann::json hf_config(const ModelSpec& spec, DType dtype);
 // transformers' save_pretrained default: shards of at most 5 GB of tensor data.
 inline constexpr std::uint64_t kDefaultShardBytes = 5'000'000'000;
 
+// The owner in the writer record of an export's staging folder (ckpt::remove_abandoned_saves).
+inline constexpr const char* kExportOwner = "export";
+
 // Writes a Hugging Face model directory (made if missing): config.json, and the weights as one
 // model.safetensors when their data fits in max_shard_bytes, else model-0000k-of-0000n.safetensors
-// (tensors in layout order, none split; ckpt::plan_shards) and model.safetensors.index.json. Every
-// file is written atomically, the index last. A previous export there is replaced: its index is
-// removed first (a crash never pairs an old index with new shards) and, at the end, its
-// model.safetensors or shards that are not part of the new set; other files are left alone.
-// Returns the file names written, in order.
+// (tensors in layout order, none split; ckpt::plan_shards) and model.safetensors.index.json. All
+// are written whole into a hidden staging folder inside `dir` first, so that a failure (a full
+// disk) leaves a previous export there as it was and removes the directories made; then they
+// replace the previous export's (ckpt::replace_files: its index first, the new index last, all
+// undone if a rename fails), and its model.safetensors or shards that are not part of the new set
+// are removed; other files are left alone. Returns the file names written, in order.
 std::vector<std::string> export_hf_directory(const std::filesystem::path& dir,
                                              const ParameterLayout& layout, const HfSource& source,
                                              DType dtype,

@@ -41,7 +41,8 @@ void ensure_writable_dir(const fs::path& dir, const char* flag) {
                           "); choose another path");
   }
   const fs::path probe = dir / (".offload_train-write-test-" + std::to_string(::getpid()));
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fs::remove(probe, ec);  // a leftover, or a planted symlink: never written through
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   int err = fd < 0 ? errno : 0;
   if (fd >= 0) {
     if (::write(fd, "x", 1) != 1) err = errno;

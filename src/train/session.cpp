@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include <oneapi/tbb/info.h>
+
 #include "checkpoint/atomic_io.h"
 #include "comm/comm.h"
 #include "core/bytes.h"
@@ -326,14 +328,14 @@ void Session::open_device_and_plan() {
   // Ranks sharing a machine share its cores: "all cores" means this rank's share.
   r.threads = cfg.threads == 0 ? core_share() : cfg.threads;
   r.gpu_ordinal = comm->local_rank();  // one GPU per rank on a machine
-  // oneTBB runs at most one thread per hardware thread, whatever an arena asks for.
-  const int hw = int(std::thread::hardware_concurrency());
+  // oneTBB runs at most one thread per CPU this process may use (its affinity mask and cgroup),
+  // whatever an arena asks for.
+  const int hw = tbb::info::default_concurrency();
   for (const auto& [flag, n] :
        {std::pair{"--threads", cfg.threads}, {"--adam-threads", cfg.adam_threads}}) {
     if (hw > 0 && n > hw) {
-      notes.push_back(std::string(flag) + " " + std::to_string(n) + ": this machine has " +
-                      std::to_string(hw) + " hardware threads, so at most " + std::to_string(hw) +
-                      " run");
+      notes.push_back(std::string(flag) + " " + std::to_string(n) + ": this process may use " +
+                      std::to_string(hw) + " CPUs, so at most " + std::to_string(hw) + " run");
     }
   }
   dev = dev::make_device(r);
