@@ -50,8 +50,8 @@ void check_directory_output(const fs::path& dir, bool force) {
                           "' exists and is not a directory; a path not ending in .safetensors "
                           "is written as a Hugging Face model directory. Choose another -o");
   }
-  ckpt::remove_abandoned_saves(dir,
-                               model::kExportOwner);  // a killed export's staging, once it is gone
+  // A killed export's staging folder, once its process is gone, does not make `dir` non-empty.
+  ckpt::remove_abandoned_saves(dir, model::kExportOwner);
   if (!force && !fs::is_empty(dir, ec)) {
     throw CheckpointError("-o '" + dir.string() +
                           "' is a directory that is not empty; pass --force to write into it "
