@@ -858,6 +858,8 @@ TEST(Cli, SampleEdgesAndNonFiniteFlags) {
       {sample + "--temperature nan -n 2", "--temperature must be finite"},
       {sample + "--top-k 1000 -n 2", "--top-k 1000 exceeds"},
       {sample + "--prompt-tokens 4294967297 -n 2", "'4294967297' is not a token id"},
+      {sample + "--prompt-tokens 1, -n 2", "'1,' ends with a comma"},
+      {sample + "--prompt-tokens ,1 -n 2", "'' is not a token id"},
       {sample + "--context 65 -n 2", "--context 65 exceeds the model's block_size 64"},
       {sample + "--context -1 -n 2", "--context must be >= 1"},
       {"train --steps 1 --comm-timeout inf", "--comm-timeout"},

@@ -317,6 +317,14 @@ TEST(Tokenize, DecodeText) {
   const std::vector<std::int32_t> ids = {256, 'y', 0xE2, 0x82, 0xAC, 0xFF, 0xE2};
   EXPECT_EQ(decode_text(t, ids), "hey\xE2\x82\xAC\xEF\xBF\xBD");  // the lone 0xE2 is held back
   EXPECT_EQ(decode_text(t, std::vector<std::int32_t>{'a', 100000}), "a\xEF\xBF\xBD");
+  // One id at a time (sample prints as it goes): each push gives the text it completes.
+  zo::tokenize::TextDecoder d(t);
+  std::vector<std::string> pieces;
+  for (const std::int32_t id :
+       std::vector<std::int32_t>{256, 'y', 0xE2, 0x82, 0xAC, 0xFF, 0xE2, 100000, 'a'})
+    pieces.push_back(d.push(id));
+  EXPECT_EQ(pieces, (std::vector<std::string>{"he", "y", "", "", "\xE2\x82\xAC", "\xEF\xBF\xBD", "",
+                                              "\xEF\xBF\xBD\xEF\xBF\xBD", "a"}));
 }
 
 TEST(Tokenize, RefusesWhatItDoesNotImplementByName) {

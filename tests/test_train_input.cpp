@@ -667,6 +667,15 @@ TEST(Sample, NoTokensAndBadNumbers) {
              "--top-k 257 exceeds the model's vocabulary of 256");
   s.top_k = 256;
   EXPECT_EQ(zo::train::generate(s).size(), 5u);
+  // Each new token reaches the sink as it is picked, after the vocabulary is known.
+  int vocab = 0;
+  std::vector<std::int32_t> streamed;
+  const auto seq = zo::train::generate(s, &vocab, nullptr, [&](std::int32_t id) {
+    EXPECT_EQ(vocab, 256);
+    streamed.push_back(id);
+  });
+  ASSERT_EQ(seq.size(), 5u);
+  EXPECT_EQ(streamed, std::vector<std::int32_t>(seq.begin() + 3, seq.end()));
 }
 
 // The checkpoint's (fp32) model.safetensors with every value of tensor `name` set to v.

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
-#include <span>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -18,6 +18,11 @@ namespace zo::cli {
 namespace {
 
 std::vector<std::int32_t> parse_token_list(const std::string& s) {
+  // getline yields no item after a last comma: "1," would read as "1".
+  if (!s.empty() && s.back() == ',') {
+    throw std::invalid_argument("--prompt-tokens: '" + s +
+                                "' ends with a comma (a missing id?); give ids such as 1,2,3");
+  }
   std::vector<std::int32_t> out;
   std::stringstream ss(s);
   std::string item;
@@ -89,23 +94,26 @@ int run_sample(SampleCommand& cmd) {
     for (unsigned char ch : cmd.prompt)
       sc.prompt.push_back(ch);
   }
-  int vocab = 0;
-  train::SampleTimes times;
-  const auto seq = train::generate(sc, &vocab, cmd.timing ? &times : nullptr);
-  const bool as_text = !cmd.print_ids && cmd.prompt_tokens.empty() && vocab <= 256;
-  std::string out;
-  if (tokenizer && !cmd.print_ids) {
-    out = tokenize::decode_text(*tokenizer, std::span(seq).subspan(sc.prompt.size()));
-  } else {
-    for (std::size_t i = sc.prompt.size(); i < seq.size(); ++i) {
-      if (as_text) {
-        out += static_cast<char>(seq[i]);
-      } else {
-        out += (i > sc.prompt.size() ? "," : "") + std::to_string(seq[i]);
-      }
+  // Each token is printed as it is picked (flushed, so a pipe or terminal sees it at once).
+  int vocab = 0;  // set by generate before the first token
+  std::optional<tokenize::TextDecoder> text;
+  if (tokenizer && !cmd.print_ids) text.emplace(*tokenizer);
+  bool first = true;
+  const auto print = [&](std::int32_t id) {
+    std::string out;
+    if (text) {
+      out = text->push(id);
+    } else if (!cmd.print_ids && cmd.prompt_tokens.empty() && vocab <= 256) {
+      out = std::string(1, static_cast<char>(id));  // bytes of a byte-level model
+    } else {
+      out = (first ? "" : ",") + std::to_string(id);
     }
-  }
-  std::fwrite(out.data(), 1, out.size(), stdout);
+    first = false;
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  };
+  train::SampleTimes times;
+  train::generate(sc, &vocab, cmd.timing ? &times : nullptr, print);
   std::fputc('\n', stdout);
   if (cmd.timing) {
     std::fflush(stdout);

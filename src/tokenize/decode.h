@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tokenize/tokenizer.h"
+#include "tokenize/utf8.h"
 
 namespace zo::tokenize {
 
@@ -13,5 +14,17 @@ namespace zo::tokenize {
 // vocabulary's extra rows), become U+FFFD; a character left incomplete by the last token is held
 // back (not printed), since more tokens would have completed it.
 std::string decode_text(const Tokenizer& tokenizer, std::span<const std::int32_t> ids);
+
+// decode_text one id at a time: the text of ids pushed one by one, concatenated, is
+// decode_text of them all.
+class TextDecoder {
+ public:
+  explicit TextDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string push(std::int32_t id);
+
+ private:
+  const Tokenizer& tokenizer_;
+  Utf8Stream text_;
+};
 
 }  // namespace zo::tokenize

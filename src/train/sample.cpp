@@ -31,7 +31,8 @@ void check_finite_logits(const std::vector<float>& logits, int k, int pos, DType
 
 }  // namespace
 
-std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, SampleTimes* times) {
+std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, SampleTimes* times,
+                                   const TokenSink& on_token) {
   if (c.new_tokens < 0) throw std::invalid_argument("--tokens must be >= 0");
   TokenSampler pick(c.temperature, c.top_k, c.top_p, c.seed);  // checks them
   if (c.context < 0) throw std::invalid_argument("--context must be >= 1 (or 0 for the default)");
@@ -74,7 +75,12 @@ std::vector<std::int32_t> generate(const SampleConfig& c, int* vocab_size, Sampl
   }
   return generate_with(
       m.model(), m.parameters(), m.device(), m.stream(), c.prompt, c.new_tokens,
-      [&](const std::vector<float>& logits) { return pick(logits); }, times);
+      [&](const std::vector<float>& logits) {
+        const std::int32_t next = pick(logits);
+        if (on_token) on_token(next);
+        return next;
+      },
+      times);
 }
 
 TokenSampler::TokenSampler(float temperature, int top_k, float top_p, std::uint64_t seed)

@@ -43,9 +43,13 @@ struct SampleTimes {
   std::string device;      // Device::name(): which device, in which dtype
 };
 
-// Returns the prompt followed by the generated tokens (generate_with's context policy).
+// Receives each generated token as soon as it is picked (sample prints as it goes).
+using TokenSink = std::function<void(std::int32_t token)>;
+
+// Returns the prompt followed by the generated tokens (generate_with's context policy). Every
+// check runs, and *vocab_size is set, before the first token reaches `on_token`.
 std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size = nullptr,
-                                   SampleTimes* times = nullptr);
+                                   SampleTimes* times = nullptr, const TokenSink& on_token = {});
 
 // Picks the next token from one row of logits (V fp32).
 using TokenPicker = std::function<std::int32_t(const std::vector<float>& logits)>;
