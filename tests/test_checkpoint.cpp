@@ -919,6 +919,27 @@ TEST_F(VerifyTest, DetectsMissingFileAndReportsAllProblems) {
   EXPECT_HAS(msg, "'model.safetensors' is truncated");
 }
 
+// A reader of some files (eval, sample and export read the weights alone) verifies those: the
+// others may be missing or damaged, but its own are checked as before and must be listed.
+TEST_F(VerifyTest, OnlyTheNamedFilesAreRequiredAndRead) {
+  const std::vector<std::string> weights = {"state.json", "model.safetensors"};
+  fs::remove(dir_ / "optimizer.safetensors");
+  EXPECT_EQ(verify_directory(dir_, weights).files.size(), 3u);
+  EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "'optimizer.safetensors' is missing");
+  write_bytes(dir_ / "optimizer.safetensors", std::string(3000, 'x'));
+  EXPECT_NO_THROW(verify_directory(dir_, weights));
+  EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "'optimizer.safetensors' is corrupted");
+  fs::resize_file(dir_ / "model.safetensors", 10);
+  EXPECT_HAS(error_of([&] { verify_directory(dir_, weights); }),
+             "'model.safetensors' is truncated");
+  const std::vector<std::string> unlisted = {"state.json", "weights.bin"};
+  EXPECT_HAS(error_of([&] { verify_directory(dir_, unlisted); }),
+             "'weights.bin' is not listed in its manifest");
+  write_bytes(dir_ / "stray.txt", "x");  // unlisted files are refused whatever is read
+  EXPECT_HAS(error_of([&] { verify_directory(dir_, std::vector<std::string>{"state.json"}); }),
+             "'stray.txt' is not listed");
+}
+
 TEST_F(VerifyTest, DetectsMissingOrCorruptManifest) {
   write_bytes(dir_ / "MANIFEST.json", "{\"files\": [");
   EXPECT_HAS(error_of([&] { verify_directory(dir_); }), "MANIFEST.json is corrupted");

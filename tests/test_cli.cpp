@@ -829,6 +829,34 @@ TEST(Cli, EvalAndSampleStreamTheBlocksWhenAskedOrShortOfMemory) {
       << r.out;
 }
 
+// eval, sample and export read the weights alone: a checkpoint whose optimizer file was deleted
+// (to save space) or damaged still serves them, at no cost of reading it; a resume refuses it.
+TEST(Cli, WeightReadersNeitherNeedNorReadTheOptimizerState) {
+  TempDir d;
+  const std::string ckpt = (d.path / "ckpt").string();
+  Result r = run("train --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path opt = fs::path(ckpt) / "step_00000002" / "optimizer.safetensors";
+  const std::string from = " --checkpoint latest --checkpoint-dir " + ckpt;
+  const std::string sample = "sample -n 4 --ids --temperature 0 --prompt-tokens 1,2" + from;
+  const std::string eval = "eval --data synthetic --batches 1 --seq-len 32" + from;
+  const Result sampled = run(sample), evaluated = run(eval);
+  ASSERT_EQ(sampled.code, 0) << sampled.out;
+  ASSERT_EQ(evaluated.code, 0) << evaluated.out;
+  const std::uintmax_t opt_size = fs::file_size(opt);
+  fs::resize_file(opt, 100);  // damaged: truncated
+  EXPECT_EQ(run(sample).out, sampled.out);
+  fs::remove(opt);  // deleted
+  EXPECT_EQ(run(sample).out, sampled.out);
+  EXPECT_EQ(run(eval).out, evaluated.out);
+  r = run("export -o " + (d.path / "w.safetensors").string() + from);
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("train --steps 3 --seq-len 32 -b 2 -q --resume latest --checkpoint-dir " + ckpt);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("'optimizer.safetensors' is missing"), std::string::npos) << r.out;
+  EXPECT_GT(opt_size, 100u);
+}
+
 TEST(Cli, SampleEdgesAndNonFiniteFlags) {
   TempDir d;
   const std::string ckpt = (d.path / "ckpt").string();

@@ -130,8 +130,10 @@ class AtomicDirectory {
 // Checks `dir` against its MANIFEST.json: every listed file exists as a regular file with the
 // listed size and CRC-32C, and the directory holds nothing else. Returns the manifest; throws
 // CheckpointError listing every missing, truncated, corrupted, non-regular (FIFO, device: refused
-// without blocking) or unlisted file and advising to use an older checkpoint.
-Manifest verify_directory(const std::filesystem::path& dir);
+// without blocking) or unlisted file and advising to use an older checkpoint. With `only`, the
+// listed files outside it are neither required nor read (eval, sample and export read the weights
+// alone: an optimizer file may be large, or deleted); every name in `only` must be listed.
+Manifest verify_directory(const std::filesystem::path& dir, std::span<const std::string> only = {});
 
 // ---- rotation -----------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -16,8 +17,8 @@
 #include <vector>
 
 #include "checkpoint/atomic_io_internal.h"
-#include "core/crc32c.h"
 #include "checkpoint/json_input.h"
+#include "core/crc32c.h"
 
 namespace zo::ckpt {
 namespace fs = std::filesystem;
@@ -154,7 +155,7 @@ std::vector<std::string> files_under(const fs::path& dir, std::vector<std::strin
   return out;
 }
 
-Manifest verify_directory(const fs::path& dir) {
+Manifest verify_directory(const fs::path& dir, std::span<const std::string> only) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     throw CheckpointError("checkpoint " + quoted(dir) +
@@ -189,8 +190,12 @@ Manifest verify_directory(const fs::path& dir) {
                        std::string(kManifestName) +
                        " (move files that are not part of the checkpoint out of its directory)");
   }
+  for (const std::string& name : only) {
+    if (!listed.count(name)) problems.push_back("'" + name + "' is not listed in its manifest");
+  }
   std::vector<std::byte> buf(kBufferBytes);
   for (const ManifestEntry& e : m.files) {
+    if (!only.empty() && std::find(only.begin(), only.end(), e.path) == only.end()) continue;
     if (!std::binary_search(present.begin(), present.end(), e.path)) {
       problems.push_back("'" + e.path + "' is missing");
       continue;

@@ -444,12 +444,15 @@ fs::path resolve_checkpoint(const std::string& value, const fs::path& parent,
   return latest->path;
 }
 
-nlohmann::json read_trainer_state(const fs::path& dir) {
+nlohmann::json read_trainer_state(const fs::path& dir, CheckpointUse use) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     throw CheckpointError("checkpoint '" + dir.string() + "' is not a directory");
   }
-  const ckpt::Manifest manifest = ckpt::verify_directory(dir);
+  static const std::string kWeightFiles[] = {"trainer_state.json", "model.safetensors"};
+  const ckpt::Manifest manifest = ckpt::verify_directory(
+      dir, use == CheckpointUse::kWeights ? std::span<const std::string>(kWeightFiles)
+                                          : std::span<const std::string>());
   const std::string text = ckpt::read_file(dir / "trainer_state.json");
   nlohmann::json state;
   try {

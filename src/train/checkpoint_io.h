@@ -70,9 +70,14 @@ std::filesystem::path resolve_checkpoint(const std::string& value,
                                          const std::filesystem::path& parent,
                                          std::string_view flag = "--resume");
 
+// Which files of a checkpoint a reader verifies: every one (a resume), or the model alone (eval,
+// sample, export: neither reads nor needs the optimizer state).
+enum class CheckpointUse { kResume, kWeights };
+
 // Verifies checksums and reads trainer_state.json (no weights); checks that its model spec is the
 // one model.safetensors records, where it records one.
-nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+nlohmann::json read_trainer_state(const std::filesystem::path& dir,
+                                  CheckpointUse use = CheckpointUse::kResume);
 // Throws CheckpointError when the checkpoint's model is not the architecture `built`.
 void check_checkpoint_model(const std::filesystem::path& dir, const nlohmann::json& trainer_state,
                             const model::ModelSpec& built);

@@ -113,7 +113,7 @@ std::string export_checkpoint(const ExportConfig& c) {
     check_directory_output(out, c.force);
   }
   const auto dir = resolve_checkpoint(c.checkpoint, c.checkpoint_dir, "--checkpoint");
-  const auto spec = checkpoint_spec(read_trainer_state(dir));
+  const auto spec = checkpoint_spec(read_trainer_state(dir, CheckpointUse::kWeights));
   const model::ParameterLayout layout(spec);
   const fs::path weights = dir / "model.safetensors";
   if (const std::string bad = find_unexportable(weights, layout, c.dtype);

@@ -44,7 +44,8 @@ model::ModelSpec load_spec(const WeightsSource& s) {
   check_one_source(s);
   if (!s.checkpoint.empty())
     return checkpoint_spec(
-        read_trainer_state(resolve_checkpoint(s.checkpoint, s.checkpoint_dir, "--checkpoint")));
+        read_trainer_state(resolve_checkpoint(s.checkpoint, s.checkpoint_dir, "--checkpoint"),
+                           CheckpointUse::kWeights));
   return model::load_model_spec(s.model.empty() ? init_from_config(s.init_from) : s.model);
 }
 
