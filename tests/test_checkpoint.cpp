@@ -1056,7 +1056,9 @@ TEST(AbandonedSaves, OnlyTheOwnersWithAGoneWriterAreRemoved) {
 }
 
 // The record's process identity: a pid now used by a process started later (or by nobody), or
-// another boot, is gone; a process on another host cannot be seen and is kept.
+// another boot, is gone; a process on another host or in another PID namespace (a container
+// sharing the volume, host name and boot) cannot be seen and is kept. A record written before
+// the namespace was recorded is read as this namespace's.
 TEST(AbandonedSaves, APidReusedOrAnotherBootIsGoneAnotherHostIsKept) {
   TempDir tmp;
   const fs::path dir = killed_save(tmp / "step_00000001", "run-a");
@@ -1072,14 +1074,24 @@ TEST(AbandonedSaves, APidReusedOrAnotherBootIsGoneAnotherHostIsKept) {
   const fs::path reused = with("pid", ::getppid());  // alive, but started before the writer
   const fs::path rebooted = with("boot_id", "another boot");
   const fs::path elsewhere = with("host", "another-host");
+  const fs::path contained = with("pid_ns", "pid:[1]");
+  ASSERT_TRUE(record.contains("pid_ns"));
+  nlohmann::json old = record;
+  old.erase("pid_ns");
+  const fs::path older = tmp / ".step_00000001.tmp-older";
+  fs::create_directories(older);
+  write_bytes(older / ".writer.json", old.dump());
   AbandonedSaves r = remove_abandoned_saves(tmp.path(), "run-a");
   std::sort(r.removed.begin(), r.removed.end());
-  std::vector<fs::path> gone = {dir, reused, rebooted};
+  std::sort(r.kept.begin(), r.kept.end());
+  std::vector<fs::path> gone = {dir, reused, rebooted, older};
   std::sort(gone.begin(), gone.end());
   EXPECT_EQ(r.removed, gone);
-  ASSERT_EQ(r.kept.size(), 1u);
-  EXPECT_HAS(r.kept[0], "written from host 'another-host'");
+  ASSERT_EQ(r.kept.size(), 2u);
+  EXPECT_HAS(r.kept[0] + r.kept[1], "written from host 'another-host'");
+  EXPECT_HAS(r.kept[0] + r.kept[1], "written from PID namespace 'pid:[1]' (another container?)");
   EXPECT_TRUE(fs::is_directory(elsewhere));
+  EXPECT_TRUE(fs::is_directory(contained));
 }
 
 TEST(Rotation, NamesSortNumerically) {

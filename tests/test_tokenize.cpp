@@ -676,6 +676,16 @@ TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
     EXPECT_HAS(e, "'" + first + "' gives no plain name");
     EXPECT_HAS(e, "pass --name PREFIX");
   }
+  // A name the staging directory's name could not hold (it failed with ENAMETOOLONG): refused
+  // before anything is made, naming the limit.
+  TokenizeOptions long_name = options(c, {good});
+  long_name.name = std::string(ShardOutput::kMaxNameBytes + 1, 'n');
+  e = fails(c, long_name);
+  EXPECT_HAS(e, "is 201 bytes long, over 200");
+  EXPECT_HAS(e, "give a shorter --name");
+  long_name.name.pop_back();
+  tokenize_files(long_name, make(tiny_json({})), nullptr);
+  EXPECT_EQ(c.files().size(), 1u);
 }
 
 // A run killed mid-way leaves its hidden staging directory; the next run of the same name removes

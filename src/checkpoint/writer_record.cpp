@@ -46,23 +46,29 @@ std::string start_ticks(long pid) {
   return "";
 }
 
+// The PID namespace of this process ("pid:[4026531836]"), "" without /proc: pids name processes
+// only inside one namespace (two containers may share a host name and a boot).
+std::string pid_namespace() {
+  std::error_code ec;
+  const fs::path ns = fs::read_symlink("/proc/self/ns/pid", ec);
+  return ec ? "" : ns.string();
+}
+
 struct Writer {
   std::string owner, host, boot, start;
   long pid = 0;
+  std::string pid_ns;
 };
 
 nlohmann::json to_json(const Writer& w) {
-  return {{"owner", w.owner},
-          {"host", w.host},
-          {"boot_id", w.boot},
-          {"pid", w.pid},
-          {"start", w.start}};
+  return {{"owner", w.owner}, {"host", w.host},   {"boot_id", w.boot},
+          {"pid", w.pid},     {"start", w.start}, {"pid_ns", w.pid_ns}};
 }
 
 Writer this_process(std::string owner) {
   const long pid = ::getpid();
   return {std::move(owner), host_name(), first_line("/proc/sys/kernel/random/boot_id"),
-          start_ticks(pid), pid};
+          start_ticks(pid), pid,         pid_namespace()};
 }
 
 // Why the record's writer may still be writing, or "" when it is certainly gone.
@@ -72,6 +78,10 @@ std::string still_writing(const Writer& w, const Writer& me) {
     return "written from host '" + w.host + unseen;
   }
   if (w.boot != me.boot) return "";  // the machine restarted since
+  if (w.pid_ns != me.pid_ns) {
+    return "written from PID namespace '" + w.pid_ns +
+           "' (another container?): whether its writer still runs cannot be seen from here";
+  }
   if (w.pid == me.pid) return "written by this process";
   const std::string start = start_ticks(w.pid);
   if (start.empty() || start != w.start) return "";
@@ -97,7 +107,9 @@ AbandonedSaves remove_abandoned_saves(const fs::path& parent, const std::string&
       const nlohmann::json j = parse_json(read_file(record, 4096));
       w = {j.at("owner").get<std::string>(), j.at("host").get<std::string>(),
            j.at("boot_id").get<std::string>(), j.at("start").get<std::string>(),
-           j.at("pid").get<long>()};
+           j.at("pid").get<long>(),
+           // Records written before the namespace was recorded: taken as this one's, as then.
+           j.contains("pid_ns") ? j.at("pid_ns").get<std::string>() : me.pid_ns};
     } catch (const std::exception&) {
       continue;  // unreadable: nobody's for certain
     }

@@ -31,6 +31,15 @@ ShardOutput::ShardOutput(const fs::path& dir, const std::string& name, bool forc
     : dir_(dir), name_(name) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
     throw DataError("--name '" + name + "' must be a plain file name prefix");
+  // A file name holds 255 bytes: the staging directory's adds 31 (".tokenize-", ".tmp-", pid and
+  // hex), a shard's 17 ("_train_000000.bin").
+  if (name.size() > kMaxNameBytes) {
+    throw DataError("the shard name (--name, or the first input's stem) is " +
+                    std::to_string(name.size()) + " bytes long, over " +
+                    std::to_string(kMaxNameBytes) +
+                    " (the shards' and the staging directory's names must fit a file name's 255 "
+                    "bytes); give a shorter --name");
+  }
   if (const fs::path c = ckpt::enclosing_checkpoint(dir); !c.empty()) {
     throw DataError("--output-dir '" + dir.string() + "' is inside the checkpoint '" + c.string() +
                     "'; writing there would damage it. Choose a directory outside it");

@@ -16,8 +16,10 @@ namespace zo::tokenize {
 
 class ShardOutput {
  public:
+  static constexpr std::size_t kMaxNameBytes = 200;
+
   // Creates the output directory if needed. DataError when it already holds NAME's shards and
-  // `force` is false.
+  // `force` is false, or NAME is not a plain name of at most kMaxNameBytes.
   ShardOutput(const std::filesystem::path& dir, const std::string& name, bool force);
   ShardOutput(const ShardOutput&) = delete;
   ShardOutput& operator=(const ShardOutput&) = delete;
