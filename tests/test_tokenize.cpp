@@ -671,11 +671,24 @@ TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
   EXPECT_HAS(e, "a document of '" + runaway + "' with tokenizer '");
   EXPECT_HAS(e, "the pre-tokenizer's regex failed on this text");
   // The shard name comes from the first input unless --name: "dir/" and "." give none.
-  for (const std::string& first : {c.path.string() + "/", c.path.string() + "/."}) {
+  fs::create_directories(c.path / "plain");
+  c.put("plain/x.txt", "x");
+  const std::string plain = (c.path / "plain").string();
+  for (const std::string& first : {plain + "/", plain + "/."}) {
     e = fails(c, options(c, {first, good}));
     EXPECT_HAS(e, "'" + first + "' gives no plain name");
     EXPECT_HAS(e, "pass --name PREFIX");
   }
+  // One file reached twice: given twice, through a symlink, or by its directory too.
+  const std::string link = (c.path / "link.txt").string();
+  fs::create_symlink(good, link);
+  for (const std::vector<std::string>& twice :
+       {std::vector<std::string>{good, good}, {good, link}, {c.path.string(), good}}) {
+    e = fails(c, options(c, twice));
+    EXPECT_HAS(e, "are the same file");
+    EXPECT_HAS(e, "give it once");
+  }
+  fs::remove(link);
   // A name the staging directory's name could not hold (it failed with ENAMETOOLONG): refused
   // before anything is made, naming the limit.
   TokenizeOptions long_name = options(c, {good});

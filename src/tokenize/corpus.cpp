@@ -1,9 +1,13 @@
 #include "tokenize/corpus.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <utility>
 
 #include "checkpoint/json_input.h"
 #include "core/error.h"
@@ -21,6 +25,23 @@ std::optional<InputFile> classify(const fs::path& p) {
   const auto size = fs::file_size(p, ec);
   if (ec) throw DataError("cannot read input '" + p.string() + "': " + ec.message());
   return InputFile{p.string(), ext == ".jsonl", size};
+}
+
+// One file reached twice (given twice, through a link, or as a directory and a file in it)
+// would be tokenized twice: refused, naming both.
+void refuse_repeats(const std::vector<InputFile>& files) {
+  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;
+  for (const InputFile& f : files) {
+    struct stat st {};
+    if (::stat(f.path.c_str(), &st) != 0)
+      throw DataError("cannot read input '" + f.path + "': " + std::strerror(errno));
+    const auto [it, fresh] = seen.emplace(std::pair(st.st_dev, st.st_ino), &f.path);
+    if (!fresh) {
+      throw DataError("inputs '" + *it->second + "' and '" + f.path +
+                      "' are the same file (given twice, or a directory and a file in it); it "
+                      "would be tokenized twice: give it once");
+    }
+  }
 }
 
 std::string where(const Chunk& c, std::uint64_t line) {
@@ -64,6 +85,7 @@ std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs) {
                       "rename it or convert it");
     out.push_back(*f);
   }
+  refuse_repeats(out);
   return out;
 }
 

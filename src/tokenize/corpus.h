@@ -21,7 +21,8 @@ struct InputFile {
 };
 
 // Expands directories (sorted, hidden files skipped) and checks every name. DataError for a
-// missing or unreadable path, an empty directory or a file that is neither .txt nor .jsonl.
+// missing or unreadable path, an empty directory, a file that is neither .txt nor .jsonl, or a
+// file reached twice.
 std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs);
 
 struct Chunk {
