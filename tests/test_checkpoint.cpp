@@ -1,7 +1,9 @@
 // Tests for src/checkpoint: CRC-32C, safetensors reader/writer, atomic files and directories,
 // manifests, rotation.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -1056,9 +1058,10 @@ TEST(AbandonedSaves, OnlyTheOwnersWithAGoneWriterAreRemoved) {
 }
 
 // The record's process identity: a pid now used by a process started later (or by nobody), or
-// another boot, is gone; a process on another host or in another PID namespace (a container
-// sharing the volume, host name and boot) cannot be seen and is kept. A record written before
-// the namespace was recorded is read as this namespace's.
+// another boot, is gone; a process on another host cannot be seen and is kept. From another PID
+// namespace (a container sharing the volume, host name and boot; or the same container
+// restarted) the pid means nothing: the directory's lock tells, held while its writer lives. A
+// record written before the namespace was recorded is read as this namespace's.
 TEST(AbandonedSaves, APidReusedOrAnotherBootIsGoneAnotherHostIsKept) {
   TempDir tmp;
   const fs::path dir = killed_save(tmp / "step_00000001", "run-a");
@@ -1074,7 +1077,13 @@ TEST(AbandonedSaves, APidReusedOrAnotherBootIsGoneAnotherHostIsKept) {
   const fs::path reused = with("pid", ::getppid());  // alive, but started before the writer
   const fs::path rebooted = with("boot_id", "another boot");
   const fs::path elsewhere = with("host", "another-host");
-  const fs::path contained = with("pid_ns", "pid:[1]");
+  const fs::path restarted = tmp / ".step_00000001.tmp-restarted";
+  fs::rename(with("pid_ns", "pid:[1]"), restarted);  // lock free: its writer is gone
+  const fs::path contained = tmp / ".step_00000001.tmp-contained";
+  fs::rename(with("pid_ns", "pid:[2]"), contained);
+  const int lock = ::open(contained.c_str(), O_RDONLY | O_DIRECTORY);  // as its live writer's
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
   ASSERT_TRUE(record.contains("pid_ns"));
   nlohmann::json old = record;
   old.erase("pid_ns");
@@ -1084,14 +1093,25 @@ TEST(AbandonedSaves, APidReusedOrAnotherBootIsGoneAnotherHostIsKept) {
   AbandonedSaves r = remove_abandoned_saves(tmp.path(), "run-a");
   std::sort(r.removed.begin(), r.removed.end());
   std::sort(r.kept.begin(), r.kept.end());
-  std::vector<fs::path> gone = {dir, reused, rebooted, older};
+  ::close(lock);
+  std::vector<fs::path> gone = {dir, reused, rebooted, older, restarted};
   std::sort(gone.begin(), gone.end());
   EXPECT_EQ(r.removed, gone);
   ASSERT_EQ(r.kept.size(), 2u);
   EXPECT_HAS(r.kept[0] + r.kept[1], "written from host 'another-host'");
-  EXPECT_HAS(r.kept[0] + r.kept[1], "written from PID namespace 'pid:[1]' (another container?)");
+  EXPECT_HAS(r.kept[0] + r.kept[1],
+             "written from PID namespace 'pid:[2]' (another container?): its writer still holds "
+             "its lock");
   EXPECT_TRUE(fs::is_directory(elsewhere));
   EXPECT_TRUE(fs::is_directory(contained));
+  // A live AtomicDirectory holds that lock: seen from another namespace, it is kept.
+  AtomicDirectory live(tmp / "step_00000009", IfExists::kFail, "run-a");
+  nlohmann::json j = nlohmann::json::parse(read_bytes(live.temp_path() / ".writer.json"));
+  j["pid_ns"] = "pid:[3]";
+  write_bytes(live.temp_path() / ".writer.json", j.dump());
+  r = remove_abandoned_saves(tmp.path(), "run-a");
+  EXPECT_EQ(r.removed, std::vector<fs::path>{contained});  // its lock was let go above
+  EXPECT_TRUE(fs::is_directory(live.temp_path()));
 }
 
 TEST(Rotation, NamesSortNumerically) {

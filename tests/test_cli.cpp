@@ -832,29 +832,32 @@ TEST(Cli, EvalAndSampleStreamTheBlocksWhenAskedOrShortOfMemory) {
 // eval, sample and export read the weights alone: a checkpoint whose optimizer file was deleted
 // (to save space) or damaged still serves them, at no cost of reading it; a resume refuses it.
 TEST(Cli, WeightReadersNeitherNeedNorReadTheOptimizerState) {
-  TempDir d;
-  const std::string ckpt = (d.path / "ckpt").string();
-  Result r = run("train --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const fs::path opt = fs::path(ckpt) / "step_00000002" / "optimizer.safetensors";
-  const std::string from = " --checkpoint latest --checkpoint-dir " + ckpt;
-  const std::string sample = "sample -n 4 --ids --temperature 0 --prompt-tokens 1,2" + from;
-  const std::string eval = "eval --data synthetic --batches 1 --seq-len 32" + from;
-  const Result sampled = run(sample), evaluated = run(eval);
-  ASSERT_EQ(sampled.code, 0) << sampled.out;
-  ASSERT_EQ(evaluated.code, 0) << evaluated.out;
-  const std::uintmax_t opt_size = fs::file_size(opt);
-  fs::resize_file(opt, 100);  // damaged: truncated
-  EXPECT_EQ(run(sample).out, sampled.out);
-  fs::remove(opt);  // deleted
-  EXPECT_EQ(run(sample).out, sampled.out);
-  EXPECT_EQ(run(eval).out, evaluated.out);
-  r = run("export -o " + (d.path / "w.safetensors").string() + from);
-  EXPECT_EQ(r.code, 0) << r.out;
-  r = run("train --steps 3 --seq-len 32 -b 2 -q --resume latest --checkpoint-dir " + ckpt);
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("'optimizer.safetensors' is missing"), std::string::npos) << r.out;
-  EXPECT_GT(opt_size, 100u);
+  for (const std::string state : {"", " --optimizer-state q8 --master-weights bf16"}) {
+    TempDir d;
+    const std::string ckpt = (d.path / "ckpt").string();
+    Result r = run("train --steps 2 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt + state);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const fs::path opt = fs::path(ckpt) / "step_00000002" / "optimizer.safetensors";
+    const std::string from = " --checkpoint latest --checkpoint-dir " + ckpt;
+    const std::string sample = "sample -n 4 --ids --temperature 0 --prompt-tokens 1,2" + from;
+    const std::string eval = "eval --data synthetic --batches 1 --seq-len 32" + from;
+    const Result sampled = run(sample), evaluated = run(eval);
+    ASSERT_EQ(sampled.code, 0) << sampled.out;
+    ASSERT_EQ(evaluated.code, 0) << evaluated.out;
+    const std::uintmax_t opt_size = fs::file_size(opt);
+    fs::resize_file(opt, 100);  // damaged: truncated
+    EXPECT_EQ(run(sample).out, sampled.out) << state;
+    fs::remove(opt);  // deleted
+    EXPECT_EQ(run(sample).out, sampled.out) << state;
+    EXPECT_EQ(run(eval).out, evaluated.out) << state;
+    r = run("export -o " + (d.path / "w.safetensors").string() + from);
+    EXPECT_EQ(r.code, 0) << state << "\n" << r.out;
+    r = run("train --steps 3 --seq-len 32 -b 2 -q --resume latest --checkpoint-dir " + ckpt +
+            state);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("'optimizer.safetensors' is missing"), std::string::npos) << r.out;
+    EXPECT_GT(opt_size, 100u);
+  }
 }
 
 TEST(Cli, SampleEdgesAndNonFiniteFlags) {
@@ -866,6 +869,16 @@ TEST(Cli, SampleEdgesAndNonFiniteFlags) {
   r = run(sample + "-n 0 --ids --prompt-tokens 1,2");  // used to corrupt the heap
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "\n");
+  // A byte-level model prints its tokens as bytes: the same tokens as --ids.
+  r = run(sample + "-n 6 --temperature 0 --prompt ab");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const Result ids = run(sample + "-n 6 --temperature 0 --prompt ab --ids");
+  ASSERT_EQ(ids.code, 0) << ids.out;
+  std::string bytes;
+  std::stringstream list(ids.out);
+  for (std::string id; std::getline(list, id, ',');)
+    bytes += static_cast<char>(std::stoi(id));
+  EXPECT_EQ(r.out, bytes + "\n");
   // A context of 4 positions: a 6-token prompt keeps its last 4, generation refills twice.
   r = run(sample + "--context 4 -n 7 --ids --prompt-tokens 1,2,3,4,5,6");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -694,7 +694,7 @@ TEST(Tokenize, BadInputsAreRefusedWithNothingLeftBehind) {
   TokenizeOptions long_name = options(c, {good});
   long_name.name = std::string(ShardOutput::kMaxNameBytes + 1, 'n');
   e = fails(c, long_name);
-  EXPECT_HAS(e, "is 201 bytes long, over 200");
+  EXPECT_HAS(e, "is 225 bytes long, over 224");
   EXPECT_HAS(e, "give a shorter --name");
   long_name.name.pop_back();
   tokenize_files(long_name, make(tiny_json({})), nullptr);

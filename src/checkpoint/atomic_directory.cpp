@@ -3,6 +3,7 @@
 #include "checkpoint/atomic_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +80,11 @@ AtomicDirectory::AtomicDirectory(fs::path final_path, IfExists if_exists, const 
   }
   active_ = true;
   if (!has_record_) return;
+  // Locked before the record exists, for as long as this object lives: a remover that cannot see
+  // this pid (another PID namespace) tells a live writer by the lock (still_writing). Best effort:
+  // where flock fails, such a remover keeps the directory.
+  lock_fd_ = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock_fd_ >= 0) ::flock(lock_fd_, LOCK_EX | LOCK_NB);
   const std::string text = writer_record_text(owner);
   try {
     write_and_sync(
@@ -88,6 +94,7 @@ AtomicDirectory::AtomicDirectory(fs::path final_path, IfExists if_exists, const 
   } catch (...) {
     std::error_code removed;
     fs::remove_all(temp_, removed);  // no destructor runs for a constructor that throws
+    if (lock_fd_ >= 0) ::close(lock_fd_);
     throw;
   }
 }
@@ -97,11 +104,13 @@ AtomicDirectory::AtomicDirectory(AtomicDirectory&& other) noexcept
       temp_(std::move(other.temp_)),
       if_exists_(other.if_exists_),
       has_record_(other.has_record_),
+      lock_fd_(std::exchange(other.lock_fd_, -1)),
       active_(std::exchange(other.active_, false)),
       committed_(other.committed_),
       written_(std::move(other.written_)) {}
 
 AtomicDirectory::~AtomicDirectory() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
   if (!active_) return;
   try {
     std::error_code ec;

@@ -122,6 +122,7 @@ class AtomicDirectory {
   std::filesystem::path temp_;
   IfExists if_exists_;
   bool has_record_ = false;  // a writer record is in temp_ until commit()
+  int lock_fd_ = -1;         // with a record: temp_ opened and flock()ed (writer_record.cpp)
   bool active_ = false;      // owns temp_ (false once moved from or committed)
   bool committed_ = false;
   std::map<std::string, Written> written_;

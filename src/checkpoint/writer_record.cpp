@@ -1,9 +1,13 @@
 // Who writes a temporary checkpoint directory (writer_record_text, written by AtomicDirectory),
 // and remove_abandoned_saves, which removes a run's own temporaries whose writer is gone.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -71,17 +75,28 @@ Writer this_process(std::string owner) {
           start_ticks(pid), pid,         pid_namespace()};
 }
 
+// Whether the writer of `dir`, in another PID namespace, still holds the lock AtomicDirectory
+// takes before writing its record: "" when the lock is free (its writer is gone, whichever
+// namespace it ran in), else why it may still be writing. The lock taken here goes with `dir`.
+std::string lock_held(const fs::path& dir, const Writer& w) {
+  const std::string where = "written from PID namespace '" + w.pid_ns + "' (another container?)";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return where + ": its lock cannot be tested (" + std::strerror(errno) + ")";
+  const int rc = ::flock(fd, LOCK_EX | LOCK_NB), err = errno;
+  ::close(fd);
+  if (rc == 0) return "";
+  if (err == EWOULDBLOCK) return where + ": its writer still holds its lock";
+  return where + ": its lock cannot be tested (" + std::strerror(err) + ")";
+}
+
 // Why the record's writer may still be writing, or "" when it is certainly gone.
-std::string still_writing(const Writer& w, const Writer& me) {
+std::string still_writing(const fs::path& dir, const Writer& w, const Writer& me) {
   if (w.host != me.host) {
     const std::string unseen = "': whether its writer still runs cannot be seen from here";
     return "written from host '" + w.host + unseen;
   }
-  if (w.boot != me.boot) return "";  // the machine restarted since
-  if (w.pid_ns != me.pid_ns) {
-    return "written from PID namespace '" + w.pid_ns +
-           "' (another container?): whether its writer still runs cannot be seen from here";
-  }
+  if (w.boot != me.boot) return "";                     // the machine restarted since
+  if (w.pid_ns != me.pid_ns) return lock_held(dir, w);  // its pid means nothing here
   if (w.pid == me.pid) return "written by this process";
   const std::string start = start_ticks(w.pid);
   if (start.empty() || start != w.start) return "";
@@ -114,7 +129,7 @@ AbandonedSaves remove_abandoned_saves(const fs::path& parent, const std::string&
       continue;  // unreadable: nobody's for certain
     }
     if (w.owner != owner) continue;
-    const std::string why = still_writing(w, me);
+    const std::string why = still_writing(dir, w, me);
     if (!why.empty()) {
       out.kept.push_back(quoted(dir) + " (" + why + ")");
       continue;

@@ -1,8 +1,10 @@
 #include "sample_command.h"
 
+#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -109,11 +111,17 @@ int run_sample(SampleCommand& cmd) {
       out = (first ? "" : ",") + std::to_string(id);
     }
     first = false;
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    std::fflush(stdout);
+    if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0)
+      throw std::runtime_error(std::string("cannot write the sample to stdout: ") +
+                               std::strerror(errno));
   };
   train::SampleTimes times;
-  train::generate(sc, &vocab, cmd.timing ? &times : nullptr, print);
+  try {
+    train::generate(sc, &vocab, cmd.timing ? &times : nullptr, print);
+  } catch (...) {
+    if (!first) std::fputc('\n', stdout);  // the tokens so far end their line, then the error
+    throw;
+  }
   std::fputc('\n', stdout);
   if (cmd.timing) {
     std::fflush(stdout);

@@ -16,7 +16,7 @@ namespace zo::tokenize {
 
 class ShardOutput {
  public:
-  static constexpr std::size_t kMaxNameBytes = 200;
+  static constexpr std::size_t kMaxNameBytes = 224;  // 255 - 31: see the constructor
 
   // Creates the output directory if needed. DataError when it already holds NAME's shards and
   // `force` is false, or NAME is not a plain name of at most kMaxNameBytes.

@@ -46,8 +46,9 @@ struct SampleTimes {
 // Receives each generated token as soon as it is picked (sample prints as it goes).
 using TokenSink = std::function<void(std::int32_t token)>;
 
-// Returns the prompt followed by the generated tokens (generate_with's context policy). Every
-// check runs, and *vocab_size is set, before the first token reaches `on_token`.
+// Returns the prompt followed by the generated tokens (generate_with's context policy). The
+// flags, prompt and weights are checked, and *vocab_size set, before the first token reaches
+// `on_token`; a logits row that is not finite stops generation at its token.
 std::vector<std::int32_t> generate(const SampleConfig& config, int* vocab_size = nullptr,
                                    SampleTimes* times = nullptr, const TokenSink& on_token = {});
 
