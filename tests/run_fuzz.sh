@@ -37,7 +37,7 @@ start=$SECONDS
 cmake -S . -B "$build_dir" -DCMAKE_CXX_COMPILER=clang++-14 -DZO_FUZZ=ON \
   -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BUILD_TESTS=OFF -DZO_BUILD_BENCH=OFF \
   -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -D_GLIBCXX_ASSERTIONS"
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -D_GLIBCXX_ASSERTIONS"
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]/#/fuzz_}"
 echo "run_fuzz: configure + build took $((SECONDS - start)) s"
 

@@ -27,7 +27,7 @@ limit=${TSAN_TIMEOUT:-1800}
 
 start=$SECONDS
 cmake -S . -B "$build_dir" -DZO_SANITIZE=thread -DZO_CUDA=OFF -DZO_BUILD_BENCH=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 
 found=$(known_targets run_tsan "$build_dir" "${suites[@]}")
 read -r -a targets <<<"$found"
