@@ -65,14 +65,22 @@ struct Writer {
 };
 
 nlohmann::json to_json(const Writer& w) {
-  return {{"owner", w.owner}, {"host", w.host},   {"boot_id", w.boot},
-          {"pid", w.pid},     {"start", w.start}, {"pid_ns", w.pid_ns}};
+  return {
+      {"owner", w.owner}, {"host", w.host},   {"boot_id", w.boot},
+      {"pid", w.pid},     {"start", w.start}, {"pid_ns", w.pid_ns},
+  };
 }
 
 Writer this_process(std::string owner) {
   const long pid = ::getpid();
-  return {std::move(owner), host_name(), first_line("/proc/sys/kernel/random/boot_id"),
-          start_ticks(pid), pid,         pid_namespace()};
+  Writer w;
+  w.owner = std::move(owner);
+  w.host = host_name();
+  w.boot = first_line("/proc/sys/kernel/random/boot_id");
+  w.start = start_ticks(pid);
+  w.pid = pid;
+  w.pid_ns = pid_namespace();
+  return w;
 }
 
 // Whether the writer of `dir`, in another PID namespace, still holds the lock AtomicDirectory
