@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -14,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
+#include "checkpoint_edit.h"
 #include "file_size_limit.h"
 #include "model/layout.h"
 #include "model/spec.h"
@@ -913,6 +916,30 @@ TEST(Cli, SampleEdgesAndNonFiniteFlags) {
     EXPECT_NE(r.out.find("offload_train: error: "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
   }
+}
+
+// Logits that turn non-finite partway through stop sample after the tokens it printed: their line
+// ends first, then the error names the token. Position 4 overflows fp32 (its position embedding
+// is the largest float, to which block 0's attention adds 1e32); earlier ones never see it.
+TEST(Cli, SampleEndsTheLineOfTokensBeforeAnErrorMidStream) {
+  TempDir d;
+  const fs::path ckpt = d.path / "ckpt", step = ckpt / "step_00000001";
+  Result r = run("train --steps 1 --seq-len 32 -b 2 -q --checkpoint-dir " + ckpt.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::uint64_t C =
+      zo::ckpt::SafetensorsFile::open(step / "model.safetensors").info("wpe.weight").shape.at(1);
+  zo::test::set_weights(step, "wpe.weight", std::numeric_limits<float>::max(), 4 * C, C);
+  zo::test::set_weights(step, "h.0.attn.c_proj.bias", 1e32f);
+  const std::string sample = "sample --checkpoint " + step.string() + " --temperature 0 ";
+  r = run(sample + "--ids -n 2 --prompt-tokens 1,2,3");  // positions 2 and 3: finite
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^[0-9]+,[0-9]+\n$"))) << r.out;
+  const std::string two = r.out.substr(0, r.out.size() - 1);
+  r = run(sample + "--ids -n 4 --prompt-tokens 1,2,3");
+  EXPECT_EQ(r.code, 1) << r.out;
+  const std::string expected =
+      two + "\noffload_train: error: new token 3 (position 4): the model's logits hold ";
+  EXPECT_EQ(r.out.substr(0, expected.size()), expected) << r.out;
 }
 
 }  // namespace

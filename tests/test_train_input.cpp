@@ -22,6 +22,7 @@
 
 #include "checkpoint/atomic_io.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint_edit.h"
 #include "cpu_adam/cpu_adam.h"
 #include "file_size_limit.h"
 #include "input_test.h"
@@ -39,30 +40,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using zo::test::error_of;
+using zo::test::file_bytes;
+using zo::test::reseal;
 using zo::test::Scratch;
+using zo::test::set_weights;
 using Json = nlohmann::json;
 using zo::train::read_trainer_state;
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// Replaces (or with nullopt removes) one file of a checkpoint and writes a matching manifest, as
-// a damaged writer would have: the checksums pass, the content is what the test says.
-void reseal(const fs::path& dir, const std::string& name, const std::optional<std::string>& bytes) {
-  std::vector<std::pair<std::string, std::string>> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    const std::string rel = e.path().lexically_relative(dir).generic_string();
-    if (e.is_regular_file() && rel != "MANIFEST.json" && rel != name)
-      files.emplace_back(rel, file_bytes(e.path()));
-  }
-  if (bytes) files.emplace_back(name, *bytes);
-  zo::ckpt::AtomicDirectory d(dir, zo::ckpt::IfExists::kReplace);
-  for (const auto& [rel, content] : files)
-    d.write_file(rel, content);
-  d.commit();
-}
 
 void edit_state(const fs::path& dir, const std::function<void(Json&)>& edit) {
   Json s = Json::parse(file_bytes(dir / "trainer_state.json"));
@@ -676,22 +659,6 @@ TEST(Sample, NoTokensAndBadNumbers) {
   });
   ASSERT_EQ(seq.size(), 5u);
   EXPECT_EQ(streamed, std::vector<std::int32_t>(seq.begin() + 3, seq.end()));
-}
-
-// The checkpoint's (fp32) model.safetensors with every value of tensor `name` set to v.
-void set_weights(const fs::path& dir, const std::string& name, float v) {
-  const fs::path file = dir / "model.safetensors";
-  std::uint64_t at = 0, n = 0;
-  {
-    const auto f = zo::ckpt::SafetensorsFile::open(file);
-    ASSERT_EQ(f.info(name).dtype_name, "F32");
-    at = 8 + f.header_size() + f.info(name).data_begin;
-    n = f.info(name).numel;
-  }
-  std::string bytes = file_bytes(file);
-  for (std::uint64_t i = 0; i < n; ++i)
-    std::memcpy(bytes.data() + at + 4 * i, &v, 4);
-  reseal(dir, "model.safetensors", bytes);
 }
 
 // NaN or Inf weights are refused by sample and eval before they run, naming the first, as

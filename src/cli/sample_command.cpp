@@ -119,7 +119,10 @@ int run_sample(SampleCommand& cmd) {
   try {
     train::generate(sc, &vocab, cmd.timing ? &times : nullptr, print);
   } catch (...) {
-    if (!first) std::fputc('\n', stdout);  // the tokens so far end their line, then the error
+    if (!first) {  // the tokens so far end their line, before the error on stderr
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+    }
     throw;
   }
   std::fputc('\n', stdout);
