@@ -8,6 +8,7 @@
 run_in_lanes() {
   local lanes=$1 fn=$2
   shift 2
+  [[ $lanes -ge 1 ]] || lanes=1
   LANES_FAILED=()
   local logs
   logs=$(mktemp -d)
