@@ -4,6 +4,7 @@
 # shared libraries they need copied beside them. The CUDA libraries (cudart is static; cuBLASLt,
 # NCCL, the driver) come from the device machine: env.sh finds them there.
 #   bash bench/gpu/bundle.sh [BUNDLE_DIR]      (default gpu-bundle/, ignored by git)
+#   ZO_BUNDLE_REF=here|DIR: the check phase's host reference, made here or copied from DIR (below)
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/../.."
@@ -32,13 +33,8 @@ for t in "${targets[@]}"; do
   cp "$f" "$bundle/bin/"
   strip "$bundle/bin/$t"
 done
-cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py bench/pytorch_llama.py \
+cp bench/gpu/run.sh bench/gpu/env.sh bench/gpu/check_step.sh bench/gpu/summarize.py bench/gpu/targets.py bench/gpu/kernel_profile.py bench/pytorch_gpt2.py bench/pytorch_llama.py \
   bench/pytorch_timing.py "$bundle/"
-# The check phase's host-backend step, made here by this commit's offload_train (docs/gpu.md).
-if [ -n "${ZO_BUNDLE_REF:-}" ]; then
-  mkdir -p "$bundle/ref"
-  cp "$ZO_BUNDLE_REF"/check_124m_host_fp32.metrics "$ZO_BUNDLE_REF"/check_124m_host_fp32.log "$bundle/ref/"
-fi
 git -C "$root" rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo unknown > "$bundle/COMMIT"
 git -C "$root" diff --quiet 2>/dev/null || echo "(with uncommitted changes)" >> "$bundle/COMMIT"
 
@@ -68,6 +64,24 @@ for f in "$bundle"/bin/* "$bundle"/lib/*; do
            awk '$2 == "=>" {print $1, ($3 ~ /^\// ? $3 : "not-found")}')
 done
 [ "$bad" = 0 ] || exit 1
+
+# The check phase's host-backend step, by this commit's offload_train (docs/gpu.md): made here
+# by the bundle's own binary (ZO_BUNDLE_REF=here, 10-15 min on 2 cores), or copied from DIR.
+ref=(check_124m_host_fp32.metrics check_124m_host_fp32.log)
+if [ "${ZO_BUNDLE_REF:-}" = here ]; then
+  mkdir -p "$bundle/ref"
+  . bench/gpu/check_step.sh
+  echo "bundle: the host backend's check step, into $bundle/ref"
+  if ! (. "$bundle/env.sh" && "$bundle/bin/offload_train" train --data synthetic --eval-batches 1 \
+          --log-every 5 --metrics "$bundle/ref/${ref[0]}" "${check_step[@]}" --device host \
+          --precision fp32) > "$bundle/ref/${ref[1]}" 2>&1; then
+    echo "bundle: the host reference step failed: $bundle/ref/${ref[1]}" >&2
+    exit 1
+  fi
+elif [ -n "${ZO_BUNDLE_REF:-}" ]; then
+  mkdir -p "$bundle/ref"
+  cp "${ref[@]/#/$ZO_BUNDLE_REF/}" "$bundle/ref/"
+fi
 size_mib=$(( $(du -sk "$bundle" | cut -f1) / 1024 ))
 if [ "$size_mib" -gt "$max_mib" ]; then
   echo "bundle: $bundle is $size_mib MiB, over the $max_mib MiB limit" >&2

@@ -35,6 +35,7 @@ mkdir -p "$out"
 report=$out/gpu_report.md
 results=$logs/results.jsonl
 . "$here/env.sh" > "$logs/env.log" 2>&1
+. "$here/check_step.sh"
 B=$here/bin/offload_train
 T0=$(date +%s)
 deadline=${ZO_DEADLINE_S:-480}
@@ -120,7 +121,7 @@ phase_check() {
   gtest_run test_cuda_ops 240
   # The same GPT-2 124M step (weights, data) on the GPU in bf16 and fp32 (the fp32 logits GEMM
   # with ld = vocab at N = B*T = 16384) and on the host backend: summarize.py compares the losses.
-  local one=(--model gpt2-124m -b 16 --seq-len 1024 --steps 2 --seed 7 --mode resident)
+  local one=("${check_step[@]}")
   ZO_SYNC_EACH_OP=1 train check_124m_cuda_bf16_sync 180 "${one[@]}" --device cuda --precision bf16
   train check_124m_cuda_bf16 120 "${one[@]}" --device cuda --precision bf16
   train check_124m_cuda_fp32 120 "${one[@]}" --device cuda --precision fp32
