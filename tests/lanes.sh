@@ -14,7 +14,7 @@ run_in_lanes() {
   logs=$(mktemp -d)
   local -a free=()
   local -A lane_of=() item_of=()
-  local lane pid rc item
+  local lane item
   for ((lane = 0; lane < lanes; lane++)); do free+=("$lane"); done
   for item in "$@"; do
     [[ ${#free[@]} -gt 0 ]] || _lanes_reap "$logs"
