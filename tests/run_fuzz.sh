@@ -94,9 +94,8 @@ fuzz_target() {
   return 1
 }
 run_in_lanes "${FUZZ_LANES:-$(nproc)}" fuzz_target "${targets[@]}"
-failed=("${LANES_FAILED[@]}")
-if [[ ${#failed[@]} -gt 0 ]]; then
-  echo "run_fuzz: FAILED: ${failed[*]}" >&2
+if [[ ${#LANES_FAILED[@]} -gt 0 ]]; then
+  echo "run_fuzz: FAILED: ${LANES_FAILED[*]}" >&2
   exit 1
 fi
 echo "run_fuzz: clean: ${targets[*]}"

@@ -84,9 +84,8 @@ for t in "${targets[@]}"; do
   for ((i = 0; i < shards; i++)); do items+=("$t/$i"); done
 done
 run_in_lanes "$lanes" run_shard "${items[@]}"
-failed=("${LANES_FAILED[@]}")
-if [[ ${#failed[@]} -gt 0 ]]; then
-  echo "run_tsan: FAILED: ${failed[*]}" >&2
+if [[ ${#LANES_FAILED[@]} -gt 0 ]]; then
+  echo "run_tsan: FAILED: ${LANES_FAILED[*]}" >&2
   exit 1
 fi
 echo "run_tsan: clean: ${targets[*]}"
