@@ -477,12 +477,12 @@ std::vector<OpCase> make_cases() {
           [a](OpRun& r) { matmul_backward(r, a); });
     }
   }
-  const std::size_t n = 1251;  // not a multiple of any vector width
-  add("GeluForward" + dim("n", n), [n](OpRun& r) { gelu_forward(r, n); });
-  add("GeluBackward" + dim("n", n), [n](OpRun& r) { gelu_backward(r, n); });
-  add("ResidualForward" + dim("n", n), [n](OpRun& r) { residual_forward(r, n); });
-  add("Accumulate" + dim("n", n), [n](OpRun& r) { accumulate(r, n); });
-  add("AccumulateF32" + dim("n", n), [n](OpRun& r) { accumulate_f32(r, n); });
+  constexpr std::size_t n = 1251;  // not a multiple of any vector width
+  add("GeluForward" + dim("n", n), [](OpRun& r) { gelu_forward(r, n); });
+  add("GeluBackward" + dim("n", n), [](OpRun& r) { gelu_backward(r, n); });
+  add("ResidualForward" + dim("n", n), [](OpRun& r) { residual_forward(r, n); });
+  add("Accumulate" + dim("n", n), [](OpRun& r) { accumulate(r, n); });
+  add("AccumulateF32" + dim("n", n), [](OpRun& r) { accumulate_f32(r, n); });
   // Head sizes 16 with odd T, GPT-2's 64 past one 64-row tile, 100 (32-row tiles, two chunks),
   // 10 (not a multiple of 4: the scalar loads); a single token; T 150 (several host query blocks).
   // Heads of 64 and 128 take the tensor-core kernels in bf16 and fp16: 128 with T 1 and 77 (3
@@ -511,7 +511,7 @@ std::vector<OpCase> make_cases() {
   // Decode attention at the first position, one in the middle and the last of the cache, past
   // one 128-key chunk (T 150 and 300); GQA groups of 1, 2, 3 and 6 query heads; head sizes 16, 10
   // (odd lanes), 48, 64, 100 and 128 (more than one pass of the 128 threads over hs).
-  for (const auto& [a, pos] :
+  for (const auto& [args, position] :
        {std::pair{AttentionArgs{2, 13, 48, 3}, 12}, std::pair{AttentionArgs{1, 9, 30, 3}, 0},
         std::pair{AttentionArgs{2, 150, 40, 6, 2, 48}, 140},
         std::pair{AttentionArgs{1, 300, 40, 6, 3, 64}, 257},
@@ -523,6 +523,8 @@ std::vector<OpCase> make_cases() {
         // 192 keys (two chunks each) where B x NH = 88 blocks leave fewer SMs to fill.
         std::pair{AttentionArgs{1, 1100, 40, 2, 2, 64}, 1030},
         std::pair{AttentionArgs{2, 400, 40, 44, 11, 16}, 390}}) {
+    const AttentionArgs a = args;  // (copies: clang 14 cannot capture structured bindings)
+    const int pos = position;
     add_repeatable("AttentionDecode" + dim("B", a.B) + dim("T", a.T) + dim("NH", a.NH) +
                        dim("NKV", a.kv_heads()) + dim("HS", a.head_size()) + dim("pos", pos),
                    [a, pos](OpRun& r) { attention_decode(r, a, pos); });

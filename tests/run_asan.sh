@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # AddressSanitizer + UndefinedBehaviorSanitizer job (docs/testing.md, "ASan + UBSan job"): builds
-# the host code with -fsanitize=address,undefined (and LeakSanitizer, part of ASan) in its own
-# build directory and runs, through ctest, the suites that parse input and run the trainer.
+# the host code with clang and -fsanitize=address,undefined (and LeakSanitizer, part of ASan) in
+# the build the fuzzing job uses too (tests/asan_build.sh) and runs, through ctest, the suites that
+# parse input and run the trainer.
 # Exits non-zero on any sanitizer report (memory error, leak, undefined behaviour: UBSan does not
 # recover, see CMakeLists.txt), on any test failure and on a test that runs past its time limit.
 #   ASAN_BUILD_DIR   build directory (default: build-asan)
@@ -18,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/known_targets.sh
+source tests/asan_build.sh
 bash .ci/install-deps
 
 build_dir=${ASAN_BUILD_DIR:-build-asan}
@@ -27,12 +29,7 @@ test_cli test_reliability test_offload test_host_device test_resident_updater te
 limit=${ASAN_TIMEOUT:-1800}
 
 start=$SECONDS
-# -O1 (ASan's advice) builds faster than -O2; assertions stay on, libstdc++'s included. -g1:
-# line tables, all a report's stack needs; full debug info made the build (most of this job's
-# time) about a sixth slower.
-cmake -S . -B "$build_dir" -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BUILD_BENCH=OFF \
-  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -D_GLIBCXX_ASSERTIONS"
+asan_build_configure "$build_dir"
 
 found=$(known_targets run_asan "$build_dir" "${suites[@]}")
 read -r -a targets <<<"$found"

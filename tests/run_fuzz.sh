@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fuzzing job (docs/testing.md, "Fuzzing"): builds the libFuzzer targets of tests/fuzz/ with clang,
-# AddressSanitizer and UndefinedBehaviorSanitizer in their own build directory and runs each for a
+# AddressSanitizer and UndefinedBehaviorSanitizer in the ASan job's build (tests/asan_build.sh:
+# after that job, only the targets' own files compile) and runs each for a
 # bounded time from a copy of its seed corpus (tests/fuzz/corpus/<target>/). Exits non-zero if a
 # target crashes: a sanitizer report, an exception that is not a std::exception, an input that
 # runs past FUZZ_TIMEOUT, or more memory than FUZZ_RSS_MB; the reproducer's path is printed.
-#   FUZZ_BUILD_DIR  build directory (default: build-fuzz)
+#   FUZZ_BUILD_DIR  build directory (default: build-asan, the ASan job's)
 #   FUZZ_JOBS       parallel compile jobs (default: nproc)
 #   FUZZ_TARGETS    targets to run, space-separated (default: every tests/fuzz/corpus/<target>)
 #   FUZZ_SECONDS    seconds of fuzzing per target (default: 20; 0 runs the seeds only)
@@ -16,10 +17,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/lanes.sh
-# llvm-14 brings llvm-symbolizer, for stack traces with file:line.
-bash .ci/install-deps clang-14 libclang-rt-14-dev llvm-14
+source tests/asan_build.sh
 
-build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
+build_dir=${FUZZ_BUILD_DIR:-build-asan}
 jobs=${FUZZ_JOBS:-$(nproc)}
 seconds=${FUZZ_SECONDS:-20}
 out=${FUZZ_OUT:-$build_dir/fuzz-out}
@@ -33,19 +33,10 @@ else
 fi
 
 start=$SECONDS
-# Only the libraries the targets link; no tests, benchmarks, CUDA or MPI. Assertions stay on
-# (no -DNDEBUG), and libstdc++'s too: misuse such as nlohmann::json's const operator[] with a
-# missing key then stops at once, instead of reading memory that ASan may or may not flag.
-cmake -S . -B "$build_dir" -DCMAKE_CXX_COMPILER=clang++-14 -DZO_FUZZ=ON \
-  -DZO_SANITIZE=address,undefined -DZO_CUDA=OFF -DZO_BUILD_TESTS=OFF -DZO_BUILD_BENCH=OFF \
-  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -D_GLIBCXX_ASSERTIONS"
+asan_build_configure "$build_dir"
 cmake --build "$build_dir" -j "$jobs" --target "${targets[@]/#/fuzz_}"
 echo "run_fuzz: configure + build took $((SECONDS - start)) s"
 
-if [[ -x /usr/lib/llvm-14/bin/llvm-symbolizer ]]; then
-  export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer
-fi
 # Leaks count as crashes too (libFuzzer checks after inputs that allocate more than they free).
 export ASAN_OPTIONS="detect_leaks=1${ASAN_OPTIONS:+ $ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1${UBSAN_OPTIONS:+ $UBSAN_OPTIONS}"

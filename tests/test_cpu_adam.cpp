@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_adam/cpu_adam.h"
+#include "ref_16bit.h"
 
 namespace {
 
@@ -28,33 +29,10 @@ using zo::cpu_adam::StepOptions;
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
 constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
-// ---- independent conversions (the library's own are tested in test_dtype.cpp) -----------------
-std::uint16_t ref_to_f16(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  std::uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-float ref_from_f16(std::uint16_t b) {
-  _Float16 h;
-  std::memcpy(&h, &b, 2);
-  return static_cast<float>(h);
-}
-std::uint16_t ref_to_bf16(float x) {  // nearest of the two truncation neighbours, ties to even
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  if (std::isnan(x)) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  const std::uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
-  const double dx = std::fabs(double{x}), dlo = std::fabs(double{std::bit_cast<float>(lo)});
-  const double dhi = (hi & 0x7fffffffu) == 0x7f800000u
-                         ? std::ldexp(1.0, 128)
-                         : std::fabs(double{std::bit_cast<float>(hi)});
-  if (dx - dlo != dhi - dx)
-    return static_cast<std::uint16_t>((dx - dlo < dhi - dx ? lo : hi) >> 16);
-  return static_cast<std::uint16_t>((((lo >> 16) & 1u) ? hi : lo) >> 16);
-}
-float ref_from_bf16(std::uint16_t b) {
-  return std::bit_cast<float>(std::uint32_t{b} << 16);
-}
+using zo::test::ref_from_bf16;
+using zo::test::ref_from_f16;
+using zo::test::ref_to_bf16;
+using zo::test::ref_to_f16;
 
 float decode(DType t, const void* base, std::size_t i) {
   switch (t) {

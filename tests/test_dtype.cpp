@@ -1,5 +1,6 @@
-// The scalar 16-bit conversions against independent references: the compiler's _Float16 (IEEE
-// conversions done by libgcc) for fp16, and a nearest-neighbour search in double for bf16.
+// The scalar 16-bit conversions against independent references (ref_16bit.h: a nearest-neighbour
+// search in double for both formats), and that reference against the compiler's _Float16 (IEEE
+// conversions done by libgcc) where the compiler has one.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -11,38 +12,13 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ref_16bit.h"
 
 namespace {
 
-std::uint16_t reference_half(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  std::uint16_t bits;
-  std::memcpy(&bits, &h, sizeof bits);
-  return bits;
-}
-
-float reference_half_to_float(std::uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, sizeof h);
-  return static_cast<float>(h);
-}
-
-// The two bf16 neighbours of x by truncation, then the nearer in exact double arithmetic, ties to
-// the even mantissa. Rounding past the largest finite bf16 gives Inf (IEEE overflow rule).
-std::uint16_t reference_bf16(float x) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  const std::uint32_t lo = u & 0xffff0000u;
-  const std::uint32_t hi = lo + 0x10000u;  // next bf16 away from zero
-  const double dx = std::fabs(static_cast<double>(x));
-  const double dlo = std::fabs(static_cast<double>(std::bit_cast<float>(lo)));
-  const double dhi = (hi & 0x7fffffffu) == 0x7f800000u
-                         ? std::ldexp(1.0, 128)
-                         : std::fabs(static_cast<double>(std::bit_cast<float>(hi)));
-  const double below = dx - dlo, above = dhi - dx;
-  if (below < above) return static_cast<std::uint16_t>(lo >> 16);
-  if (above < below) return static_cast<std::uint16_t>(hi >> 16);
-  return static_cast<std::uint16_t>(((lo >> 16) & 1u) ? hi >> 16 : lo >> 16);
-}
+using zo::test::ref_from_f16;
+using zo::test::ref_to_bf16;
+using zo::test::ref_to_f16;
 
 bool is_nan_half(std::uint16_t h) {
   return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0;
@@ -85,7 +61,7 @@ TEST(DType, HalfToFloatExhaustive) {
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const auto bits = static_cast<std::uint16_t>(h);
     const float got = zo::half_to_float(bits);
-    const float want = reference_half_to_float(bits);
+    const float want = ref_from_f16(bits);
     if (is_nan_half(bits)) {
       ASSERT_TRUE(std::isnan(got)) << h;
       ASSERT_EQ(zo::float_to_half(got), bits | 0x0200u) << "NaN payload kept, made quiet: " << h;
@@ -107,7 +83,7 @@ TEST(DType, Bf16ToFloatExhaustive) {
   }
 }
 
-TEST(DType, FloatToHalfMatchesCompiler) {
+TEST(DType, FloatToHalfMatchesNearestNeighbour) {
   std::mt19937 rng(1234);
   const float specials[] = {0.0f,
                             -0.0f,
@@ -125,7 +101,7 @@ TEST(DType, FloatToHalfMatchesCompiler) {
                             std::numeric_limits<float>::denorm_min(),
                             1.0f / 3.0f};
   for (float x : specials)
-    EXPECT_EQ(zo::float_to_half(x), reference_half(x)) << x;
+    EXPECT_EQ(zo::float_to_half(x), ref_to_f16(x)) << x;
   for (int i = 0; i < 4'000'000; ++i) {
     const float x = random_float(rng);
     const std::uint16_t got = zo::float_to_half(x);
@@ -133,9 +109,37 @@ TEST(DType, FloatToHalfMatchesCompiler) {
       ASSERT_TRUE(is_nan_half(got));
       ASSERT_EQ(got & 0x8000u, (std::bit_cast<std::uint32_t>(x) >> 16) & 0x8000u);
     } else {
-      ASSERT_EQ(got, reference_half(x)) << std::hexfloat << x;
+      ASSERT_EQ(got, ref_to_f16(x)) << std::hexfloat << x;
     }
   }
+}
+
+// The fp16 reference itself, against the compiler's conversions (gcc; clang has no _Float16 on
+// x86-64 before version 15, and the ASan + fuzz build is clang 14).
+TEST(DType, HalfReferenceMatchesTheCompilersFloat16) {
+#if defined(__FLT16_MANT_DIG__)
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float want = static_cast<float>(std::bit_cast<_Float16>(bits));
+    if (is_nan_half(bits))
+      ASSERT_TRUE(std::isnan(ref_from_f16(bits))) << h;
+    else
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(ref_from_f16(bits)),
+                std::bit_cast<std::uint32_t>(want))
+          << h;
+  }
+  std::mt19937 rng(4321);
+  for (int i = 0; i < 1'000'000; ++i) {
+    const float x = random_float(rng);
+    const auto want = std::bit_cast<std::uint16_t>(static_cast<_Float16>(x));
+    if (std::isnan(x))
+      ASSERT_TRUE(is_nan_half(ref_to_f16(x)) && is_nan_half(want));
+    else
+      ASSERT_EQ(ref_to_f16(x), want) << std::hexfloat << x;
+  }
+#else
+  GTEST_SKIP() << "this compiler has no _Float16 here; the gcc build runs this check";
+#endif
 }
 
 TEST(DType, FloatToBf16MatchesNearestNeighbour) {
@@ -151,14 +155,14 @@ TEST(DType, FloatToBf16MatchesNearestNeighbour) {
                             std::bit_cast<float>(0x7f7f8000u),
                             std::bit_cast<float>(0x7f7f7fffu)};
   for (float x : specials)
-    EXPECT_EQ(zo::float_to_bf16(x), reference_bf16(x)) << x;
+    EXPECT_EQ(zo::float_to_bf16(x), ref_to_bf16(x)) << x;
   for (int i = 0; i < 4'000'000; ++i) {
     const float x = random_float(rng);
     const std::uint16_t got = zo::float_to_bf16(x);
     if (std::isnan(x)) {
       ASSERT_TRUE(is_nan_bf16(got));
     } else {
-      ASSERT_EQ(got, reference_bf16(x)) << std::hexfloat << x;
+      ASSERT_EQ(got, ref_to_bf16(x)) << std::hexfloat << x;
     }
   }
 }

@@ -94,10 +94,11 @@ class TrainerState : public ::testing::Test {
 TEST_F(TrainerState, CountsMustBeIntegersInRangeAndConsistent) {
   const Json bad_counts[] = {
       -1, std::numeric_limits<std::uint64_t>::max(), 1.5, "2", nullptr, Json::array()};
-  for (const auto& [key, max] : {std::pair{"step", "2^40"}, {"tokens", "2^53"}}) {
+  for (const auto& [name, max] : {std::pair{"step", "2^40"}, {"tokens", "2^53"}}) {
+    const std::string key = name;  // (a copy: clang 14 cannot capture a structured binding)
     for (const Json& v : bad_counts) {
       const std::string e = error_after([&](Json& s) { s[key] = v; });
-      EXPECT_HAS(e, "trainer_state.json: \"" + std::string(key) + "\" is " + v.dump());
+      EXPECT_HAS(e, "trainer_state.json: \"" + key + "\" is " + v.dump());
       EXPECT_HAS(e, "expected an integer in [0, " + std::string(max) + "]");
     }
   }
