@@ -1,5 +1,5 @@
 // Reference 16-bit conversions for the tests, written from IEEE 754 and not from the library's
-// code: each float is rounded by searching its two neighbours in exact double arithmetic.
+// code: each float is rounded to its nearer neighbour in exact double arithmetic.
 #pragma once
 
 #include <bit>
@@ -20,25 +20,25 @@ inline float ref_from_f16(std::uint16_t b) {
   return static_cast<float>(sign ? -mag : mag);
 }
 
-// x rounded to binary16, nearest, ties to the even pattern. Past the largest finite value the
-// neighbour above is 2^16 (the unbounded exponent range's next value), so |x| >= 65520 gives Inf.
-// NaN: quiet, the payload's top 10 bits kept (as the x86 and ARM conversions do).
+// x rounded to binary16, nearest, ties to the even pattern, in exact double arithmetic: |x| over
+// its binade's spacing (2^-24 below 2^-14) is split into whole and fraction. Past the largest
+// finite value the next one up is 2^16 (the unbounded exponent range's), so |x| >= 65520 gives
+// Inf. NaN: quiet, the payload's top 10 bits kept (as the x86 and ARM conversions do).
 inline std::uint16_t ref_to_f16(float x) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
   const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   if (std::isnan(x)) return static_cast<std::uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
   const double ax = std::fabs(double{x});
-  const auto value = [](std::uint32_t code) {  // codes 0 .. 0x7c00 in increasing order
-    return code == 0x7c00u ? 65536.0 : double{ref_from_f16(static_cast<std::uint16_t>(code))};
-  };
-  std::uint32_t lo = 0, hi = 0x7c00u;  // the largest code whose value is <= ax, by bisection
-  if (ax >= value(hi)) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  while (hi - lo > 1) {
-    const std::uint32_t mid = (lo + hi) / 2;
-    (value(mid) <= ax ? lo : hi) = mid;
-  }
-  const double below = ax - value(lo), above = value(hi) - ax;
-  const std::uint32_t code = below < above ? lo : above < below ? hi : (lo & 1u ? hi : lo);
+  if (ax >= 65520.0) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  const int e = ax < 0x1p-14 ? -15 : std::ilogb(ax);  // -15: the subnormal codes, spacing 2^-24
+  const double q = std::ldexp(ax, e < -14 ? 24 : 10 - e);  // |x| in spacings: exact
+  const double whole = std::floor(q), frac = q - whole;
+  const auto n =
+      static_cast<std::uint32_t>(whole) +
+      (frac > 0.5 || (frac == 0.5 && (static_cast<std::uint32_t>(whole) & 1u)) ? 1u : 0u);
+  // Subnormal: the code is n (n = 1024 is 2^-14, the first normal code). Normal: n in [1024, 2048]
+  // is 1.mantissa; n = 2048 carries into the next binade's exponent, as the bits do.
+  const std::uint32_t code = e < -14 ? n : (std::uint32_t(e + 15) << 10) + (n - 1024);
   return static_cast<std::uint16_t>(sign | code);
 }
 

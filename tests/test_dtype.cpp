@@ -1,5 +1,5 @@
-// The scalar 16-bit conversions against independent references (ref_16bit.h: a nearest-neighbour
-// search in double for both formats), and that reference against the compiler's _Float16 (IEEE
+// The scalar 16-bit conversions against independent references (ref_16bit.h: rounding in exact
+// double arithmetic for both formats), and that reference against the compiler's _Float16 (IEEE
 // conversions done by libgcc) where the compiler has one.
 #include <gtest/gtest.h>
 
@@ -83,7 +83,7 @@ TEST(DType, Bf16ToFloatExhaustive) {
   }
 }
 
-TEST(DType, FloatToHalfMatchesNearestNeighbour) {
+TEST(DType, FloatToHalfMatchesTheReference) {
   std::mt19937 rng(1234);
   const float specials[] = {0.0f,
                             -0.0f,

@@ -1,7 +1,7 @@
 // gpu/ on its own: error checking, device discovery, the allocator, streams and events, the
 // ZO_SYNC_EACH_OP check, page-locking (through pinned_memory's PinnedBuffer with gpu/'s CUDA
-// locker), the cast kernel and NCCL. The first group runs everywhere; tests that need a usable
-// GPU skip with the reason when there is none.
+// locker), the cast kernel, NCCL, and cuBLASLt's loading. The first group runs everywhere; tests
+// that need a usable GPU skip with the reason when there is none.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "cublaslt_api.h"
 #include "gpu/check.h"
 #include "gpu/device.h"
 #include "gpu/graph.h"
@@ -99,6 +101,37 @@ TEST(GpuDevice, RequireDeviceRejectsMissingDevices) {
     EXPECT_THROW(zo::gpu::require_device(-1), std::out_of_range);
     EXPECT_THROW(zo::gpu::require_device(static_cast<int>(count)), std::out_of_range);
   }
+}
+
+bool maps_cublaslt() {  // whether this process has libcublasLt mapped
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("libcublasLt") != std::string::npos) return true;
+  return false;
+}
+
+// cuBLASLt is opened at its first use, not at the program's start, and then has every entry
+// point gpu/ calls. Needs no GPU: opening the library and finding its symbols does not.
+TEST(GpuCublasLt, OpensAtFirstUseWithEveryEntryPoint) {
+  // Under ctest each test is a process of its own; a run of the whole binary may have made a
+  // matmul context before.
+  if (testing::UnitTest::GetInstance()->test_to_run_count() == 1) {
+    EXPECT_FALSE(maps_cublaslt());
+  }
+  const zo::gpu::CublasLt& lt = zo::gpu::cublaslt();
+#define ZO_EXPECT_ENTRY(name) EXPECT_NE(lt.name, nullptr) << #name;
+  ZO_CUBLASLT_ENTRIES(ZO_EXPECT_ENTRY)
+#undef ZO_EXPECT_ENTRY
+  EXPECT_EQ(lt.cublasLtGetVersion() / 10000, std::size_t{CUBLAS_VER_MAJOR});
+  EXPECT_STREQ(lt.cublasLtGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED),
+               "CUBLAS_STATUS_NOT_SUPPORTED");
+#if defined(ZO_CUBLASLT_LINKED)
+  EXPECT_FALSE(maps_cublaslt()) << "the emulator's build has its own cuBLASLt, linked in";
+#else
+  EXPECT_TRUE(maps_cublaslt());
+#endif
+  EXPECT_EQ(&zo::gpu::cublaslt(), &lt) << "opened once";
 }
 
 TEST(GpuCheck, FailingCallThrowsCudaErrorWithCallSiteAndErrorName) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_api.h"
 #include "gpu/check.h"
 #include "gpu/ops.h"
 #include "launch_util.h"
@@ -253,7 +254,7 @@ void backward(MatmulContext& ctx, void* dinp, void* dweight, void* dbias, const 
 MatmulContext* create_matmul_context() {
   auto ctx = std::make_unique<MatmulContext>();
   ZO_CUDA_CHECK(cudaGetDevice(&ctx->device));
-  ZO_CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
+  ZO_CUBLAS_CHECK(cublaslt().cublasLtCreate(&ctx->handle));
   ZO_CUDA_CHECK(cudaMalloc(&ctx->workspace, kWorkspaceBytes));
   ZO_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->last_use, cudaEventDisableTiming));
   const char* autotune = std::getenv("ZO_MATMUL_AUTOTUNE");

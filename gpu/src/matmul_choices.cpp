@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cublaslt_api.h"
 #include "gpu/check.h"
 #include "gpu/ops.h"
 #include "launch_util.h"
@@ -28,8 +29,8 @@ constexpr const char* kMagic = "offload_train matmul choices 1";
 std::string header(const MatmulContext& ctx) {
   cudaDeviceProp prop{};
   ZO_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx.device));
-  return std::string(kMagic) + "; cublasLt " + std::to_string(cublasLtGetVersion()) + "; " +
-         prop.name + "; sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  return std::string(kMagic) + "; cublasLt " + std::to_string(cublaslt().cublasLtGetVersion()) +
+         "; " + prop.name + "; sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
 }
 
 std::string hex(const cublasLtMatmulAlgo_t& algo) {

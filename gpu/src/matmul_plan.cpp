@@ -20,6 +20,7 @@
 // choice is not bit-reproducible across processes (another run may time differently);
 // ZO_MATMUL_AUTOTUNE=0 takes the heuristic's first candidate instead.
 #include "matmul_plan.h"
+#include "cublaslt_api.h"
 
 #include <cstdio>
 #include <cstring>
@@ -34,9 +35,9 @@ constexpr int kCandidates = 4;
 constexpr int kTimedRuns = 3;
 
 std::string cublas_status_text(cublasStatus_t status) {
-  std::string text = cublasLtGetStatusName(status);
+  std::string text = cublaslt().cublasLtGetStatusName(status);
   text += " (";
-  text += cublasLtGetStatusString(status);
+  text += cublaslt().cublasLtGetStatusString(status);
   text += ')';
   return text;
 }
@@ -103,7 +104,7 @@ cudaDataType_t cuda_type(DType t) {
 
 template <typename V>
 void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V& value) {
-  ZO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof value));
+  ZO_CUBLAS_CHECK(cublaslt().cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof value));
 }
 
 // The pointers the descriptor carries (the heuristic reads their alignment; a call, its data).
@@ -114,14 +115,15 @@ void set_pointers(const Plan& p, const Operands& ops) {
 
 class Preference {
  public:
-  Preference() { ZO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_)); }
-  ~Preference() { (void)cublasLtMatmulPreferenceDestroy(pref_); }
+  Preference() { ZO_CUBLAS_CHECK(cublaslt().cublasLtMatmulPreferenceCreate(&pref_)); }
+  ~Preference() { (void)cublaslt().cublasLtMatmulPreferenceDestroy(pref_); }
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
 
   template <typename V>
   void set(cublasLtMatmulPreferenceAttributes_t attr, V value) {
-    ZO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_, attr, &value, sizeof value));
+    ZO_CUBLAS_CHECK(
+        cublaslt().cublasLtMatmulPreferenceSetAttribute(pref_, attr, &value, sizeof value));
   }
   cublasLtMatmulPreference_t get() const { return pref_; }
 
@@ -151,7 +153,7 @@ void describe_gemm(Plan& plan, const PlanKey& k) {
       break;
   }
   plan.epilogue = k.epilogue;
-  ZO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  ZO_CUBLAS_CHECK(cublaslt().cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, ta);
   set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb);
   set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, traits(k.epilogue).lt);
@@ -161,12 +163,12 @@ void describe_gemm(Plan& plan, const PlanKey& k) {
   if (traits(k.epilogue).aux) {
     set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(d_ld));
   }
-  ZO_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&plan.a, type, a_rows, a_cols, static_cast<std::int64_t>(a_rows)));
-  ZO_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&plan.b, type, b_rows, N, static_cast<std::int64_t>(b_ld)));
-  ZO_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&plan.d, type, d_rows, d_cols, static_cast<std::int64_t>(d_ld)));
+  ZO_CUBLAS_CHECK(cublaslt().cublasLtMatrixLayoutCreate(&plan.a, type, a_rows, a_cols,
+                                                        static_cast<std::int64_t>(a_rows)));
+  ZO_CUBLAS_CHECK(cublaslt().cublasLtMatrixLayoutCreate(&plan.b, type, b_rows, N,
+                                                        static_cast<std::int64_t>(b_ld)));
+  ZO_CUBLAS_CHECK(cublaslt().cublasLtMatrixLayoutCreate(&plan.d, type, d_rows, d_cols,
+                                                        static_cast<std::int64_t>(d_ld)));
   plan.d_bytes = d_ld * d_cols * dtype_size(k.t);
 }
 
@@ -182,9 +184,9 @@ std::vector<cublasLtMatmulAlgo_t> candidates(MatmulContext& ctx, const Plan& pla
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(k.align_d));
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int returned = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(ctx.handle, plan.desc, plan.a, plan.b, plan.d, plan.d,
-                                     pref.get(), kCandidates, results, &returned);
+  const cublasStatus_t status = cublaslt().cublasLtMatmulAlgoGetHeuristic(
+      ctx.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref.get(), kCandidates, results,
+      &returned);
   std::vector<cublasLtMatmulAlgo_t> usable;
   // An epilogue the library cannot do for these operands is a fallback, not an error.
   if (status != CUBLAS_STATUS_SUCCESS) {
@@ -308,10 +310,10 @@ namespace detail {
 }  // namespace detail
 
 Plan::~Plan() {
-  if (d != nullptr) (void)cublasLtMatrixLayoutDestroy(d);
-  if (b != nullptr) (void)cublasLtMatrixLayoutDestroy(b);
-  if (a != nullptr) (void)cublasLtMatrixLayoutDestroy(a);
-  if (desc != nullptr) (void)cublasLtMatmulDescDestroy(desc);
+  if (d != nullptr) (void)cublaslt().cublasLtMatrixLayoutDestroy(d);
+  if (b != nullptr) (void)cublaslt().cublasLtMatrixLayoutDestroy(b);
+  if (a != nullptr) (void)cublaslt().cublasLtMatrixLayoutDestroy(a);
+  if (desc != nullptr) (void)cublaslt().cublasLtMatmulDescDestroy(desc);
 }
 
 MatmulContext::~MatmulContext() {
@@ -321,7 +323,7 @@ MatmulContext::~MatmulContext() {
   // Work still queued may use the workspace: wait for it before freeing.
   if (last_use != nullptr && used) (void)cudaEventSynchronize(last_use);
   plans.clear();
-  if (handle != nullptr) (void)cublasLtDestroy(handle);
+  if (handle != nullptr) (void)cublaslt().cublasLtDestroy(handle);
   if (workspace != nullptr && cudaFree(workspace) != cudaSuccess) {
     std::fprintf(stderr, "warning: cudaFree of the cuBLASLt workspace failed\n");
   }
@@ -352,8 +354,9 @@ Plan& plan_for(MatmulContext& ctx, const PlanKey& key, const Operands& ops, cuda
 cublasStatus_t run_plan(MatmulContext& ctx, const Plan& p, const Operands& ops, cudaStream_t s) {
   set_pointers(p, ops);
   const float alpha = 1.0f;
-  return cublasLtMatmul(ctx.handle, p.desc, &alpha, ops.a, p.a, ops.b, p.b, &ops.beta, ops.d, p.d,
-                        ops.d, p.d, &p.algo, ctx.workspace, kGemmWorkspaceBytes, s);
+  return cublaslt().cublasLtMatmul(ctx.handle, p.desc, &alpha, ops.a, p.a, ops.b, p.b, &ops.beta,
+                                   ops.d, p.d, ops.d, p.d, &p.algo, ctx.workspace,
+                                   kGemmWorkspaceBytes, s);
 }
 
 }  // namespace zo::gpu
