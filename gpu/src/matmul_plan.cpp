@@ -20,13 +20,14 @@
 // choice is not bit-reproducible across processes (another run may time differently);
 // ZO_MATMUL_AUTOTUNE=0 takes the heuristic's first candidate instead.
 #include "matmul_plan.h"
-#include "cublaslt_api.h"
 
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
+
+#include "cublaslt_api.h"
 
 namespace zo::gpu {
 namespace {
